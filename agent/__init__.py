@@ -1,0 +1,1 @@
+"""The node agent: topology, engine supervision, metrics export, remediation, CLI."""

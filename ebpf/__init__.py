@@ -1,0 +1,1 @@
+"""bcc programs (C text) and their thin Python loaders."""

@@ -1,0 +1,1 @@
+"""Prometheus collectors, one per signal source."""
