@@ -1,0 +1,5 @@
+int on_task_numa_fault(struct pt_regs *ctx, int last_cpupid, int mem_node, int pages, int flags)
+{
+    count_hint_fault(flags);
+    return 0;
+}

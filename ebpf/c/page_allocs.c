@@ -1,0 +1,65 @@
+/* Pages allocated per watched process, by the page's node and whether that node is the
+ * allocating CPU's node. Counts base pages (1 << order per allocation). */
+#define MAX_RANGES 256
+#define MAX_CPUS 8192
+#define LOCAL 0
+#define REMOTE 1
+#define UNKNOWN 2
+
+struct frame_range {
+    u64 start_pfn;
+    u64 end_pfn;
+    s32 node;
+    u32 pad;
+};
+
+struct alloc_key {
+    u32 tgid;
+    s32 node;      /* -1: pfn outside every known range */
+    u32 locality;  /* LOCAL, REMOTE or UNKNOWN */
+    u32 pad;
+};
+
+BPF_ARRAY(frame_ranges, struct frame_range, MAX_RANGES);
+BPF_ARRAY(num_frame_ranges, u32, 1);
+BPF_ARRAY(cpu_nodes, s32, MAX_CPUS);  /* -1 where unknown */
+BPF_PERCPU_HASH(page_allocs, struct alloc_key, u64, MAX_KEYS);
+
+static __always_inline s32 pfn_node(u64 pfn)
+{
+    u32 zero = 0;
+    u32 *count = num_frame_ranges.lookup(&zero);
+    u32 n = count ? *count : 0;
+    for (u32 i = 0; i < MAX_RANGES; i++) {
+        if (i >= n)
+            break;
+        u32 idx = i;
+        struct frame_range *r = frame_ranges.lookup(&idx);
+        if (!r)
+            break;
+        if (pfn >= r->start_pfn && pfn < r->end_pfn)
+            return r->node;
+    }
+    return -1;
+}
+
+TRACEPOINT_PROBE(kmem, mm_page_alloc)
+{
+    u64 pfn = args->pfn;
+    if (pfn == (u64)-1)  /* failed allocation */
+        return 0;
+    struct alloc_key key = {};
+    key.tgid = current_watch_key();
+    key.node = pfn_node(pfn);
+    u32 cpu = bpf_get_smp_processor_id();
+    s32 *cpu_node = cpu_nodes.lookup(&cpu);
+    if (key.node < 0 || !cpu_node || *cpu_node < 0)
+        key.locality = UNKNOWN;
+    else
+        key.locality = (*cpu_node == key.node) ? LOCAL : REMOTE;
+    u64 zero = 0;
+    u64 *pages = page_allocs.lookup_or_try_init(&key, &zero);
+    if (pages)
+        *pages += 1ULL << args->order;
+    return 0;
+}

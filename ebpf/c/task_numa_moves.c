@@ -1,0 +1,42 @@
+/* NUMA balancer task placement: moves to another node, swaps with a task there, and
+ * decisions to stay (stick). Counted against the process of each task involved. */
+#define KIND_MOVE 0
+#define KIND_SWAP 1
+#define KIND_STICK 2
+
+struct move_key {
+    u32 tgid;
+    u32 kind;
+};
+
+BPF_PERCPU_HASH(task_numa_moves, struct move_key, u64, MAX_KEYS);
+
+static __always_inline void count_move(u32 tgid, u32 kind)
+{
+    struct move_key key = {};
+    key.tgid = watch_key(tgid);
+    key.kind = kind;
+    u64 zero = 0;
+    u64 *moves = task_numa_moves.lookup_or_try_init(&key, &zero);
+    if (moves)
+        *moves += 1;
+}
+
+TRACEPOINT_PROBE(sched, sched_move_numa)
+{
+    count_move(args->tgid, KIND_MOVE);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_swap_numa)
+{
+    count_move(args->src_tgid, KIND_SWAP);
+    count_move(args->dst_tgid, KIND_SWAP);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_stick_numa)
+{
+    count_move(args->src_tgid, KIND_STICK);
+    return 0;
+}

@@ -1,0 +1,274 @@
+"""The five NUMA probes: what each compiles, where it attaches, how its map is read.
+
+Each probe is its own BPF object, so one that cannot load (a missing tracepoint, no
+kfunc or kprobe support) leaves the others running. `load_probe` either returns a
+`LoadedProbe` or raises `ProbeUnavailable` with a reason fit for the agent log. bcc is
+imported only here, inside the load, so importing this module never needs it.
+
+Counting happens in-kernel in per-CPU maps; `LoadedProbe.read()` sums the CPUs once per
+collection. Keys are decoded to plain tuples:
+
+    page_allocs       (tgid, node, locality)   locality 0 local, 1 remote, 2 unknown
+    numa_hint_faults  (tgid, is_remote)
+    page_migrations   (reason,)                the kernel's migrate_reason value
+    task_numa_moves   (tgid, kind)             kind 0 move, 1 swap, 2 stick
+    page_faults       (tgid,)
+
+tgid 0 stands for every process that is not watched.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from ebpf.node_map import FrameRange
+from ebpf.tracefs import has_event
+
+C_DIR = Path(__file__).with_name("c")
+
+PAGE_ALLOCS = "page_allocs"
+NUMA_HINT_FAULTS = "numa_hint_faults"
+PAGE_MIGRATIONS = "page_migrations"
+TASK_NUMA_MOVES = "task_numa_moves"
+PAGE_FAULTS = "page_faults"
+
+# Capability bits (include/uapi/linux/capability.h).
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+
+
+class ProbeUnavailable(Exception):
+    """The probe cannot be loaded here; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    name: str
+    sources: tuple[str, ...]  # files under ebpf/c, compiled after watched.h
+    tracepoints: tuple[str, ...]  # category:event, all must exist
+    table: str
+    key_fields: tuple[str, ...]  # names of the key's fields; one name for a scalar key
+
+    def __post_init__(self) -> None:
+        if not self.key_fields:
+            raise ValueError(f"probe {self.name}: key_fields is empty")
+        for source in self.sources:
+            if not (C_DIR / source).is_file():
+                raise ValueError(f"probe {self.name}: source {source} not found in {C_DIR}")
+
+
+PROBES: dict[str, ProbeSpec] = {
+    spec.name: spec
+    for spec in (
+        ProbeSpec(PAGE_ALLOCS, ("page_allocs.c",), ("kmem:mm_page_alloc",), "page_allocs", ("tgid", "node", "locality")),
+        ProbeSpec(NUMA_HINT_FAULTS, ("numa_hint_faults_common.h",), (), "numa_hint_faults", ("tgid", "remote")),
+        ProbeSpec(PAGE_MIGRATIONS, ("page_migrations.c",), ("migrate:mm_migrate_pages",), "page_migrations", ("reason",)),
+        ProbeSpec(
+            TASK_NUMA_MOVES,
+            ("task_numa_moves.c",),
+            ("sched:sched_move_numa", "sched:sched_swap_numa", "sched:sched_stick_numa"),
+            "task_numa_moves",
+            ("tgid", "kind"),
+        ),
+        ProbeSpec(PAGE_FAULTS, ("page_faults.c",), ("exceptions:page_fault_user",), "page_faults", ("tgid",)),
+    )
+}
+
+
+def program_text(spec: ProbeSpec, extra: Iterable[str] = ()) -> str:
+    parts = ["watched.h", *spec.sources, *extra]
+    return "\n".join((C_DIR / part).read_text() for part in parts)
+
+
+def parse_cap_eff(status_text: str) -> int:
+    for line in status_text.splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    raise ValueError("no CapEff line in /proc/<pid>/status")
+
+
+def bpf_permission_problem(procfs_root: str | Path = "/proc") -> str | None:
+    """Why this process may not load tracing BPF programs, or None when it may."""
+    caps = parse_cap_eff(Path(procfs_root, "self/status").read_text())
+    has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
+    if has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON)):
+        return None
+    return f"not permitted to load BPF: needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN (CapEff={caps:#x})"
+
+
+def _import_bcc():
+    try:
+        import bcc  # the distribution's python3-bpfcc, linked by scripts/link_bcc.sh
+    except ImportError as exc:
+        raise ProbeUnavailable(f"bcc not importable ({exc}); install python3-bpfcc and run scripts/link_bcc.sh") from None
+    return bcc
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """bcc and libbpf print the compiler and verifier's reasons to fd 2; keep them."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(line for line in sink.read().decode(errors="replace").splitlines() if line.strip())
+
+
+def _explain(exc: Exception, stderr: list[str]) -> str:
+    """bcc's exception text plus the first compiler error or loader failure it printed."""
+    detail = next((line for line in stderr if "error:" in line), None)
+    detail = detail or next((line for line in stderr if "failed" in line.lower()), "")
+    message = str(exc).strip() or type(exc).__name__
+    return f"{message} ({detail.strip()})" if detail else message
+
+
+def _compile(bcc, text: str):
+    failure = None
+    with _captured_stderr() as stderr:
+        try:
+            return bcc.BPF(text=text)
+        except Exception as exc:  # bcc raises bare Exception for compile and load errors
+            failure = exc
+    raise ProbeUnavailable(_explain(failure, stderr))
+
+
+def kprobes_offered(sysfs_root: str | Path, tracefs: Path) -> bool:
+    """A kernel offers kprobes through the perf kprobe PMU or tracefs kprobe_events."""
+    return Path(sysfs_root, "bus/event_source/devices/kprobe").exists() or (tracefs / "kprobe_events").exists()
+
+
+class LoadedProbe:
+    """One probe's BPF object: watch-list updates, map reads, detaching."""
+
+    def __init__(self, spec: ProbeSpec, bpf, attach: str):
+        self.spec = spec
+        self.attach = attach  # "tracepoint", "kfunc" or "kprobe"
+        self._bpf = bpf
+        self._comm_key_type = bpf["watched_comms"].Key
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def set_watched(self, pids: Iterable[int], comms: Iterable[str]) -> None:
+        """Make the kernel's watch list exactly ``pids`` (plus pids it added by comm)."""
+        table = self._bpf["watched_pids"]
+        wanted = {int(p) for p in pids if p and int(p) > 0}
+        for key in list(table.keys()):
+            if key.value not in wanted:
+                with contextlib.suppress(KeyError):
+                    del table[key]
+        for pid in wanted:
+            table[table.Key(pid)] = table.Leaf(1)
+        comm_table = self._bpf["watched_comms"]
+        comm_table.clear()
+        for comm in comms:
+            key = self._comm_key_type()
+            encoded = comm.encode()[:15]
+            ctypes.memmove(key.comm, encoded, len(encoded))
+            comm_table[key] = comm_table.Leaf(1)
+
+    def read(self) -> dict[tuple[int, ...], int]:
+        """Counts summed over CPUs, keyed as described in the module docstring."""
+        table = self._bpf[self.spec.table]
+        out: dict[tuple[int, ...], int] = {}
+        for key, per_cpu in table.items():
+            total = sum(per_cpu)
+            if total:
+                out[self._decode(key)] = total
+        return out
+
+    def _decode(self, key) -> tuple[int, ...]:
+        if hasattr(key, "_fields_"):
+            return tuple(getattr(key, field) for field in self.spec.key_fields)
+        return (key.value,)
+
+    @property
+    def is_per_process(self) -> bool:
+        return self.spec.key_fields[0] == "tgid"
+
+    def forget(self, tgids: Iterable[int]) -> None:
+        """Drop the keys of processes that are gone (the caller folds their counts)."""
+        gone = set(tgids)
+        if not self.is_per_process or not gone:
+            return
+        table = self._bpf[self.spec.table]
+        for key in list(table.keys()):
+            if self._decode(key)[0] in gone:
+                with contextlib.suppress(KeyError):
+                    del table[key]
+        watched = self._bpf["watched_pids"]
+        for tgid in gone:
+            with contextlib.suppress(KeyError):
+                del watched[watched.Key(tgid)]
+
+    def load_node_maps(self, ranges: list[FrameRange], cpu_nodes: dict[int, int]) -> None:
+        """Load the frame-range and CPU-node maps (page_allocs only)."""
+        if self.spec.name != PAGE_ALLOCS:
+            raise ValueError(f"probe {self.name} has no node maps")
+        range_table = self._bpf["frame_ranges"]
+        if len(ranges) > len(range_table):
+            raise ValueError(f"{len(ranges)} frame ranges exceed the probe's {len(range_table)} slots")
+        count = self._bpf["num_frame_ranges"]
+        count[count.Key(0)] = count.Leaf(0)  # readers see no ranges while they change
+        for index, r in enumerate(sorted(ranges, key=lambda r: r.start_pfn)):
+            range_table[range_table.Key(index)] = range_table.Leaf(r.start_pfn, r.end_pfn, r.node, 0)
+        cpu_table = self._bpf["cpu_nodes"]
+        for cpu in range(len(cpu_table)):
+            node = cpu_nodes.get(cpu, -1)
+            if cpu_table[cpu_table.Key(cpu)].value != node:
+                cpu_table[cpu_table.Key(cpu)] = cpu_table.Leaf(node)
+        count[count.Key(0)] = count.Leaf(len(ranges))
+
+    def close(self) -> None:
+        self._bpf.cleanup()
+
+
+def load_probe(spec: ProbeSpec, *, tracefs: Path | None, sysfs_root: str | Path = "/sys") -> LoadedProbe:
+    """Compile and attach one probe, or raise ProbeUnavailable saying why."""
+    if tracefs is None:
+        raise ProbeUnavailable("tracefs is not mounted (tried /sys/kernel/tracing, /sys/kernel/debug/tracing)")
+    missing = [tp for tp in spec.tracepoints if not has_event(tracefs, tp)]
+    if missing:
+        raise ProbeUnavailable(f"kernel has no tracepoint {', '.join(missing)}")
+    bcc = _import_bcc()
+    if spec.name == NUMA_HINT_FAULTS:
+        return _load_hint_faults(bcc, spec, tracefs, sysfs_root)
+    return LoadedProbe(spec, _compile(bcc, program_text(spec)), "tracepoint")
+
+
+def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Path) -> LoadedProbe:
+    """task_numa_fault has no tracepoint: try a kfunc (fentry), then a kprobe."""
+    attempts: list[str] = []
+    if bcc.BPF.support_kfunc():
+        try:
+            return LoadedProbe(spec, _compile(bcc, program_text(spec, ["numa_hint_faults_kfunc.c"])), "kfunc")
+        except ProbeUnavailable as exc:
+            attempts.append(f"kfunc task_numa_fault failed: {exc}")
+    else:
+        attempts.append("kernel offers no kfunc (fentry) attachment")
+    if not kprobes_offered(sysfs_root, tracefs):
+        attempts.append("kernel offers no kprobes (no kprobe PMU, no kprobe_events)")
+        raise ProbeUnavailable("; ".join(attempts))
+    bpf = _compile(bcc, program_text(spec, ["numa_hint_faults_kprobe.c"]))
+    failure = None
+    with _captured_stderr() as stderr:
+        try:
+            bpf.attach_kprobe(event="task_numa_fault", fn_name="on_task_numa_fault")
+        except Exception as exc:
+            failure = exc
+    if failure is None:
+        return LoadedProbe(spec, bpf, "kprobe")
+    bpf.cleanup()
+    attempts.append(f"kprobe task_numa_fault failed: {_explain(failure, stderr)}")
+    raise ProbeUnavailable("; ".join(attempts))
