@@ -1,0 +1,174 @@
+"""GPU collector: dcgm-exporter's names, labels and units, from a GPU back end.
+
+Families follow dcgm-exporter's default counters (etc/default-counters.csv and
+dcp-metrics-included.csv), so its dashboards work unchanged:
+
+- DCGM_FI_PROF_* are ratios 0..1 (GPM reports percent) and PCIe rates are bytes/s
+  (GPM reports MiB/s), as DCGM computes them. They come from GPM on Hopper and newer;
+  elsewhere only the PCIe rates are filled in (nvmlDeviceGetPcieThroughput) and
+  DCGM_FI_DEV_GPU_UTIL / DCGM_FI_DEV_MEM_COPY_UTIL carry plain utilisation.
+- DCGM_FI_DEV_FB_* are MiB, power W, energy mJ, clocks MHz, temperatures C.
+- Labels: gpu, UUID, pci_bus_id, device (nvidiaN), modelName, Hostname,
+  DCGM_FI_DRIVER_VERSION, as dcgm-exporter 4.x emits them.
+
+DCGM's two counters (PCIe replays, energy) keep dcgm-exporter's names without a
+`_total` suffix; client_python would rename a counter family, so they are exported
+untyped, which PromQL's rate() accepts just the same.
+
+NVML field-value PCIe counters become `inferd_pcie_*` counters (docs/METRICS.md).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
+
+from exporters import gpu_backends as gb
+
+MIB = 1024 * 1024
+DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
+INFERD_LABELS = ["gpu", "UUID", "pci_bus_id"]
+
+# (family, help, GpuReading attribute, scale to dcgm units)
+DEV_GAUGES: list[tuple[str, str, str, float]] = [
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz", 1.0),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "mem_clock_mhz", 1.0),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gpu_temp_c", 1.0),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power_mw", 1e-3),
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gpu_util_pct", 1.0),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "mem_copy_util_pct", 1.0),
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe link generation, current.", "pcie_gen_current", 1.0),
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "PCIe link generation, maximum.", "pcie_gen_max", 1.0),
+    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe link width (lanes), current.", "pcie_width_current", 1.0),
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "PCIe link width (lanes), maximum.", "pcie_width_max", 1.0),
+]
+FB_GAUGES: list[tuple[str, str, str]] = [
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "fb_free_bytes"),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "fb_used_bytes"),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "fb_reserved_bytes"),
+]
+DEV_COUNTERS: list[tuple[str, str, str]] = [
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay_counter"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).", "energy_mj"),
+]
+# (family, help, GPM key, scale)
+PROF_GAUGES: list[tuple[str, str, str, float]] = [
+    ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", "sm_util_pct", 0.01),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.", "sm_occupancy_pct", 0.01),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", "any_tensor_util_pct", 0.01),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.", "dram_bw_util_pct", 0.01),
+]
+PCIE_RATE_HELP = "The rate of data {} over the PCIe bus - including both protocol headers and data payloads - in bytes per second."
+MEMORY_TEMP = ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")
+
+PCIE_SCALAR_COUNTERS: list[tuple[str, str, int]] = [
+    ("inferd_pcie_replay", "PCIe replays seen by the GPU (NVML field 94).", gb.FIELD_PCIE_REPLAY),
+    ("inferd_pcie_replay_rollover", "PCIe replay counter rollovers (NVML field 95).", gb.FIELD_PCIE_REPLAY_ROLLOVER),
+    ("inferd_pcie_l0_recovery", "PCIe L0 to recovery transitions (NVML field 169).", gb.FIELD_PCIE_L0_TO_RECOVERY),
+]
+
+
+class GpuCollector:
+    """Yields DCGM_FI_* and inferd_pcie_* families from one back-end read per scrape."""
+
+    name = "gpu"
+
+    def __init__(self, backend: gb.GpuBackend):
+        self.backend = backend
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.backend.read()
+        yield from snapshot_families(snapshot)
+
+
+def dcgm_labels(snapshot: gb.GpuSnapshot, gpu: gb.GpuReading) -> list[str]:
+    return [
+        str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.minor_number}", gpu.name,
+        snapshot.hostname, snapshot.driver_version,
+    ]
+
+
+def snapshot_families(snapshot: gb.GpuSnapshot) -> Iterable[Metric]:
+    gpus = snapshot.gpus
+    labels = {g.index: dcgm_labels(snapshot, g) for g in gpus}
+
+    def family(name: str, doc: str, values: Iterable[tuple[gb.GpuReading, float | None]], kind=GaugeMetricFamily):
+        metric = kind(name, doc, labels=DCGM_LABELS)
+        for gpu, value in values:
+            if value is not None:
+                metric.add_metric(labels[gpu.index], float(value))
+        return metric
+
+    for name, doc, attr, scale in DEV_GAUGES:
+        yield family(name, doc, ((g, _scaled(getattr(g, attr), scale)) for g in gpus))
+    yield family(*MEMORY_TEMP, ((g, g.fields.get(gb.field_key(gb.FIELD_MEMORY_TEMP))) for g in gpus))
+    for name, doc, attr in FB_GAUGES:
+        yield family(name, doc, ((g, _mib(getattr(g, attr))) for g in gpus))
+    for name, doc, attr in DEV_COUNTERS:
+        yield family(name, doc, ((g, getattr(g, attr)) for g in gpus), kind=UnknownMetricFamily)
+    for name, doc, key, scale in PROF_GAUGES:
+        yield family(name, doc, ((g, _scaled((g.gpm or {}).get(key), scale)) for g in gpus))
+    yield family("DCGM_FI_PROF_PCIE_TX_BYTES", PCIE_RATE_HELP.format("transmitted"), ((g, _pcie_rate(g, "tx")) for g in gpus))
+    yield family("DCGM_FI_PROF_PCIE_RX_BYTES", PCIE_RATE_HELP.format("received"), ((g, _pcie_rate(g, "rx")) for g in gpus))
+    yield from _pcie_field_families(gpus)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else float(value // MIB)
+
+
+def _pcie_rate(gpu: gb.GpuReading, direction: str) -> float | None:
+    if gpu.gpm is not None:
+        mib_s = gpu.gpm.get(f"pcie_{direction}_mib_s")
+        return None if mib_s is None else mib_s * MIB
+    kb_s = getattr(gpu, f"pcie_{direction}_kb_s")
+    return None if kb_s is None else kb_s * 1024
+
+
+def _pcie_field_families(gpus: list[gb.GpuReading]) -> Iterable[Metric]:
+    def ids(gpu: gb.GpuReading) -> list[str]:
+        return [str(gpu.index), gpu.uuid, gpu.pci_bus_id]
+
+    for name, doc, field_id in PCIE_SCALAR_COUNTERS:
+        metric = CounterMetricFamily(name, doc, labels=INFERD_LABELS)
+        for gpu in gpus:
+            value = gpu.fields.get(gb.field_key(field_id))
+            if value is not None:
+                metric.add_metric(ids(gpu), value)
+        yield metric
+
+    errors = CounterMetricFamily(
+        "inferd_pcie_link_errors", "PCIe link error counters from NVML field values (173-182), by type.",
+        labels=[*INFERD_LABELS, "type"],
+    )
+    lanes = CounterMetricFamily(
+        "inferd_pcie_lane_errors", "PCIe per-lane error counter (NVML field 183), by lane.",
+        labels=[*INFERD_LABELS, "lane"],
+    )
+    tx = CounterMetricFamily("inferd_pcie_tx_bytes", "PCIe bytes transmitted by the GPU (NVML field 197; may wrap).", labels=INFERD_LABELS)
+    rx = CounterMetricFamily("inferd_pcie_rx_bytes", "PCIe bytes received by the GPU (NVML field 198; may wrap).", labels=INFERD_LABELS)
+    lane_prefix = f"{gb.FIELD_PCIE_LANE_ERRORS}:"
+    for gpu in gpus:
+        for field_id, kind in gb.PCIE_ERROR_FIELDS.items():
+            value = gpu.fields.get(gb.field_key(field_id))
+            if value is not None:
+                errors.add_metric([*ids(gpu), kind], value)
+        lane_values = sorted(
+            (int(key.removeprefix(lane_prefix)), value)
+            for key, value in gpu.fields.items()
+            if key.startswith(lane_prefix)
+        )
+        for lane, value in lane_values:
+            lanes.add_metric([*ids(gpu), str(lane)], value)
+        for metric, field_id in ((tx, gb.FIELD_PCIE_TX_BYTES), (rx, gb.FIELD_PCIE_RX_BYTES)):
+            value = gpu.fields.get(gb.field_key(field_id))
+            if value is not None:
+                metric.add_metric(ids(gpu), value)
+    yield errors
+    yield lanes
+    yield tx
+    yield rx
