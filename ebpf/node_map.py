@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporters.sysfs import parse_cpulist
+
 _NODE_DIR = re.compile(r"node(\d+)$")
 _MEMORY_BLOCK = re.compile(r"memory(\d+)$")
 
@@ -41,23 +43,6 @@ class FrameRange:
     @property
     def num_pages(self) -> int:
         return self.end_pfn - self.start_pfn
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]``; an empty list for ``""``."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"bad cpulist entry {part!r} in {text.strip()!r}") from None
-        if last < first:
-            raise ValueError(f"bad cpulist range {part!r}: end before start")
-        cpus.extend(range(first, last + 1))
-    return cpus
 
 
 def merge_ranges(ranges: list[FrameRange]) -> list[FrameRange]:

@@ -220,7 +220,7 @@ class LoadedProbe:
         if len(ranges) > len(range_table):
             raise ValueError(f"{len(ranges)} frame ranges exceed the probe's {len(range_table)} slots")
         count = self._bpf["num_frame_ranges"]
-        count[count.Key(0)] = count.Leaf(0)  # readers see no ranges while they change
+        count[count.Key(0)] = count.Leaf(0)  # the probe counts nothing while the maps change
         for index, r in enumerate(sorted(ranges, key=lambda r: r.start_pfn)):
             range_table[range_table.Key(index)] = range_table.Leaf(r.start_pfn, r.end_pfn, r.node, 0)
         cpu_table = self._bpf["cpu_nodes"]

@@ -25,11 +25,8 @@ BPF_ARRAY(num_frame_ranges, u32, 1);
 BPF_ARRAY(cpu_nodes, s32, MAX_CPUS);  /* -1 where unknown */
 BPF_PERCPU_HASH(page_allocs, struct alloc_key, u64, MAX_KEYS);
 
-static __always_inline s32 pfn_node(u64 pfn)
+static __always_inline s32 pfn_node(u64 pfn, u32 n)
 {
-    u32 zero = 0;
-    u32 *count = num_frame_ranges.lookup(&zero);
-    u32 n = count ? *count : 0;
     for (u32 i = 0; i < MAX_RANGES; i++) {
         if (i >= n)
             break;
@@ -48,17 +45,21 @@ TRACEPOINT_PROBE(kmem, mm_page_alloc)
     u64 pfn = args->pfn;
     if (pfn == (u64)-1)  /* failed allocation */
         return 0;
+    u32 zero = 0;
+    u32 *num_ranges = num_frame_ranges.lookup(&zero);
+    if (!num_ranges || *num_ranges == 0)  /* maps not loaded (yet): count nothing */
+        return 0;
     struct alloc_key key = {};
     key.tgid = current_watch_key();
-    key.node = pfn_node(pfn);
+    key.node = pfn_node(pfn, *num_ranges);
     u32 cpu = bpf_get_smp_processor_id();
     s32 *cpu_node = cpu_nodes.lookup(&cpu);
     if (key.node < 0 || !cpu_node || *cpu_node < 0)
         key.locality = UNKNOWN;
     else
         key.locality = (*cpu_node == key.node) ? LOCAL : REMOTE;
-    u64 zero = 0;
-    u64 *pages = page_allocs.lookup_or_try_init(&key, &zero);
+    u64 no_pages = 0;
+    u64 *pages = page_allocs.lookup_or_try_init(&key, &no_pages);
     if (pages)
         *pages += 1ULL << args->order;
     return 0;

@@ -1,0 +1,244 @@
+"""eBPF NUMA probes: who allocates and faults on which node, per process (issue 5).
+
+Constructor (what the agent calls):
+
+    EbpfNumaCollector(
+        sysfs_root="/sys",          # node and memory-block sysfs, read for the node maps
+        procfs_root="/proc",        # /proc/<pid>/comm, /proc/sys/kernel/numa_balancing
+        watch_pids_fn=None,         # () -> pid | iterable of pids | None; asked every
+                                    #   collection (the engine's pid, which changes on restart)
+        watch_pids=(),              # --watch-pid
+        watch_comms=(),             # --watch-comm (at most 15 characters, the kernel's comm)
+        probes=None,                # names from ebpf.probes.PROBES to load; None = all five
+        export_numa_balancing=False,  # True only where the NUMA collector does not run:
+                                    #   it owns inferd_numa_balancing_enabled (docs/METRICS.md)
+        tracefs=None,               # tracefs path; None = find it (mounting it when root)
+    )
+
+The probes load on the first collect() (or an explicit start(); compiling takes about
+0.7 s each). Each is optional and reported on its own:
+
+    inferd_ebpf_probe_up{probe}                             1 loaded, 0 not (reason in the log)
+    inferd_ebpf_page_allocs_total{pid,comm,node,locality}   base pages; locality local/remote
+                                                            (unknown if the pfn or CPU is in no map)
+    inferd_ebpf_numa_hint_faults_total{pid,comm,locality}   only while NUMA balancing is on
+    inferd_ebpf_page_migrations_total{reason}               pages, reasons from the format file
+    inferd_ebpf_task_numa_moves_total{pid,comm,kind}        kind move/swap/stick
+    inferd_ebpf_page_faults_total{pid,comm}                 user-mode page faults
+
+Watched processes get ``pid`` and ``comm`` labels; everything else is summed under
+``pid="", comm="other"``, and the counts of watched processes that exit move there too.
+The collector stays up (``inferd_collector_up{collector="ebpf"} 1``) when probes are down:
+their state is ``inferd_ebpf_probe_up``, so one family says what each probe is doing.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ebpf.node_map import FrameRange, read_cpu_nodes, read_frame_ranges
+from ebpf.probes import (
+    NUMA_HINT_FAULTS,
+    PAGE_ALLOCS,
+    PAGE_FAULTS,
+    PAGE_MIGRATIONS,
+    PROBES,
+    TASK_NUMA_MOVES,
+    LoadedProbe,
+    ProbeUnavailable,
+    bpf_permission_problem,
+    load_probe,
+)
+from ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
+from ebpf.watch import OTHER_TGID, ExitedProcessFolder, WatchList
+
+log = logging.getLogger(__name__)
+
+LOCALITY = {0: "local", 1: "remote", 2: "unknown"}
+MOVE_KIND = {0: "move", 1: "swap", 2: "stick"}
+
+
+def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agent's --watch-pid / --watch-comm options, for EbpfNumaCollector."""
+    parser.add_argument("--watch-pid", type=int, action="append", default=[], metavar="PID",
+                        help="give this process its own eBPF NUMA labels (repeatable)")
+    parser.add_argument("--watch-comm", action="append", default=[], metavar="COMM",
+                        help="give processes with this comm their own eBPF NUMA labels (repeatable)")
+
+
+class EbpfNumaCollector:
+    name = "ebpf"
+
+    def __init__(
+        self,
+        sysfs_root: str | Path = "/sys",
+        procfs_root: str | Path = "/proc",
+        watch_pids_fn: Callable[[], Iterable[int] | int | None] | None = None,
+        watch_pids: Iterable[int] = (),
+        watch_comms: Iterable[str] = (),
+        probes: Iterable[str] | None = None,
+        export_numa_balancing: bool = False,
+        tracefs: str | Path | None = None,
+    ):
+        self.sysfs_root = Path(sysfs_root)
+        self.procfs_root = Path(procfs_root)
+        self.watch = WatchList(self.procfs_root, watch_pids_fn, tuple(watch_pids), tuple(watch_comms))
+        self.probe_names = tuple(PROBES) if probes is None else tuple(probes)
+        unknown = [p for p in self.probe_names if p not in PROBES]
+        if unknown:
+            raise ValueError(f"unknown eBPF probe(s) {unknown}; known: {sorted(PROBES)}")
+        self.export_numa_balancing = export_numa_balancing
+        self._tracefs = Path(tracefs) if tracefs else None
+        self._probes: dict[str, LoadedProbe] = {}
+        self._down: dict[str, str] = {}
+        self._folders = {name: ExitedProcessFolder() for name in self.probe_names}
+        self._migration_reasons: dict[int, str] = {}
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def probe_reasons(self) -> dict[str, str | None]:
+        """probe -> None when loaded, else why not."""
+        return {name: self._down.get(name) for name in self.probe_names}
+
+    def probe(self, name: str) -> LoadedProbe | None:
+        return self._probes.get(name)
+
+    def start(self) -> None:
+        """Load every probe that can be loaded; log why each other one cannot."""
+        if self._started:
+            return
+        self._started = True
+        problem = bpf_permission_problem(self.procfs_root)
+        tracefs = None
+        if problem is None:
+            tracefs = self._tracefs or find_tracefs() or mount_tracefs()
+        for name in self.probe_names:
+            try:
+                if problem:
+                    raise ProbeUnavailable(problem)
+                self._probes[name] = load_probe(PROBES[name], tracefs=tracefs, sysfs_root=self.sysfs_root)
+            except ProbeUnavailable as exc:
+                self._down[name] = str(exc)
+                log.warning("ebpf probe %s down: %s", name, exc)
+                continue
+            log.info("ebpf probe %s loaded (%s)", name, self._probes[name].attach)
+        if PAGE_ALLOCS in self._probes:
+            try:
+                self.load_node_maps(read_frame_ranges(self.sysfs_root, self.procfs_root), read_cpu_nodes(self.sysfs_root))
+            except (OSError, ValueError) as exc:
+                self._drop(PAGE_ALLOCS, f"cannot build the node maps: {exc}")
+        if PAGE_MIGRATIONS in self._probes:
+            try:
+                self._migration_reasons = read_symbolic_field(tracefs, "migrate:mm_migrate_pages", "reason")
+            except (OSError, ValueError) as exc:  # still counted, labelled by number
+                log.warning("ebpf: migration reason names unreadable, using numbers: %s", exc)
+
+    def load_node_maps(self, ranges: list[FrameRange], cpu_nodes: dict[int, int]) -> None:
+        """Replace the page-allocation probe's frame-range and CPU-node maps."""
+        probe = self._probes.get(PAGE_ALLOCS)
+        if probe is None:
+            raise ProbeUnavailable(f"probe {PAGE_ALLOCS} is not loaded: {self._down.get(PAGE_ALLOCS)}")
+        probe.load_node_maps(ranges, cpu_nodes)
+
+    def close(self) -> None:
+        for probe in self._probes.values():
+            probe.close()
+        self._probes.clear()
+
+    def _drop(self, name: str, reason: str) -> None:
+        self._probes.pop(name).close()
+        self._down[name] = reason
+        log.warning("ebpf probe %s down: %s", name, reason)
+
+    # -- collection ------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        self.start()
+        up = GaugeMetricFamily("inferd_ebpf_probe_up", "1 if the eBPF probe is loaded, else 0 (reason in the agent log)",
+                               labels=["probe"])
+        for name in self.probe_names:
+            up.add_metric([name], 1.0 if name in self._probes else 0.0)
+        yield up
+        if self._probes:
+            watched = self.watch.resolve()
+            for probe in self._probes.values():
+                probe.set_watched(watched, self.watch.comms)
+        balancing = self._numa_balancing_enabled()
+        if self.export_numa_balancing and balancing is not None:
+            yield GaugeMetricFamily("inferd_numa_balancing_enabled",
+                                    "1 when automatic NUMA balancing is on (/proc/sys/kernel/numa_balancing non-zero)",
+                                    value=1.0 if balancing else 0.0)
+        if PAGE_ALLOCS in self._probes:
+            yield self._page_allocs(self._rows(PAGE_ALLOCS))
+        if NUMA_HINT_FAULTS in self._probes and balancing:  # with balancing off, zeros would not be facts
+            yield self._hint_faults(self._rows(NUMA_HINT_FAULTS))
+        if PAGE_MIGRATIONS in self._probes:
+            yield self._migrations(self._rows(PAGE_MIGRATIONS))
+        if TASK_NUMA_MOVES in self._probes:
+            yield self._moves(self._rows(TASK_NUMA_MOVES))
+        if PAGE_FAULTS in self._probes:
+            yield self._page_faults(self._rows(PAGE_FAULTS))
+
+    def _rows(self, name: str) -> dict[tuple[int, ...], int]:
+        probe = self._probes[name]
+        rows = probe.read()
+        if not probe.is_per_process:
+            return rows
+        rows, exited = self._folders[name].fold(rows, self.watch.is_alive)
+        if exited:
+            probe.forget(exited)
+            self.watch.forget(exited)
+        return rows
+
+    def _process_labels(self, tgid: int) -> list[str]:
+        return ["" if tgid == OTHER_TGID else str(tgid), self.watch.comm_of(tgid)]
+
+    def _numa_balancing_enabled(self) -> bool | None:
+        try:
+            return int((self.procfs_root / "sys/kernel/numa_balancing").read_text().strip()) != 0
+        except (OSError, ValueError):  # no CONFIG_NUMA_BALANCING: not enabled, nothing to say
+            return None
+
+    def _page_allocs(self, rows: dict) -> Metric:
+        family = CounterMetricFamily("inferd_ebpf_page_allocs", "Pages allocated, by page node and locality to the CPU",
+                                     labels=["pid", "comm", "node", "locality"])
+        for (tgid, node, locality), pages in sorted(rows.items()):
+            node_label = str(node) if node >= 0 else "unknown"
+            family.add_metric([*self._process_labels(tgid), node_label, LOCALITY.get(locality, "unknown")], pages)
+        return family
+
+    def _hint_faults(self, rows: dict) -> Metric:
+        family = CounterMetricFamily("inferd_ebpf_numa_hint_faults", "NUMA balancing hinting faults, local or remote",
+                                     labels=["pid", "comm", "locality"])
+        for (tgid, remote), faults in sorted(rows.items()):
+            family.add_metric([*self._process_labels(tgid), "remote" if remote else "local"], faults)
+        return family
+
+    def _migrations(self, rows: dict) -> Metric:
+        family = CounterMetricFamily("inferd_ebpf_page_migrations", "Pages migrated, by migrate reason",
+                                     labels=["reason"])
+        counts = {code: 0 for code in self._migration_reasons}
+        for (code,), pages in rows.items():
+            counts[code] = counts.get(code, 0) + pages
+        for code, pages in sorted(counts.items()):
+            family.add_metric([self._migration_reasons.get(code, str(code))], pages)
+        return family
+
+    def _moves(self, rows: dict) -> Metric:
+        family = CounterMetricFamily("inferd_ebpf_task_numa_moves", "NUMA balancer task moves, swaps and sticks",
+                                     labels=["pid", "comm", "kind"])
+        for (tgid, kind), moves in sorted(rows.items()):
+            family.add_metric([*self._process_labels(tgid), MOVE_KIND.get(kind, str(kind))], moves)
+        return family
+
+    def _page_faults(self, rows: dict) -> Metric:
+        family = CounterMetricFamily("inferd_ebpf_page_faults", "User-mode page faults", labels=["pid", "comm"])
+        for (tgid,), faults in sorted(rows.items()):
+            family.add_metric(self._process_labels(tgid), faults)
+        return family
