@@ -110,10 +110,10 @@ def test_panel_requirements_are_written_in_the_description():
 # Everything a board may select: the contract plus the dcgm-exporter names the GPU
 # collector emits and Prometheus' own series.
 def contract_names() -> set[str]:
-    return set(re.findall(r"`((?:vllm:|inferd_)[a-z_:]+)`", (ROOT / "docs" / "METRICS.md").read_text()))
+    return set(re.findall(r"`((?:vllm:|inferd_)[a-z0-9_:]+)`", (ROOT / "docs" / "METRICS.md").read_text()))
 
 
-METRIC_RE = re.compile(r"\b((?:vllm:|inferd_|DCGM_FI_)[A-Za-z_:]+|ALERTS|up)\b")
+METRIC_RE = re.compile(r"\b((?:vllm:|inferd_|DCGM_FI_)[A-Za-z0-9_:]+|ALERTS|up)\b")
 SUFFIXES = ("_bucket", "_sum", "_count", "_total")
 
 
