@@ -11,7 +11,9 @@ temporary directory, the way node_exporter unpacks its text archive before its t
 """
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +85,51 @@ def _write_file(path: Path, content) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = str(content)
     path.write_text(text if text.endswith("\n") else text + "\n")
+
+
+# ---- golden files ----
+
+UPDATE_GOLDEN_ENV = "INFERD_UPDATE_GOLDEN"
+_DURATION_SAMPLE = re.compile(r"^(inferd_collector_duration_seconds\{[^}]*\}) \S+$", re.MULTILINE)
+
+
+def scrape(*collectors) -> str:
+    """The full exposition of a registry holding a CollectorSet with these collectors,
+    with collector durations (the one value that differs per run) replaced by 0."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporters.registry import CollectorSet
+
+    registry = CollectorRegistry()
+    registry.register(CollectorSet(collectors))
+    return _DURATION_SAMPLE.sub(r"\1 0.0", generate_latest(registry).decode())
+
+
+def assert_matches_golden(actual: str, golden: Path) -> None:
+    """Compare with the golden file; INFERD_UPDATE_GOLDEN=1 rewrites it instead."""
+    if os.environ.get(UPDATE_GOLDEN_ENV) == "1":
+        golden.write_text(actual)
+        return
+    if not golden.exists():
+        raise AssertionError(f"golden file {golden} missing; run with {UPDATE_GOLDEN_ENV}=1 to create it")
+    expected = golden.read_text()
+    if actual != expected:
+        diff = "\n".join(
+            difflib.unified_diff(expected.splitlines(), actual.splitlines(), str(golden), "actual", lineterm="", n=1)
+        )
+        raise AssertionError(f"output differs from {golden} (rerun with {UPDATE_GOLDEN_ENV}=1 if intended):\n{diff}")
+
+
+def promtool_check_metrics(exposition: str) -> str:
+    """Run `promtool check metrics` on the text; returns its problem report (empty when
+    clean). Skips the calling test when promtool is not installed."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60)
+    return (result.stdout + result.stderr).strip()
