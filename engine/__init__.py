@@ -1,0 +1,8 @@
+"""inferd's paged-KV inference engine."""
+from .config import EngineConfig
+from .llm import LLM
+from .llm_engine import LLMEngine
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -1,0 +1,111 @@
+"""Paged attention, portable torch path.
+
+K/V live in one pool per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``,
+and each sequence reaches its tokens through its block table. A step's new K/V are
+written into the pool at ``slot_mapping`` first; attention then reads every sequence's
+context through its block table (one batched index into the pool, the pool itself is
+never copied or reordered) with a mask that is causal within the step's queries,
+limited to the sequence's context length, and (Mistral) to a sliding window.
+
+The fast path (Triton kernels, CUDA graphs) plugs in behind the same
+`AttentionMetadata`; this module stays the reference and the fallback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """What one forward pass needs to know about the batch's layout in the KV pool."""
+
+    query_start: list[int]  # per sequence, offset of its first query token in the flat batch
+    query_lens: list[int]  # tokens computed this step per sequence
+    context_lens: torch.Tensor  # [B] tokens in the cache after this step (incl. new ones)
+    block_tables: torch.Tensor  # [B, max_blocks] block ids, padded with 0
+    slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
+    positions: torch.Tensor  # [T]
+    max_query_len: int
+    max_context_len: int
+    sliding_window: int | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def _padded_queries(q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[T, H, D] flat queries -> [B, H, max_q, D], zero-padded."""
+    batch, heads, dim = meta.num_seqs, q.shape[1], q.shape[2]
+    if batch == 1:
+        return q.transpose(0, 1).unsqueeze(0)
+    if all(n == 1 for n in meta.query_lens):  # pure decode
+        return q.unsqueeze(2)
+    out = q.new_zeros(batch, meta.max_query_len, heads, dim)
+    for i, (start, n) in enumerate(zip(meta.query_start, meta.query_lens)):
+        out[i, :n] = q[start : start + n]
+    return out.transpose(1, 2)
+
+
+def _unpad(out: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[B, H, max_q, D] -> [T, H, D]."""
+    if meta.num_seqs == 1:
+        return out[0].transpose(0, 1)
+    if all(n == 1 for n in meta.query_lens):
+        return out[:, :, 0]
+    out = out.transpose(1, 2)
+    return torch.cat([out[i, :n] for i, n in enumerate(meta.query_lens)], dim=0)
+
+
+def build_mask(meta: AttentionMetadata, device: torch.device) -> torch.Tensor:
+    """Boolean [B, 1, max_q, max_ctx]: True where query i of sequence b may see key j."""
+    qlens = torch.tensor(meta.query_lens, device=device)
+    ctx = meta.context_lens.to(device)
+    q_idx = torch.arange(meta.max_query_len, device=device)
+    k_idx = torch.arange(meta.max_context_len, device=device)
+    # absolute position of query i: ctx - qlen + i
+    q_pos = (ctx - qlens)[:, None] + q_idx[None, :]  # [B, max_q]
+    mask = k_idx[None, None, :] <= q_pos[:, :, None]
+    mask &= k_idx[None, None, :] < ctx[:, None, None]
+    if meta.sliding_window is not None:
+        mask &= k_idx[None, None, :] > q_pos[:, :, None] - meta.sliding_window
+    # Padding query rows would see nothing and softmax to NaN; let them see key 0.
+    pad_rows = q_idx[None, :] >= qlens[:, None]
+    mask[:, :, 0] |= pad_rows
+    return mask.unsqueeze(1)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, H, D] (keys/values of this step already written). Returns [T, H, D]."""
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    heads = q.shape[1]
+    ctx_blocks = (meta.max_context_len + block_size - 1) // block_size
+    tables = meta.block_tables[:, :ctx_blocks]
+    batch = meta.num_seqs
+    # [B, blocks, bs, kvH, D] -> [B, kvH, ctx, D]: the sequence's context, through its table.
+    k = k_cache[tables].reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
+    v = v_cache[tables].reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
+    k = k.transpose(1, 2).to(q.dtype)
+    v = v.transpose(1, 2).to(q.dtype)
+    if kv_heads != heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    qp = _padded_queries(q, meta)
+    mask = build_mask(meta, q.device)
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
+    return _unpad(out, meta)

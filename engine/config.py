@@ -1,0 +1,127 @@
+"""Engine configuration: one validated dataclass.
+
+Field names follow vLLM's where the meaning is the same. Every field has a
+documented default and bounds; a bad value or an unknown key raises a
+`ValueError` naming the field and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+BLOCK_SIZES = (8, 16, 32)
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+PREEMPTION_MODES = ("swap", "recompute")
+KV_COLD_DTYPES = ("none", "int8", "int4")
+MODES = ("fast", "fallback")
+
+# Parameters the agent may change at run time, with their bounds (inclusive).
+# Enumerated ones list their allowed values instead.
+TUNABLE_BOUNDS: dict[str, tuple[int, int] | tuple[str, ...]] = {
+    "max_num_seqs": (1, 1024),
+    "max_num_batched_tokens": (16, 1 << 20),
+    "kv_cold_dtype": KV_COLD_DTYPES,
+    "kv_hot_window": (0, 1 << 20),
+    "swap_space_bytes": (0, 1 << 40),
+    "preemption_mode": PREEMPTION_MODES,
+    "mode": MODES,
+}
+
+
+def check_range(name: str, value: Any, low: float, high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be in {bound}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = ""
+    """Path to a local Hugging Face checkpoint directory."""
+    dtype: str = "auto"
+    """float32, bfloat16, float16, or auto (the checkpoint's torch_dtype; float32 on CPU)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+    seed: int = 0
+    """Seed of the engine's sampling generator for requests without their own seed."""
+    block_size: int = 16
+    """Tokens per KV block: 8, 16 or 32."""
+    kv_cache_bytes: int = 0
+    """KV pool size in bytes; 0 sizes it from gpu_memory_utilization (CUDA) or 256 MiB (CPU)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of GPU memory the engine may use for weights, activations and KV (0, 1]."""
+    swap_space_bytes: int = 64 << 20
+    """Host swap pool for preempted sequences' KV blocks (0 disables swap)."""
+    preemption_mode: str = "swap"
+    """swap or recompute; swap falls back to recompute when the host pool is full."""
+    max_num_seqs: int = 64
+    """Most sequences scheduled in one step [1, 1024]."""
+    max_num_batched_tokens: int = 2048
+    """Most tokens (prefill chunks + decodes) in one step [16, 2^20]."""
+    max_model_len: int = 0
+    """Longest prompt + output; 0 takes the model's max_position_embeddings."""
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01
+    """Share of KV blocks kept free at admission, so running sequences can grow [0, 0.5]."""
+    priority_aging_steps: int = 256
+    """A waiting request gains one priority level per this many steps (stops starvation)."""
+    kv_cold_dtype: str = "none"
+    """Cold-KV quantization: none, int8, int4."""
+    kv_hot_window: int = 128
+    """Most recent tokens per sequence kept in full precision when kv_cold_dtype is set."""
+    mode: str = "fast"
+    """fast (custom kernels where available) or fallback (portable torch path only)."""
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_choice("dtype", self.dtype, DTYPES)
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        ):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        check_range("seed", self.seed, 0)
+        check_choice("block_size", self.block_size, BLOCK_SIZES)
+        check_range("kv_cache_bytes", self.kv_cache_bytes, 0)
+        check_range("gpu_memory_utilization", self.gpu_memory_utilization, 0.01, 1.0)
+        check_range("max_model_len", self.max_model_len, 0)
+        check_range("watermark", self.watermark, 0.0, 0.5)
+        check_range("priority_aging_steps", self.priority_aging_steps, 1)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        check_range("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
+        for name in TUNABLE_BOUNDS:
+            validate_tunable(name, getattr(self, name))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown EngineConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def tunables(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in TUNABLE_BOUNDS}
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def validate_tunable(name: str, value: Any) -> None:
+    if name not in TUNABLE_BOUNDS:
+        raise ValueError(f"{name} is not a tunable parameter; tunables: {', '.join(TUNABLE_BOUNDS)}")
+    bounds = TUNABLE_BOUNDS[name]
+    if isinstance(bounds[0], str):
+        check_choice(name, value, bounds)  # type: ignore[arg-type]
+    else:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        check_range(name, value, bounds[0], bounds[1])  # type: ignore[arg-type]

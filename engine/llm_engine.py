@@ -1,0 +1,358 @@
+"""The engine: requests in, tokens out, one `step()` at a time.
+
+request -> sequences -> scheduler / block manager -> model runner -> sampler -> outputs.
+The engine is single-threaded: the server drives `step()` from its own thread and
+hands it new requests, aborts and configuration changes between steps.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .block_manager import BlockManager, cdiv
+from .config import EngineConfig, validate_tunable
+from .kv_cache import KVCache, block_bytes
+from .loader import load_model, resolve_dtype
+from .model_runner import ModelRunner
+from .numa_memory import device_numa_node
+from .outputs import CompletionOutput, RequestOutput
+from .sampler import sample
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+from .stats import EngineCounters, FinishedRequestStats, KVSnapshot, StepStats
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_BYTES = 256 << 20
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float
+    counted_prompt: bool = False
+    num_cached_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked but CUDA is not available")
+    return torch.device(name)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        if not config.model:
+            raise ValueError("EngineConfig.model must name a checkpoint directory")
+        if config.kv_cold_dtype != "none":
+            raise ValueError(f"kv_cold_dtype={config.kv_cold_dtype!r} is not supported by this engine yet; use none")
+        self.config = config
+        self.device = resolve_device(config.device)
+        from .model_config import ModelConfig
+
+        self.model_config = ModelConfig.from_dir(config.model)
+        self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
+        self.tokenizer = Tokenizer(config.model, list(self.model_config.eos_token_ids))
+        self.model = load_model(config.model, self.dtype, self.device)
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.model_name = config.model
+
+        mc = self.model_config
+        self.block_bytes = block_bytes(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
+        num_blocks = self._kv_budget() // self.block_bytes
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {self.block_bytes} bytes; need at least 2")
+        num_host_blocks = config.swap_space_bytes // self.block_bytes
+        self.host_numa_node = device_numa_node(self.device)
+        self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
+                                mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node)
+        self.block_manager = BlockManager(num_blocks, num_host_blocks, config.block_size,
+                                          config.enable_prefix_caching, config.watermark)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode)
+        self.runner.on_fastpath_failure = self._on_fastpath_failure
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.requests: dict[str, Request] = {}
+        self.counters = EngineCounters()
+        self.last_step: StepStats | None = None
+        log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
+                 self.model_name, self.device, self.dtype, num_blocks, config.block_size,
+                 num_blocks * self.block_bytes >> 20, num_host_blocks, self.host_numa_node)
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes:
+            return self.config.kv_cache_bytes
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            return max(0, int(total * self.config.gpu_memory_utilization) - used - (1 << 30))  # 1 GiB for activations
+        return CPU_DEFAULT_KV_BYTES
+
+    # --- requests ---------------------------------------------------------------
+    def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Token ids of a valid prompt; a ValueError naming the problem otherwise.
+        Pure (no engine state changes), so the server may call it from any thread."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            if not ids:
+                raise ValueError("prompt is empty")
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt has unknown token id(s) {bad[:5]}; vocabulary is [0, {self.model_config.vocab_size})")
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty after tokenization")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} (prompt plus at least one generated token)")
+        usable = self.block_manager.pool.num_blocks - self.block_manager.watermark_blocks
+        if cdiv(len(ids) + 1, self.config.block_size) > usable:
+            raise ValueError(f"prompt needs {cdiv(len(ids) + 1, self.config.block_size)} KV blocks; the KV pool has {usable}")
+        bad_stop = [t for t in params.stop_token_ids if t >= self.model_config.vocab_size]
+        if bad_stop:
+            raise ValueError(f"stop_token_ids has unknown token id(s) {bad_stop}")
+        return ids
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    priority: int = 0, prompt_token_ids: list[int] | None = None,
+                    arrival_time: float | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        ids = prompt_token_ids if prompt_token_ids is not None else self.validate_request(prompt, params)
+        arrival = arrival_time if arrival_time is not None else time.time()
+        seqs = [Sequence(request_id, i, ids, params, priority, arrival, self.scheduler.step_count)
+                for i in range(params.n)]
+        self.requests[request_id] = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs, arrival)
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks at once. False if it was not running."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        now = time.time()
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.remove(seq)
+                self._finish(seq, "abort", now)
+        self.counters.requests_finished["abort"] += 1
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # --- the step ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        sched = self.scheduler.schedule()
+        self.kv_cache.swap(sched.swap_out, sched.swap_in)
+        self._count_paging(sched)
+        stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(sched.scheduled),
+                          num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0, num_swapped=0)
+        touched: dict[str, Request] = {}
+        if sched.scheduled:
+            logits = self.runner.execute(sched.scheduled)
+            sampling = [item.seq for item in sched.scheduled if item.completes]
+            now = time.time()
+            for item in sched.scheduled:
+                seq = item.seq
+                if seq.times.first_scheduled is None:
+                    seq.times.first_scheduled = now
+                seq.num_computed_tokens += item.num_tokens
+                self.block_manager.commit_full_blocks(seq)
+            if sampling:
+                tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator)
+                for seq, token, lp in zip(sampling, tokens, logprobs):
+                    self._append(seq, token, lp, now, stats)
+                    touched[seq.request_id] = self.requests[seq.request_id]
+        outputs = [self._output(req) for req in touched.values()]
+        for req in touched.values():
+            if req.is_finished:
+                self._record_finished(req, stats)
+                del self.requests[req.request_id]
+        stats.num_running = len(self.scheduler.running)
+        stats.num_waiting = len(self.scheduler.waiting)
+        stats.num_swapped = len(self.scheduler.swapped)
+        stats.duration = time.perf_counter() - start
+        self.last_step = stats
+        return outputs
+
+    def _count_paging(self, sched) -> None:
+        c = self.counters
+        c.num_preemptions += len(sched.preempted)
+        c.swap_in_faults += sched.num_swapped_in
+        c.recompute_faults += sched.num_recompute_faults
+        c.swap_out_bytes += len(sched.swap_out) * self.block_bytes
+        c.swap_in_bytes += len(sched.swap_in) * self.block_bytes
+        c.prefix_queries = self.block_manager.prefix.queries
+        c.prefix_hits = self.block_manager.prefix.hits
+
+    def _append(self, seq: Sequence, token: int, logprob: dict | None, now: float, stats: StepStats) -> None:
+        req = self.requests[seq.request_id]
+        seq.append_token(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if seq.times.first_token is None:
+            seq.times.first_token = now
+            if seq.index == 0:
+                stats.time_to_first_tokens.append(now - seq.times.arrival)
+        elif seq.times.last_token is not None:
+            stats.inter_token_latencies.append(now - seq.times.last_token)
+        seq.times.last_token = now
+        stats.num_generation_tokens += 1
+        self.counters.generation_tokens += 1
+        if not req.counted_prompt:
+            req.counted_prompt = True
+            stats.num_prompt_tokens += len(req.prompt_token_ids)
+            self.counters.prompt_tokens += len(req.prompt_token_ids)
+        self._check_stop(seq, token, now)
+
+    def _check_stop(self, seq: Sequence, token: int, now: float) -> None:
+        p = seq.params
+        prev_len = len(seq.output_text)
+        seq.output_text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in p.stop_token_ids:
+                return self._finish(seq, "stop", now, stop_reason=token)
+            if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
+                return self._finish(seq, "stop", now)
+            if p.stop:
+                window_start = max(0, prev_len - max(len(s) for s in p.stop))
+                for stop in p.stop:
+                    pos = seq.output_text.find(stop, window_start)
+                    if pos >= 0:
+                        seq.output_text = seq.output_text[:pos]
+                        return self._finish(seq, "stop", now, stop_reason=stop)
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, "length", now)
+
+    def _finish(self, seq: Sequence, reason: str, now: float, stop_reason=None) -> None:
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        seq.times.finished = now
+
+    def _output(self, req: Request) -> RequestOutput:
+        outs = [CompletionOutput(s.index, s.output_text, list(s.output_token_ids),
+                                 list(s.logprobs) if s.params.logprobs is not None else None,
+                                 s.finish_reason, s.stop_reason) for s in req.seqs]
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.is_finished)
+
+    def _record_finished(self, req: Request, stats: StepStats) -> None:
+        first = req.seqs[0]
+        t = first.times
+        scheduled = t.first_scheduled or t.arrival
+        first_token = t.first_token or scheduled
+        finished = max(s.times.finished or first_token for s in req.seqs)
+        stats.finished.append(FinishedRequestStats(
+            finish_reason=first.finish_reason or "abort",
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_generation_tokens=sum(s.num_output_tokens for s in req.seqs),
+            e2e_latency=finished - req.arrival_time,
+            queue_time=scheduled - req.arrival_time,
+            prefill_time=first_token - scheduled,
+            decode_time=finished - first_token,
+        ))
+        self.counters.requests_finished[first.finish_reason or "abort"] += 1
+
+    # --- run-time configuration ---------------------------------------------------
+    def reconfigure(self, changes: dict[str, Any]) -> EngineConfig:
+        """Apply tunable changes (call between steps). All or nothing: every value is
+        validated before any is applied. Returns the new configuration."""
+        for name, value in changes.items():
+            validate_tunable(name, value)
+        if changes.get("kv_cold_dtype", "none") != "none":
+            raise ValueError("kv_cold_dtype: cold-KV quantization is not supported by this engine yet; allowed: none")
+        if "swap_space_bytes" in changes:
+            self._check_swap_resize(changes["swap_space_bytes"])
+        new = self.config.replace(**changes)
+        if "swap_space_bytes" in changes:
+            self._resize_swap(new.swap_space_bytes)
+        if "mode" in changes:
+            self.runner.mode = new.mode
+        self.config = new
+        self.scheduler.config = new
+        return new
+
+    def set_mode(self, mode: str) -> EngineConfig:
+        return self.reconfigure({"mode": mode})
+
+    def _check_swap_resize(self, nbytes: int) -> None:
+        in_use = self.block_manager.host_pool.num_blocks - self.block_manager.host_pool.num_free_blocks
+        if nbytes // self.block_bytes < in_use:
+            raise ValueError(f"swap_space_bytes={nbytes} holds {nbytes // self.block_bytes} blocks; "
+                             f"{in_use} host blocks are in use by swapped-out sequences")
+
+    def _resize_swap(self, nbytes: int) -> None:
+        from .block_pool import HostBlockPool
+
+        new_pool = HostBlockPool(nbytes // self.block_bytes)
+        remap: dict[int, int] = {}
+        for seq in self.scheduler.swapped:
+            new_ids = new_pool.take(len(seq.host_block_table))
+            remap.update(zip(seq.host_block_table, new_ids))
+            seq.host_block_table = new_ids
+        self.kv_cache.resize_host(new_pool.num_blocks, remap)
+        self.block_manager.host_pool = new_pool
+
+    def _on_fastpath_failure(self, reason: str) -> None:
+        self.counters.fastpath_failures[reason] += 1
+        self.config = self.config.replace(mode="fallback")
+        self.scheduler.config = self.config
+
+    # --- observation ----------------------------------------------------------------
+    def kv_snapshot(self) -> KVSnapshot:
+        bm = self.block_manager
+        bs = self.config.block_size
+        free_blocks = bm.pool.num_free_blocks
+        tail_slack = sum(len(s.block_table) * bs - s.num_tokens for s in self.scheduler.running if s.block_table)
+        tail_slack = max(0, tail_slack)
+        # Free blocks count as unusable when not even the smallest waiting request fits.
+        unusable = tail_slack
+        if self.scheduler.waiting:
+            smallest = min(cdiv(s.num_tokens, bs) for s in self.scheduler.waiting)
+            if free_blocks - smallest < bm.watermark_blocks:
+                unusable += free_blocks * bs
+        free_slots = free_blocks * bs + tail_slack
+        return KVSnapshot(
+            num_blocks=bm.pool.num_blocks,
+            num_used=bm.num_used_blocks,
+            num_free=free_blocks,
+            num_cached=bm.pool.num_cached_free_blocks,
+            fragmentation_ratio=unusable / free_slots if free_slots else 0.0,
+            num_host_blocks=bm.host_pool.num_blocks,
+            num_host_free=bm.host_pool.num_free_blocks,
+        )

@@ -1,0 +1,113 @@
+"""Runs the model on one scheduled batch: inputs, attention metadata, forward, logits.
+
+Fast and fallback paths: the fast path is whatever accelerated attention the device
+offers (Triton kernels on CUDA, see engine/fast_path); the fallback is the portable
+torch path. A fast-path exception or a non-finite logit switches the runner to the
+fallback for good (until the mode is set back), counts the reason, and the step is
+run again on the portable path: writing K/V is idempotent (same slots, same values),
+so no request sees the failure.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from .attention import AttentionMetadata, paged_attention
+from .kv_cache import KVCache
+from .model import LlamaModel
+from .scheduler import ScheduledSeq
+
+log = logging.getLogger(__name__)
+
+
+class FastPathError(RuntimeError):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, mode: str,
+                 fast_attention: Callable | None = None):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = kv_cache.device
+        self.mode = mode
+        # Without an accelerated kernel the fast path is the portable one, still guarded,
+        # so the switching logic is the same everywhere (and testable on CPU).
+        self.fast_attention = fast_attention or paged_attention
+        self.on_fastpath_failure: Callable[[str], None] = lambda reason: None
+        self._injected_failure: str | None = None
+
+    def inject_fastpath_failure(self, reason: str) -> None:
+        """Make the next fast-path step fail with `reason` (fault injection for tests)."""
+        self._injected_failure = reason
+
+    def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        sample_rows: list[int] = []
+        for item in batch:
+            seq, n = item.seq, item.num_tokens
+            start = seq.num_computed_tokens
+            query_start.append(len(input_ids))
+            query_lens.append(n)
+            context_lens.append(start + n)
+            input_ids.extend(seq.token_ids[start : start + n])
+            for pos in range(start, start + n):
+                positions.append(pos)
+                slots.append(seq.block_table[pos // bs] * bs + pos % bs)
+            if item.completes:
+                sample_rows.append(len(input_ids) - 1)
+        max_blocks = max(len(item.seq.block_table) for item in batch)
+        tables = torch.zeros(len(batch), max_blocks, dtype=torch.long)
+        for i, item in enumerate(batch):
+            tables[i, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.long)
+        dev = self.device
+        meta = AttentionMetadata(
+            query_start=query_start,
+            query_lens=query_lens,
+            context_lens=torch.tensor(context_lens, device=dev),
+            block_tables=tables.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            max_query_len=max(query_lens),
+            max_context_len=max(context_lens),
+            sliding_window=self.model.config.sliding_window,
+        )
+        return torch.tensor(input_ids, dtype=torch.long, device=dev), meta, sample_rows
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Logits [num sampling sequences, vocab] in float32, in batch order."""
+        input_ids, meta, sample_rows = self.prepare(batch)
+        if self.mode == "fast":
+            try:
+                return self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
+            except Exception as exc:  # any fast-path failure: fall back, keep serving
+                reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__
+                log.error("fast path failed (%s: %s); switching to fallback", reason, exc)
+                self.mode = "fallback"
+                self.on_fastpath_failure(str(reason))
+        return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
+
+    def _fast_attention_checked(self, *args, **kwargs):
+        if self._injected_failure is not None:
+            reason, self._injected_failure = self._injected_failure, None
+            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        return self.fast_attention(*args, **kwargs)
+
+    def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
+        hidden = self.model(input_ids, meta, self.kv_cache.layers, attention_fn)
+        logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 0)
+        if check and logits.numel() and not torch.isfinite(logits).all():
+            raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
+        return logits

@@ -1,0 +1,185 @@
+"""Continuous-batching scheduler with chunked prefill, priorities and preemption.
+
+Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget
+(`max_num_seqs`), spent in this order:
+1. running sequences, highest effective priority first: a decode token each, or the
+   next chunk of a prompt. When a sequence cannot get a block, the lowest-priority
+   running sequence not yet scheduled is preempted (swap, or recompute when swap is
+   off or the host pool is full); if none is left, the sequence preempts itself;
+2. swapped-out sequences come back (a KV page fault), if nothing was preempted;
+3. waiting requests are admitted, highest priority first, while blocks above the
+   watermark and the budgets allow. Admission is in order: a request that does not
+   fit blocks those behind it, so large requests are not starved by small ones.
+
+Effective priority is the request's priority plus one level per
+`priority_aging_steps` steps spent waiting, so low priorities are never starved.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed this step
+
+    @property
+    def completes(self) -> bool:
+        """True when this step computes the sequence's last known token (so it samples)."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_swapped_in: int = 0
+    num_recompute_faults: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.step_count = 0
+        self.num_preemptions = 0
+
+    # --- queues ---------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of whatever queue holds it and release its blocks."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if seq in queue:
+                queue.remove(seq)
+        if seq.block_table:
+            self.block_manager.free(seq)
+        if seq.host_block_table:
+            self.block_manager.release_host(seq)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def effective_priority(self, seq: Sequence) -> int:
+        return seq.priority + (self.step_count - seq.arrival_step) // self.config.priority_aging_steps
+
+    def _order(self, seqs: list[Sequence]) -> list[Sequence]:
+        return sorted(seqs, key=lambda s: (-self.effective_priority(s), s.times.arrival, s.seq_id))
+
+    # --- the step -------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.step_count += 1
+        out = SchedulerOutput()
+        token_budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+
+        queue = self._order(self.running)
+        still_running: list[Sequence] = []
+        while queue:
+            seq = queue.pop(0)
+            num = min(seq.num_uncomputed_tokens, token_budget)
+            if num == 0:
+                still_running.append(seq)
+                continue
+            target = seq.num_computed_tokens + num
+            while not bm.can_append(seq, target):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            bm.append_slots(seq, target)
+            out.scheduled.append(ScheduledSeq(seq, num))
+            still_running.append(seq)
+            token_budget -= num
+        self.running = still_running
+
+        if not out.preempted:
+            self._swap_in(out, token_budget)
+            token_budget = self.config.max_num_batched_tokens - out.num_batched_tokens
+            if not self.swapped:
+                self._admit(out, token_budget)
+        self.num_preemptions += len(out.preempted)
+        return out
+
+    def _swap_in(self, out: SchedulerOutput, token_budget: int) -> None:
+        bm = self.block_manager
+        for seq in self._order(self.swapped):
+            if len(self.running) >= self.config.max_num_seqs or token_budget <= 0 or not bm.can_swap_in(seq):
+                break
+            out.swap_in += bm.swap_in(seq)
+            self.swapped.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            num = min(seq.num_uncomputed_tokens, token_budget)
+            out.scheduled.append(ScheduledSeq(seq, num))
+            out.num_swapped_in += 1
+            token_budget -= num
+
+    def _admit(self, out: SchedulerOutput, token_budget: int) -> None:
+        bm = self.block_manager
+        for seq in self._order(self.waiting):
+            if len(self.running) >= self.config.max_num_seqs or token_budget <= 0:
+                break
+            if seq.index > 0 and self._first_sibling_prefilling(seq):
+                continue  # wait for the prompt's blocks to be cached, then share them
+            if not bm.can_allocate(seq):
+                break
+            bm.allocate(seq)
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if seq.needs_recompute_fault:
+                out.num_recompute_faults += 1
+                seq.needs_recompute_fault = False
+            num = min(seq.num_uncomputed_tokens, token_budget)
+            out.scheduled.append(ScheduledSeq(seq, num))
+            token_budget -= num
+
+    def _first_sibling_prefilling(self, seq: Sequence) -> bool:
+        if not self.block_manager.enable_prefix_caching:
+            return False
+        for other in self.waiting + self.running:
+            if other.request_id == seq.request_id and other.index == 0:
+                return other.num_output_tokens == 0
+        return False
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        bm = self.block_manager
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.num_preemptions += 1
+        out.preempted.append(seq)
+        use_swap = (self.config.preemption_mode == "swap" and self.config.swap_space_bytes > 0
+                    and bm.can_swap_out(seq))
+        if use_swap:
+            out.swap_out += bm.swap_out(seq)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+        else:
+            bm.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            seq.needs_recompute_fault = True
+            self.waiting.append(seq)

@@ -1,0 +1,103 @@
+"""A sequence: one completion of a request, with its tokens and KV block table."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    SWAPPED = auto()
+    FINISHED = auto()
+
+
+@dataclass(slots=True)
+class SequenceTimes:
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+_seq_ids = itertools.count()
+
+
+class Sequence:
+    """Token ids are prompt + output; the first `num_computed_tokens` have KV in the cache.
+
+    Each step computes tokens [num_computed_tokens, num_tokens): a whole or partial
+    prompt chunk, or (decoding) the one token sampled last step. When the step brings
+    num_computed_tokens up to num_tokens, a new token is sampled.
+    """
+
+    def __init__(self, request_id: str, index: int, prompt_token_ids: list[int], params: SamplingParams,
+                 priority: int, arrival_time: float, arrival_step: int):
+        self.seq_id = next(_seq_ids)
+        self.request_id = request_id
+        self.index = index
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.priority = priority
+        self.arrival_step = arrival_step
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.num_hashed_blocks = 0
+        self.host_block_table: list[int] = []  # while swapped out
+        self.num_preemptions = 0
+        self.needs_recompute_fault = False  # counted as a KV page fault when it resumes
+        self.output_text = ""
+        self.logprobs: list[dict[int, float]] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.times = SequenceTimes(arrival=arrival_time)
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            # Each completion of an n>1 request gets its own stream, deterministically.
+            self.generator = torch.Generator().manual_seed(params.seed + index)
+        self.token_counts: dict[int, int] = {}  # output token -> occurrences, for penalties
+
+    # --- tokens -------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_uncomputed_tokens > 1 or self.num_output_tokens == 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.token_counts[token_id] = self.token_counts.get(token_id, 0) + 1
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id}#{self.index}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")

@@ -1,0 +1,67 @@
+"""Statistics that leave the engine's step loop as small dataclasses.
+
+The engine fills `StepStats` once per step and keeps cumulative `EngineCounters`;
+metric loggers (the server's Prometheus logger, the benchmark) consume them. No
+metric library is touched inside the step.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class FinishedRequestStats:
+    finish_reason: str
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    e2e_latency: float
+    queue_time: float
+    prefill_time: float
+    decode_time: float
+
+
+@dataclass(slots=True)
+class StepStats:
+    timestamp: float
+    duration: float
+    batch_size: int
+    num_batched_tokens: int
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    swap_in_faults: int = 0
+    recompute_faults: int = 0
+    swap_in_bytes: int = 0
+    swap_out_bytes: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    requests_finished: Counter = field(default_factory=Counter)  # finish_reason -> count
+    fastpath_failures: Counter = field(default_factory=Counter)  # reason -> count
+
+
+@dataclass(slots=True, frozen=True)
+class KVSnapshot:
+    num_blocks: int
+    num_used: int
+    num_free: int
+    num_cached: int
+    fragmentation_ratio: float
+    num_host_blocks: int
+    num_host_free: int
+
+    @property
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks if self.num_blocks else 0.0
