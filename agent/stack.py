@@ -1,0 +1,381 @@
+"""`inferd stack up|down|status`: the compose stack without Docker.
+
+Starts the distribution's `prometheus` and `prometheus-alertmanager` with the very files
+compose.yaml mounts (prometheus/prometheus.yml, alerts/alertmanager.yml), the agent
+(which supervises the engine), and Grafana where it is installed; waits until each
+answers its health URL, prints the URLs and returns. `down` stops them.
+
+State lives in a run directory (default `.out/stack` in the repository): `state.json`
+(pid and process group of each component), one log per component, Prometheus' and
+Alertmanager's data. Every process started gets `INFERD_STACK_RUN_DIR` in its
+environment, so `down` also finds descendants that left their process group (the
+engine the agent starts) and nothing is left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "INFERD_STACK_RUN_DIR"
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    name: str
+    argv: tuple[str, ...]
+    health_url: str
+    url: str  # what the user opens
+    ports: tuple[int, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    extra_health_urls: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    run_dir: Path
+    timeout_s: float = 120.0
+    agent_args: tuple[str, ...] = ()
+    with_grafana: bool = True
+    engine: bool = True  # the agent starts the engine; wait for its health too
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout must be positive, got {self.timeout_s}")
+
+
+def token_file() -> Path:
+    """The bearer-token file alerts/alertmanager.yml sends to the agent's webhook."""
+    text = (REPO / "alerts" / "alertmanager.yml").read_text()
+    match = re.search(r"credentials_file:\s*(\S+)", text)
+    if match is None:
+        raise RuntimeError("alerts/alertmanager.yml names no credentials_file for the agent's webhook")
+    path = Path(match.group(1))
+    return path if path.is_absolute() else REPO / "alerts" / path
+
+
+def ensure_token(path: Path) -> None:
+    if path.exists():
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except PermissionError as exc:
+        raise RuntimeError(
+            f"cannot create the webhook token {path} (named in alerts/alertmanager.yml): {exc}; "
+            f"run once as root or create it yourself"
+        ) from exc
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+
+
+def find_binary(*names: str) -> str | None:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def components(config: StackConfig) -> tuple[list[Component], list[str]]:
+    """The components to start, and notes about those skipped."""
+    notes: list[str] = []
+    run = config.run_dir
+    prometheus = find_binary("prometheus")
+    alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
+    missing = [n for n, b in (("prometheus", prometheus), ("prometheus-alertmanager", alertmanager)) if b is None]
+    if missing:
+        raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)")
+    token = token_file()
+    agent_health = ("http://localhost:8000/health",) if config.engine else ()
+    out = [
+        Component(
+            "agent",
+            (sys.executable, "-m", "agent.cli", "agent", "--webhook-token-file", str(token), *config.agent_args),
+            "http://localhost:9400/healthz",
+            "http://localhost:9400/metrics",
+            (9400, 8000) if config.engine else (9400,),
+            extra_health_urls=agent_health,
+        ),
+        Component(
+            "prometheus",
+            (
+                prometheus,
+                f"--config.file={REPO / 'prometheus' / 'prometheus.yml'}",
+                f"--storage.tsdb.path={run / 'prometheus-data'}",
+                "--web.listen-address=:9090",
+            ),
+            "http://localhost:9090/-/ready",
+            "http://localhost:9090",
+            (9090,),
+        ),
+        Component(
+            "alertmanager",
+            (
+                alertmanager,
+                f"--config.file={REPO / 'alerts' / 'alertmanager.yml'}",
+                f"--storage.path={run / 'alertmanager-data'}",
+                "--web.listen-address=:9093",
+                "--cluster.listen-address=",
+            ),
+            "http://localhost:9093/-/ready",
+            "http://localhost:9093",
+            (9093,),
+        ),
+    ]
+    grafana = find_binary("grafana", "grafana-server") if config.with_grafana else None
+    if grafana is None:
+        notes.append("grafana: not installed, skipped (the boards are in dashboards/generated; compose.yaml runs Grafana)")
+    else:
+        home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
+        argv = [grafana] + (["server"] if Path(grafana).name == "grafana" else [])
+        if home:
+            argv.append(f"--homepath={home}")
+        out.append(
+            Component(
+                "grafana",
+                tuple(argv),
+                "http://localhost:3000/api/health",
+                "http://localhost:3000",
+                (3000,),
+                env=(
+                    ("GF_PATHS_PROVISIONING", str(REPO / "dashboards" / "provisioning")),
+                    ("GF_PATHS_DATA", str(run / "grafana-data")),
+                    ("GF_PATHS_LOGS", str(run / "grafana-data" / "log")),
+                    ("GF_PATHS_PLUGINS", str(run / "grafana-data" / "plugins")),
+                    ("GF_SERVER_HTTP_PORT", "3000"),
+                    ("GF_AUTH_ANONYMOUS_ENABLED", "true"),
+                    ("GF_AUTH_ANONYMOUS_ORG_ROLE", "Viewer"),
+                    ("INFERD_DASHBOARDS_DIR", str(REPO / "dashboards" / "generated")),
+                ),
+            )
+        )
+    return out, notes
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def is_running(pid: int) -> bool:
+    """True for a live process; a zombie (exited, waiting for its parent to reap it) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def marked_pids(run_dir: Path) -> list[int]:
+    """Live processes whose environment carries this stack's marker."""
+    needle = f"{MARKER}={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and is_running(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate(pids: list[int], pgids: list[int], timeout_s: float) -> list[int]:
+    """SIGTERM groups and pids, wait, then SIGKILL what is left; returns pids that survived."""
+    for pgid in pgids:
+        signal_group(pgid, signal.SIGTERM)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(is_running(p) for p in pids):
+        time.sleep(0.1)
+    left = [p for p in pids if is_running(p)]
+    for pgid in pgids:
+        signal_group(pgid, signal.SIGKILL)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    time.sleep(0.2)
+    return [p for p in pids if is_running(p)]
+
+
+# --- state -----------------------------------------------------------------------------
+
+
+def read_state(run_dir: Path) -> dict:
+    path = run_dir / STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {"components": {}}
+
+
+def write_state(run_dir: Path, state: dict) -> None:
+    tmp = run_dir / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(run_dir / STATE_FILE)
+
+
+# --- up / down -------------------------------------------------------------------------
+
+
+def start(component: Component, run_dir: Path) -> subprocess.Popen:
+    log = open(run_dir / f"{component.name}.log", "ab")
+    env = {**os.environ, MARKER: str(run_dir), **dict(component.env)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    try:
+        return subprocess.Popen(
+            component.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=run_dir, env=env, start_new_session=True,  # own process group: down signals it whole
+        )
+    finally:
+        log.close()
+
+
+def wait_healthy(component: Component, process: subprocess.Popen, deadline: float, run_dir: Path) -> None:
+    urls = (component.health_url, *component.extra_health_urls)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{component.name} exited with code {process.returncode}\n{log_tail(run_dir, component.name)}")
+        if all(answers(u) for u in urls):
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"{component.name} not healthy at {', '.join(urls)} in time\n{log_tail(run_dir, component.name)}")
+
+
+def log_tail(run_dir: Path, name: str, lines: int = 15) -> str:
+    path = run_dir / f"{name}.log"
+    if not path.exists():
+        return ""
+    tail = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(f"  {name}| {line}" for line in tail)
+
+
+def up(config: StackConfig) -> int:
+    run_dir = config.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if marked_pids(run_dir):
+        print(f"inferd stack: already running from {run_dir}; `inferd stack down` first", file=sys.stderr)
+        return 1
+    try:
+        wanted, notes = components(config)
+        ensure_token(token_file())
+    except RuntimeError as exc:
+        print(f"inferd stack: {exc}", file=sys.stderr)
+        return 1
+    busy = [f"{c.name} port {p}" for c in wanted for p in c.ports if port_in_use(p)]
+    if busy:
+        print(f"inferd stack: ports already in use: {', '.join(busy)}", file=sys.stderr)
+        return 1
+    state = {"repo": str(REPO), "components": {}}
+    deadline = time.monotonic() + config.timeout_s
+    try:
+        for component in wanted:
+            process = start(component, run_dir)
+            state["components"][component.name] = {"pid": process.pid, "pgid": process.pid, "url": component.url}
+            write_state(run_dir, state)
+            wait_healthy(component, process, deadline, run_dir)
+            print(f"{component.name:<13} {component.url}", flush=True)
+    except (RuntimeError, OSError) as exc:
+        print(f"inferd stack: {exc}\nstopping what was started", file=sys.stderr)
+        down(config)
+        return 1
+    if config.engine:
+        print(f"{'engine':<13} http://localhost:8000/v1 (OpenAI API), /metrics")
+    for note in notes:
+        print(note)
+    print(f"logs and state in {run_dir}; stop with `inferd stack down`")
+    return 0
+
+
+def down(config: StackConfig) -> int:
+    run_dir = config.run_dir
+    state = read_state(run_dir)
+    entries = list(state["components"].items())[::-1]  # reverse start order: the agent last
+    pgids = [e["pgid"] for _, e in entries]
+    pids = sorted({e["pid"] for _, e in entries} | set(marked_pids(run_dir)))
+    if not pids:
+        print("inferd stack: nothing running")
+    survivors = terminate(pids, pgids, config.timeout_s)
+    survivors += [p for p in marked_pids(run_dir) if p not in survivors]
+    if survivors:
+        print(f"inferd stack: processes still running after SIGKILL: {survivors}", file=sys.stderr)
+        return 1
+    (run_dir / STATE_FILE).unlink(missing_ok=True)
+    for name, _ in entries:
+        print(f"{name:<13} stopped")
+    return 0
+
+
+def status(config: StackConfig) -> int:
+    state = read_state(config.run_dir)
+    if not state["components"]:
+        print("inferd stack: not running")
+        return 1
+    healthy = True
+    for name, entry in state["components"].items():
+        alive = is_running(entry["pid"])
+        healthy &= alive
+        print(f"{name:<13} {'up' if alive else 'DOWN':<5} pid {entry['pid']:<8} {entry['url']}")
+    return 0 if healthy else 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("--run-dir", type=Path, default=REPO / ".out" / "stack", help="state, logs and data (default .out/stack)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health, and for processes to stop")
+    parser.add_argument("--no-grafana", action="store_true", help="do not start Grafana even where installed")
+    parser.add_argument("--no-engine", action="store_true", help="the agent runs without an engine; do not wait for :8000")
+    parser.add_argument(
+        "--agent-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for `inferd agent` (repeat), e.g. --agent-arg=--gpu-backend=replay:PATH",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = StackConfig(
+        run_dir=args.run_dir.resolve(),
+        timeout_s=args.timeout,
+        agent_args=tuple(args.agent_arg),
+        with_grafana=not args.no_grafana,
+        engine=not args.no_engine,
+    )
+    return {"up": up, "down": down, "status": status}[args.action](config)
