@@ -25,7 +25,6 @@ from exporters.pcie import (
     PciDevice,
     discover_gpu_paths,
     generation_of,
-    gpu_link_capacity,
     is_degraded,
     link_capacity_bytes_per_second,
     link_ceilings,
