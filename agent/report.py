@@ -1,0 +1,165 @@
+"""`inferd report`: a static HTML page with PNG plots of the boards' headline panels.
+
+For people without Grafana at hand: queries Prometheus for the last N minutes with the
+very expressions the boards use (dashboards/spec.py panels marked `headline`), draws
+each panel with matplotlib and writes `index.html` beside the PNGs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from dashboards.promql import expand, legend
+from dashboards.spec import Board, Panel
+
+COLORS = {"green": "#37872d", "yellow": "#e0b400", "orange": "#fa6400", "red": "#c4162a", "blue": "#1f60c4", "purple": "#8f3bb8"}
+
+
+@dataclass(frozen=True, slots=True)
+class ReportConfig:
+    prometheus_url: str
+    minutes: int
+    out_dir: Path
+    step_s: int
+
+    def __post_init__(self) -> None:
+        if not self.prometheus_url.startswith(("http://", "https://")):
+            raise ValueError(f"--prometheus must be an http(s) URL, got {self.prometheus_url!r}")
+        if not 1 <= self.minutes <= 7 * 24 * 60:
+            raise ValueError(f"--minutes must be between 1 and 10080, got {self.minutes}")
+        if self.step_s < 1:
+            raise ValueError(f"--step must be at least 1 second, got {self.step_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    name: str
+    times: list[float]
+    values: list[float]
+
+
+def query_range(config: ReportConfig, expr: str, start: float, end: float) -> list[dict]:
+    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": config.step_s})
+    url = f"{config.prometheus_url.rstrip('/')}/api/v1/query_range?{params}"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise RuntimeError(f"Prometheus refused {expr!r}: {detail}") from exc
+    if body.get("status") != "success":
+        raise RuntimeError(f"Prometheus query failed: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def panel_series(config: ReportConfig, panel: Panel, start: float, end: float) -> list[Series]:
+    # Grafana's $__rate_interval is at least four scrape intervals; 4 x step is the same idea here.
+    rate_interval = f"{max(4 * config.step_s, 20)}s"
+    series = []
+    for query in panel.queries:
+        expr = expand(query.expr, rate_interval=rate_interval, interval=f"{config.step_s}s", range_=f"{config.minutes}m")
+        for result in query_range(config, expr, start, end):
+            points = [(float(t), float(v)) for t, v in result["values"]]
+            series.append(Series(legend(query.legend, result["metric"]), [p[0] for p in points], [p[1] for p in points]))
+    return series
+
+
+def plot(panel: Panel, series: list[Series], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
+    for s in series:
+        ax.plot([dt.datetime.fromtimestamp(t) for t in s.times], s.values, label=s.name, linewidth=1.4)
+    for threshold in panel.thresholds[1:]:
+        ax.axhline(threshold.value, color=COLORS.get(threshold.color, "grey"), linestyle="--", linewidth=0.8)
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_ylabel(panel.unit.removeprefix("suffix: "), fontsize=8)
+    if panel.min is not None:
+        ax.set_ylim(bottom=panel.min)
+    if panel.max is not None and all(v <= panel.max for s in series for v in s.values):
+        ax.set_ylim(top=panel.max * 1.05)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=7)
+    if 0 < len(series) <= 12:
+        ax.legend(fontsize=7, loc="upper left")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def write_report(config: ReportConfig, boards: tuple[Board, ...], now: float | None = None) -> Path:
+    end = time.time() if now is None else now
+    start = end - 60 * config.minutes
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for board in boards:
+        items = []
+        for panel in (p for p in board.panels if p.headline):
+            series = panel_series(config, panel, start, end)
+            body = f"<p class='desc'>{html.escape(panel.full_description)}</p>"
+            if series:
+                image = f"{board.uid}-{slug(panel.title)}.png"
+                plot(panel, series, config.out_dir / image)
+                latest = "".join(
+                    f"<tr><td>{html.escape(s.name)}</td><td>{s.values[-1]:.4g}</td></tr>" for s in series if s.values
+                )
+                body += f"<img src='{image}' alt='{html.escape(panel.title)}'><table><tr><th>series</th><th>last</th></tr>{latest}</table>"
+            else:
+                body += "<p class='nodata'>No data in this window.</p>"
+            items.append(f"<div class='panel'><h3>{html.escape(panel.title)}</h3>{body}</div>")
+        if items:
+            sections.append(f"<h2>{html.escape(board.title)}</h2>" + "".join(items))
+    stamp = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")  # noqa: E731
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>inferd report</title>
+<style>body{{font-family:sans-serif;max-width:900px;margin:auto}} .desc{{color:#555;font-size:90%}}
+.nodata{{color:#a00}} table{{font-size:80%;border-collapse:collapse}} td,th{{padding:0 8px;text-align:left}}</style>
+</head><body>
+<h1>inferd report</h1>
+<p>{stamp(start)} to {stamp(end)} ({config.minutes} min, step {config.step_s} s) from {html.escape(config.prometheus_url)}</p>
+{''.join(sections)}
+</body></html>
+"""
+    index = config.out_dir / "index.html"
+    index.write_text(page)
+    return index
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus", default="http://localhost:9090", help="Prometheus base URL (default %(default)s)")
+    parser.add_argument("--minutes", type=int, default=60, help="how far back to look (default %(default)s)")
+    parser.add_argument("--step", type=int, default=15, help="seconds between points (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("inferd-report"), help="output directory (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dashboards.boards import BOARDS
+
+    try:
+        config = ReportConfig(args.prometheus, args.minutes, args.out, args.step)
+        index = write_report(config, BOARDS)
+    except (ValueError, RuntimeError) as exc:
+        print(f"inferd report: {exc}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as exc:
+        print(f"inferd report: cannot reach Prometheus at {args.prometheus}: {exc.reason}", file=sys.stderr)
+        return 1
+    print(index)
+    return 0
