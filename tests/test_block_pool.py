@@ -1,0 +1,82 @@
+"""The block pool on a tiny pool: exact block ids and free-queue order, as vLLM tests it."""
+from __future__ import annotations
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.block_pool import BlockPool, block_hash
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+
+
+def seq(tokens, rid="r"):
+    return Sequence(rid, 0, tokens, SamplingParams(), 0, 0.0, 0)
+
+
+def test_take_in_order_and_release_puts_uncached_blocks_first():
+    pool = BlockPool(4)
+    assert [pool.take() for _ in range(3)] == [0, 1, 2]
+    pool.register(1, block_hash(None, (1, 2)), (1, 2))
+    pool.release(1)  # cached: goes to the tail
+    pool.release(2)  # uncached: goes to the head
+    assert list(pool.free_queue) == [2, 3, 1]
+    assert pool.num_cached_free_blocks == 1
+
+
+def test_reuse_evicts_cached_content():
+    pool = BlockPool(1)
+    b = pool.take()
+    h = block_hash(None, (7,))
+    pool.register(b, h, (7,))
+    pool.release(b)
+    assert pool.lookup(h, (7,)) == b
+    assert pool.take() == b
+    assert pool.lookup(h, (7,)) is None
+
+
+def test_touch_removes_from_free_queue_and_release_below_zero_raises():
+    pool = BlockPool(2)
+    pool.touch(1)
+    assert list(pool.free_queue) == [0]
+    pool.release(1)
+    with pytest.raises(RuntimeError, match="ref_count 0"):
+        pool.release(1)
+
+
+def test_prefix_hit_shares_blocks_and_keeps_last_token_uncached():
+    bm = BlockManager(num_blocks=8, num_host_blocks=0, block_size=4, enable_prefix_caching=True, watermark=0.0)
+    a = seq(list(range(10)), "a")
+    bm.allocate(a)
+    assert a.block_table == [0, 1, 2] and a.num_computed_tokens == 0
+    a.num_computed_tokens = 10
+    bm.commit_full_blocks(a)
+    b = seq(list(range(8)) + [99], "b")
+    bm.allocate(b)
+    assert b.block_table[:2] == [0, 1] and b.num_computed_tokens == 8
+    assert bm.pool.blocks[0].ref_count == 2
+    # all 8 tokens cached, but the last must be computed: only one block is a hit
+    c = seq(list(range(8)), "c")
+    bm.allocate(c)
+    assert c.num_computed_tokens == 4 and c.block_table[0] == 0 and c.block_table[1] != 1
+    for s in (a, b, c):
+        bm.free(s)
+    assert bm.pool.num_free_blocks == 8
+    assert all(blk.ref_count == 0 for blk in bm.pool.blocks)
+
+
+def test_watermark_blocks_admission():
+    bm = BlockManager(num_blocks=10, num_host_blocks=0, block_size=4, enable_prefix_caching=False, watermark=0.2)
+    assert bm.can_allocate(seq(list(range(32))))  # 8 blocks, leaves 2 = watermark
+    assert not bm.can_allocate(seq(list(range(33))))  # 9 blocks
+
+
+def test_swap_out_and_in_round_trip_ids():
+    bm = BlockManager(num_blocks=4, num_host_blocks=4, block_size=4, enable_prefix_caching=False, watermark=0.0)
+    s = seq(list(range(7)))
+    bm.allocate(s)
+    assert s.block_table == [0, 1]
+    pairs = bm.swap_out(s)
+    assert pairs == [(0, 0), (1, 1)] and s.block_table == [] and bm.pool.num_free_blocks == 4
+    back = bm.swap_in(s)
+    assert [h for h, _ in back] == [0, 1] and len(s.block_table) == 2
+    assert bm.host_pool.num_free_blocks == 4

@@ -1,0 +1,196 @@
+"""Batch invariance, sampling features, priorities and bad input."""
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model):
+    return LLM(tiny_model, block_size=8)
+
+
+def busy_llm(tiny_model, mode):
+    probe = LLM(tiny_model, block_size=8)
+    bb = probe.engine.block_bytes
+    return LLM(tiny_model, block_size=8, kv_cache_bytes=30 * bb, swap_space_bytes=40 * bb,
+               preemption_mode=mode, watermark=0.0, max_num_batched_tokens=48)
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_batch_invariance_under_preemption(tiny_model, llm, mode):
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    seeded = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=1234, max_tokens=20, ignore_eos=True)
+    prompt = "The scheduler preempts the newest sequence"
+    alone = [llm.generate(prompt, p)[0].outputs[0].token_ids for p in (greedy, seeded)]
+    busy = busy_llm(tiny_model, mode)
+    noise = [f"request {i} about caches and NUMA nodes " * (1 + i % 3) for i in range(10)]
+    params = [greedy, seeded] + [SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)] * 10
+    outs = busy.generate([prompt, prompt] + noise, params)
+    assert [o.outputs[0].token_ids for o in outs[:2]] == alone
+    assert busy.engine.counters.num_preemptions > 0
+
+
+def test_seed_reproducible_and_different_seeds_differ(llm):
+    p1 = SamplingParams(temperature=1.0, seed=7, max_tokens=16, ignore_eos=True)
+    p2 = SamplingParams(temperature=1.0, seed=8, max_tokens=16, ignore_eos=True)
+    a = llm.generate("hello", p1)[0].outputs[0].token_ids
+    b = llm.generate("hello", p1)[0].outputs[0].token_ids
+    c = llm.generate("hello", p2)[0].outputs[0].token_ids
+    assert a == b and a != c
+
+
+def test_n_completions_share_prompt_blocks(llm):
+    before = llm.engine.counters.prefix_hits
+    prompt = "shared prompt blocks for every completion of the request " * 2
+    out = llm.generate(prompt, SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    n_prompt = len(out.prompt_token_ids)
+    assert llm.engine.counters.prefix_hits - before >= 2 * ((n_prompt - 1) // 8) * 8
+
+
+def test_stop_strings_and_stop_tokens(llm):
+    base = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0].outputs[0]
+    stop_tok = base.token_ids[5]
+    out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                                                          stop_token_ids=[stop_tok]))[0].outputs[0]
+    assert out.token_ids == base.token_ids[: base.token_ids.index(stop_tok) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_tok
+    text = base.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    if stop.strip() and "\ufffd" not in stop:
+        out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                                                              stop=[stop]))[0].outputs[0]
+        assert out.finish_reason == "stop" and out.stop_reason == stop
+        assert out.text == text[: text.find(stop)]
+
+
+def test_min_tokens_and_max_tokens(llm):
+    out = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    first = out.token_ids[0]
+    out = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=5, min_tokens=3, stop_token_ids=[first]))[0].outputs[0]
+    assert first not in out.token_ids[:3]
+
+
+def test_penalties_change_output(llm):
+    base = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))[0].outputs[0].token_ids
+    pen = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                                               frequency_penalty=2.0, presence_penalty=2.0))[0].outputs[0].token_ids
+    assert len(set(pen)) >= len(set(base))
+    assert pen != base or len(set(base)) == len(base)
+
+
+def test_logprobs_are_normalised_and_include_chosen_token(llm):
+    out = llm.generate("abc", SamplingParams(temperature=0.0, max_tokens=4, logprobs=3))[0].outputs[0]
+    for tok, entry in zip(out.token_ids, out.logprobs):
+        assert tok in entry and max(entry, key=entry.get) == tok
+        assert all(v <= 0 for v in entry.values())
+
+
+def test_priority_admitted_first(tiny_model):
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=1))
+    p = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    engine.add_request("low", "low priority", p, priority=0)
+    engine.add_request("high", "high priority", p, priority=5)
+    finished = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["high", "low"]
+
+
+def test_aging_prevents_starvation(tiny_model):
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=1, priority_aging_steps=2))
+    p = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    engine.add_request("old-low", "x", p, priority=0)
+    finished, i = [], 0
+    while "old-low" not in finished and i < 200:
+        engine.add_request(f"hi{i}", "y", p, priority=3)
+        finished += [o.request_id for o in engine.step() if o.finished]
+        i += 1
+    assert "old-low" in finished
+
+
+@pytest.mark.parametrize("prompt, params, field", [
+    ("x " * 5000, SamplingParams(), "max_model_len"),
+    ("", SamplingParams(), "empty"),
+    ([1, 2, 99999], SamplingParams(), "unknown token id"),
+])
+def test_bad_requests_raise_and_leave_others_alone(tiny_model, prompt, params, field):
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
+    good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.add_request("good", "fine prompt", good)
+    engine.step()
+    with pytest.raises(ValueError, match=field):
+        engine.add_request("bad", prompt, params)
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.request_id for o in outs if o.finished] == ["good"]
+    assert len(outs[-1].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(n=0), "n"),
+    (dict(min_p=2.0), "min_p"), (dict(top_k=-5), "top_k"),
+])
+def test_sampling_params_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(block_size=12), "block_size"), (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(preemption_mode="drop"), "preemption_mode"), (dict(dtype="int3"), "dtype"),
+    (dict(max_num_batched_tokens=2), "max_num_batched_tokens"), (dict(kv_cold_dtype="fp8"), "kv_cold_dtype"),
+])
+def test_engine_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(model="x", **kwargs)
+
+
+def test_unknown_config_key_is_named():
+    with pytest.raises(ValueError, match="max_num_seq"):
+        EngineConfig.from_dict({"model": "x", "max_num_seq": 3})
+
+
+def test_missing_files_and_unsupported_architecture(tmp_path, tiny_model):
+    import json
+    import shutil
+
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        LLMEngine(EngineConfig(model=str(tmp_path)))
+    bad = tmp_path / "gpt"
+    shutil.copytree(tiny_model, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="supported: LlamaForCausalLM"):
+        LLMEngine(EngineConfig(model=str(bad)))
+    (bad / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"]}))
+    (bad / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        LLMEngine(EngineConfig(model=str(bad)))
+
+
+def test_reconfigure_bounds_and_fallback_switch(tiny_model):
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
+    with pytest.raises(ValueError, match=r"max_num_seqs must be in \[1, 1024\]"):
+        engine.reconfigure({"max_num_seqs": 0})
+    with pytest.raises(ValueError, match="not a tunable"):
+        engine.reconfigure({"block_size": 8})
+    assert engine.reconfigure({"max_num_seqs": 4, "preemption_mode": "recompute"}).max_num_seqs == 4
+    p = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    ref = LLM(tiny_model, block_size=8).generate("fault injection", p)[0].outputs[0].token_ids
+    engine.add_request("a", "fault injection", p)
+    engine.step()
+    engine.runner.inject_fastpath_failure("test")
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert outs[-1].outputs[0].token_ids == ref  # the failed step was re-run, nothing lost
+    assert engine.config.mode == "fallback" and engine.counters.fastpath_failures["injected"] == 1
+    assert engine.set_mode("fast").mode == "fast" and engine.runner.mode == "fast"
