@@ -1,0 +1,154 @@
+"""`inferd stack up|down`: the stack without Docker.
+
+Quick tests drive the process handling with stand-in processes; the live test starts the
+real thing (Prometheus, Alertmanager, agent with the engine) and checks every URL
+answered while up and that nothing is left behind after down.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent import stack
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", "stack", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def spawn_marked(run_dir: Path, script: str) -> subprocess.Popen:
+    env = {**os.environ, stack.MARKER: str(run_dir)}
+    return subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True)
+
+
+def test_components_use_the_files_compose_mounts(tmp_path):
+    if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
+        pytest.skip("prometheus / prometheus-alertmanager not installed (Debian packages)")
+    config = stack.StackConfig(run_dir=tmp_path, agent_args=("--gpu-backend=replay:x.json",))
+    wanted, notes = stack.components(config)
+    by_name = {c.name: c for c in wanted}
+    assert list(by_name)[:3] == ["agent", "prometheus", "alertmanager"]
+    assert f"--config.file={ROOT / 'prometheus/prometheus.yml'}" in by_name["prometheus"].argv
+    assert f"--config.file={ROOT / 'alerts/alertmanager.yml'}" in by_name["alertmanager"].argv
+    assert by_name["agent"].argv[-1] == "--gpu-backend=replay:x.json"
+    assert str(stack.token_file()) in by_name["agent"].argv
+    for component in wanted:
+        for arg in component.argv:
+            if "-data" in arg:
+                assert str(tmp_path) in arg, "data must live in the run directory"
+    if shutil.which("grafana") or shutil.which("grafana-server"):
+        assert "grafana" in by_name
+    else:
+        assert any("grafana: not installed, skipped" in n for n in notes)
+
+
+def test_down_stops_a_process_tree_including_one_that_left_its_group(tmp_path):
+    # A parent in its own group, and a grandchild that escaped it with setsid (as a
+    # supervised child that starts its own session would).
+    parent = spawn_marked(tmp_path, "setsid sleep 300 & sleep 300")
+    deadline = time.monotonic() + 5
+    while len(stack.marked_pids(tmp_path)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = stack.marked_pids(tmp_path)
+    assert parent.pid in before and len(before) >= 2
+    stack.write_state(tmp_path, {"components": {"agent": {"pid": parent.pid, "pgid": parent.pid, "url": "-"}}})
+    assert stack.down(stack.StackConfig(run_dir=tmp_path, timeout_s=5)) == 0
+    parent.wait(timeout=5)
+    assert stack.marked_pids(tmp_path) == []
+    assert not any(stack.is_running(p) for p in before)
+    assert not (tmp_path / stack.STATE_FILE).exists()
+
+
+def test_down_with_nothing_running_and_status(tmp_path, capsys):
+    config = stack.StackConfig(run_dir=tmp_path, timeout_s=1)
+    assert stack.down(config) == 0
+    assert "nothing running" in capsys.readouterr().out
+    assert stack.status(config) == 1
+
+
+def test_up_refuses_when_this_run_dir_is_already_running(tmp_path, capsys):
+    sleeper = spawn_marked(tmp_path, "sleep 300")
+    try:
+        deadline = time.monotonic() + 5
+        while not stack.marked_pids(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stack.up(stack.StackConfig(run_dir=tmp_path, timeout_s=5)) == 1
+        assert "already running" in capsys.readouterr().err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="timeout"):
+        stack.StackConfig(run_dir=Path("/tmp/x"), timeout_s=0)
+
+
+# --- live ------------------------------------------------------------------------------
+
+PORTS = (8000, 9090, 9093, 9400)
+
+
+def live_preconditions() -> None:
+    for binary in ("prometheus", "prometheus-alertmanager"):
+        if shutil.which(binary) is None:
+            pytest.skip(f"{binary} not installed (Debian package)")
+    for module in ("agent/main.py", "engine/server"):
+        if not (ROOT / module).exists():
+            pytest.skip(f"{module} has not landed yet: `inferd agent` / `inferd serve` missing")
+    busy = [p for p in PORTS if stack.port_in_use(p)]
+    if busy:
+        pytest.skip(f"ports in use by something else: {busy}")
+
+
+def get(url: str) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read()
+
+
+@pytest.mark.slow
+def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
+    live_preconditions()
+    run_dir = tmp_path / "run"
+    started = cli("up", "--run-dir", str(run_dir), "--timeout", "240", timeout=300)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        state = json.loads((run_dir / stack.STATE_FILE).read_text())
+        pids = {e["pid"] for e in state["components"].values()} | set(stack.marked_pids(run_dir))
+        urls = [line.split()[1] for line in started.stdout.splitlines() if line.split()[1:2] and line.split()[1].startswith("http")]
+        assert len(urls) >= 4, started.stdout
+        for url in urls:
+            if url.endswith("/v1"):
+                url += "/models"
+            status, _ = get(url)
+            assert status == 200, url
+        # Prometheus scrapes both targets with the repository's config
+        deadline = time.monotonic() + 60
+        up = {}
+        while time.monotonic() < deadline and set(up.values()) != {"1"}:
+            _, body = get("http://localhost:9090/api/v1/query?query=up%7Bjob%3D~%22inferd-.*%22%7D")
+            up = {r["metric"]["job"]: r["value"][1] for r in json.loads(body)["data"]["result"]}
+            time.sleep(1)
+        assert up == {"inferd-agent": "1", "inferd-engine": "1"}
+        _, rules = get("http://localhost:9090/api/v1/rules")
+        assert json.loads(rules)["data"]["groups"], "the repository's alert rules are loaded"
+        _, am = get("http://localhost:9093/api/v2/status")
+        assert json.loads(am)["config"]["original"].count("inferd-agent") >= 1
+    finally:
+        stopped = cli("down", "--run-dir", str(run_dir), "--timeout", "30", timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert stack.marked_pids(run_dir) == []
+    assert not [p for p in pids if stack.is_running(p)]
+    assert not [p for p in PORTS if stack.port_in_use(p)]
