@@ -15,7 +15,11 @@ DCGM's two counters (PCIe replays, energy) keep dcgm-exporter's names without a
 `_total` suffix; client_python would rename a counter family, so they are exported
 untyped, which PromQL's rate() accepts just the same.
 
-NVML field-value PCIe counters become `inferd_pcie_*` counters (docs/METRICS.md).
+NVML field-value PCIe counters become `inferd_pcie_*` counters (docs/METRICS.md). The
+cumulative TX/RX byte fields (197/198) are 32-bit on the H200 and wrap every 4 GiB
+(seen on a real H200: 2**32 is passed many times a second under a 55 GB/s copy), so
+the collector unwraps them between scrapes; that is exact only while less than 4 GiB
+crosses the link between two scrapes, so for rates use DCGM_FI_PROF_PCIE_*_BYTES.
 """
 from __future__ import annotations
 
@@ -75,10 +79,35 @@ class GpuCollector:
 
     def __init__(self, backend: gb.GpuBackend):
         self.backend = backend
+        self._byte_counters = WrappingCounters(bits=32)
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.backend.read()
-        yield from snapshot_families(snapshot)
+        yield from snapshot_families(snapshot, self._byte_counters)
+
+
+class WrappingCounters:
+    """Turns raw counters that wrap at 2**bits into monotonic totals, per key.
+
+    The first raw value seen is the starting total; each later value adds its
+    distance from the previous one modulo 2**bits.
+    """
+
+    def __init__(self, bits: int):
+        if not 1 <= bits <= 64:
+            raise ValueError(f"counter width must be 1..64 bits, got {bits}")
+        self.modulus = 2**bits
+        self._last: dict[tuple, tuple[int, int]] = {}  # key -> (last raw, total)
+
+    def update(self, key: tuple, raw: float) -> int:
+        raw = int(raw) % self.modulus
+        if key not in self._last:
+            self._last[key] = (raw, raw)
+            return raw
+        last, total = self._last[key]
+        total += (raw - last) % self.modulus
+        self._last[key] = (raw, total)
+        return total
 
 
 def dcgm_labels(snapshot: gb.GpuSnapshot, gpu: gb.GpuReading) -> list[str]:
@@ -88,7 +117,7 @@ def dcgm_labels(snapshot: gb.GpuSnapshot, gpu: gb.GpuReading) -> list[str]:
     ]
 
 
-def snapshot_families(snapshot: gb.GpuSnapshot) -> Iterable[Metric]:
+def snapshot_families(snapshot: gb.GpuSnapshot, byte_counters: WrappingCounters | None = None) -> Iterable[Metric]:
     gpus = snapshot.gpus
     labels = {g.index: dcgm_labels(snapshot, g) for g in gpus}
 
@@ -110,7 +139,7 @@ def snapshot_families(snapshot: gb.GpuSnapshot) -> Iterable[Metric]:
         yield family(name, doc, ((g, _scaled((g.gpm or {}).get(key), scale)) for g in gpus))
     yield family("DCGM_FI_PROF_PCIE_TX_BYTES", PCIE_RATE_HELP.format("transmitted"), ((g, _pcie_rate(g, "tx")) for g in gpus))
     yield family("DCGM_FI_PROF_PCIE_RX_BYTES", PCIE_RATE_HELP.format("received"), ((g, _pcie_rate(g, "rx")) for g in gpus))
-    yield from _pcie_field_families(gpus)
+    yield from _pcie_field_families(gpus, byte_counters or WrappingCounters(bits=32))
 
 
 def _scaled(value: float | None, scale: float) -> float | None:
@@ -129,7 +158,7 @@ def _pcie_rate(gpu: gb.GpuReading, direction: str) -> float | None:
     return None if kb_s is None else kb_s * 1024
 
 
-def _pcie_field_families(gpus: list[gb.GpuReading]) -> Iterable[Metric]:
+def _pcie_field_families(gpus: list[gb.GpuReading], byte_counters: WrappingCounters) -> Iterable[Metric]:
     def ids(gpu: gb.GpuReading) -> list[str]:
         return [str(gpu.index), gpu.uuid, gpu.pci_bus_id]
 
@@ -167,7 +196,7 @@ def _pcie_field_families(gpus: list[gb.GpuReading]) -> Iterable[Metric]:
         for metric, field_id in ((tx, gb.FIELD_PCIE_TX_BYTES), (rx, gb.FIELD_PCIE_RX_BYTES)):
             value = gpu.fields.get(gb.field_key(field_id))
             if value is not None:
-                metric.add_metric(ids(gpu), value)
+                metric.add_metric(ids(gpu), byte_counters.update((gpu.uuid, field_id), value))
     yield errors
     yield lanes
     yield tx

@@ -232,8 +232,8 @@ def main() -> int:
         check("DRAM active half/full vs bandwidth half/full", half / full, bw_half / bw_full)
     check("PCIe RX bytes/s (GPM), h2d", get("copy_h2d", "DCGM_FI_PROF_PCIE_RX_BYTES"), get("copy_h2d", "workload_bytes_per_s"))
     check("PCIe TX bytes/s (GPM), d2h", get("copy_d2h", "DCGM_FI_PROF_PCIE_TX_BYTES"), get("copy_d2h", "workload_bytes_per_s"))
-    check("PCIe RX bytes/s (field 198), h2d", get("copy_h2d", "inferd_pcie_rx_bytes_total_per_s"), get("copy_h2d", "workload_bytes_per_s"))
-    check("PCIe TX bytes/s (field 197), d2h", get("copy_d2h", "inferd_pcie_tx_bytes_total_per_s"), get("copy_d2h", "workload_bytes_per_s"))
+    check("PCIe RX bytes/s (field 198, 32-bit, wraps every 4 GiB), h2d", get("copy_h2d", "inferd_pcie_rx_bytes_total_per_s"), get("copy_h2d", "workload_bytes_per_s"))
+    check("PCIe TX bytes/s (field 197, 32-bit, wraps every 4 GiB), d2h", get("copy_d2h", "inferd_pcie_tx_bytes_total_per_s"), get("copy_d2h", "workload_bytes_per_s"))
 
     sorted_durations = sorted(durations)
     first = snapshots[0].gpus[args.gpu] if snapshots else None
