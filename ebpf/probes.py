@@ -19,7 +19,6 @@ tgid 0 stands for every process that is not watched.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import tempfile
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Iterable, Iterator
 
 from ebpf.node_map import FrameRange
 from ebpf.tracefs import has_event
+from ebpf.watch import COMM_LEN
 
 C_DIR = Path(__file__).with_name("c")
 
@@ -136,7 +136,7 @@ def _compile(bcc, text: str):
     failure = None
     with _captured_stderr() as stderr:
         try:
-            return bcc.BPF(text=text)
+            return bcc.BPF(text=text.encode())
         except Exception as exc:  # bcc raises bare Exception for compile and load errors
             failure = exc
     raise ProbeUnavailable(_explain(failure, stderr))
@@ -154,7 +154,7 @@ class LoadedProbe:
         self.spec = spec
         self.attach = attach  # "tracepoint", "kfunc" or "kprobe"
         self._bpf = bpf
-        self._comm_key_type = bpf["watched_comms"].Key
+        self._comm_key_type = bpf[b"watched_comms"].Key
 
     @property
     def name(self) -> str:
@@ -162,7 +162,7 @@ class LoadedProbe:
 
     def set_watched(self, pids: Iterable[int], comms: Iterable[str]) -> None:
         """Make the kernel's watch list exactly ``pids`` (plus pids it added by comm)."""
-        table = self._bpf["watched_pids"]
+        table = self._bpf[b"watched_pids"]
         wanted = {int(p) for p in pids if p and int(p) > 0}
         for key in list(table.keys()):
             if key.value not in wanted:
@@ -170,17 +170,16 @@ class LoadedProbe:
                     del table[key]
         for pid in wanted:
             table[table.Key(pid)] = table.Leaf(1)
-        comm_table = self._bpf["watched_comms"]
+        comm_table = self._bpf[b"watched_comms"]
         comm_table.clear()
         for comm in comms:
             key = self._comm_key_type()
-            encoded = comm.encode()[:15]
-            ctypes.memmove(key.comm, encoded, len(encoded))
+            key.comm = comm.encode()[:COMM_LEN]  # the rest stays NUL, as in the kernel
             comm_table[key] = comm_table.Leaf(1)
 
     def read(self) -> dict[tuple[int, ...], int]:
         """Counts summed over CPUs, keyed as described in the module docstring."""
-        table = self._bpf[self.spec.table]
+        table = self._bpf[self.spec.table.encode()]
         out: dict[tuple[int, ...], int] = {}
         for key, per_cpu in table.items():
             total = sum(per_cpu)
@@ -202,12 +201,12 @@ class LoadedProbe:
         gone = set(tgids)
         if not self.is_per_process or not gone:
             return
-        table = self._bpf[self.spec.table]
+        table = self._bpf[self.spec.table.encode()]
         for key in list(table.keys()):
             if self._decode(key)[0] in gone:
                 with contextlib.suppress(KeyError):
                     del table[key]
-        watched = self._bpf["watched_pids"]
+        watched = self._bpf[b"watched_pids"]
         for tgid in gone:
             with contextlib.suppress(KeyError):
                 del watched[watched.Key(tgid)]
@@ -216,14 +215,14 @@ class LoadedProbe:
         """Load the frame-range and CPU-node maps (page_allocs only)."""
         if self.spec.name != PAGE_ALLOCS:
             raise ValueError(f"probe {self.name} has no node maps")
-        range_table = self._bpf["frame_ranges"]
+        range_table = self._bpf[b"frame_ranges"]
         if len(ranges) > len(range_table):
             raise ValueError(f"{len(ranges)} frame ranges exceed the probe's {len(range_table)} slots")
-        count = self._bpf["num_frame_ranges"]
+        count = self._bpf[b"num_frame_ranges"]
         count[count.Key(0)] = count.Leaf(0)  # the probe counts nothing while the maps change
         for index, r in enumerate(sorted(ranges, key=lambda r: r.start_pfn)):
             range_table[range_table.Key(index)] = range_table.Leaf(r.start_pfn, r.end_pfn, r.node, 0)
-        cpu_table = self._bpf["cpu_nodes"]
+        cpu_table = self._bpf[b"cpu_nodes"]
         for cpu in range(len(cpu_table)):
             node = cpu_nodes.get(cpu, -1)
             if cpu_table[cpu_table.Key(cpu)].value != node:
@@ -264,7 +263,7 @@ def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Pat
     failure = None
     with _captured_stderr() as stderr:
         try:
-            bpf.attach_kprobe(event="task_numa_fault", fn_name="on_task_numa_fault")
+            bpf.attach_kprobe(event=b"task_numa_fault", fn_name=b"on_task_numa_fault")
         except Exception as exc:
             failure = exc
     if failure is None:

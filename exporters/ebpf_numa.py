@@ -138,6 +138,15 @@ class EbpfNumaCollector:
                 self._migration_reasons = read_symbolic_field(tracefs, "migrate:mm_migrate_pages", "reason")
             except (OSError, ValueError) as exc:  # still counted, labelled by number
                 log.warning("ebpf: migration reason names unreadable, using numbers: %s", exc)
+        self.refresh_watched()
+
+    def refresh_watched(self) -> None:
+        """Tell the kernel the watched pids and comms now (done on every collection)."""
+        if not self._probes:
+            return
+        watched = self.watch.resolve()
+        for probe in self._probes.values():
+            probe.set_watched(watched, self.watch.comms)
 
     def load_node_maps(self, ranges: list[FrameRange], cpu_nodes: dict[int, int]) -> None:
         """Replace the page-allocation probe's frame-range and CPU-node maps."""
@@ -165,10 +174,7 @@ class EbpfNumaCollector:
         for name in self.probe_names:
             up.add_metric([name], 1.0 if name in self._probes else 0.0)
         yield up
-        if self._probes:
-            watched = self.watch.resolve()
-            for probe in self._probes.values():
-                probe.set_watched(watched, self.watch.comms)
+        self.refresh_watched()
         balancing = self._numa_balancing_enabled()
         if self.export_numa_balancing and balancing is not None:
             yield GaugeMetricFamily("inferd_numa_balancing_enabled",
