@@ -20,8 +20,9 @@ NVIDIA GPUs may lower their link speed when idle to save power, so a speed-only
 """
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -198,32 +199,78 @@ def pci_devices_dir(sysfs_root: str | Path) -> Path:
     return Path(sysfs_root) / "bus" / "pci" / "devices"
 
 
-def discover_gpu_paths(sysfs_root: str | Path) -> list[GpuPciPath]:
-    """Every NVIDIA GPU under ``<sysfs_root>/bus/pci/devices`` with its bridge path,
-    in PCI bus order. Raises FileNotFoundError when the PCI bus directory is absent."""
+@dataclass(frozen=True, slots=True)
+class GpuLayout:
+    """Where one GPU and its bridges live in sysfs; fixed until devices come or go."""
+
+    gpu_dir: Path
+    bridge_dirs: tuple[Path, ...]  # nearest first
+    host_bridge: str
+
+
+def is_gpu_dir(device_dir: Path) -> bool:
+    vendor = read_optional(device_dir / "vendor")
+    class_code = read_optional(device_dir / "class")
+    if vendor is None or class_code is None:
+        return False
+    return (
+        parse_hex_id(vendor, "vendor") == NVIDIA_VENDOR_ID
+        and (parse_hex_id(class_code, "class") >> 8) in GPU_CLASS_PREFIXES
+    )
+
+
+def list_pci_devices(sysfs_root: str | Path) -> list[str]:
+    """BDFs under <sysfs_root>/bus/pci/devices in bus order; FileNotFoundError if absent."""
     devices_dir = pci_devices_dir(sysfs_root)
     if not devices_dir.is_dir():
         raise FileNotFoundError(f"{devices_dir} does not exist")
-    cache: dict[Path, PciDevice] = {}
+    return sorted(os.listdir(devices_dir), key=bdf_sort_key)
 
-    def device_at(path: Path) -> PciDevice:
-        if path not in cache:
-            cache[path] = read_pci_device(path)
-        return cache[path]
 
-    found: list[tuple[PciDevice, tuple[PciDevice, ...], str]] = []
-    for entry in sorted(devices_dir.iterdir(), key=lambda p: bdf_sort_key(p.name)):
-        device_dir = entry.resolve()  # bus/pci/devices/BDF -> ../../../devices/pci0000:00/.../BDF
-        gpu = device_at(device_dir)
-        if not gpu.is_nvidia_gpu:
+def find_gpu_layouts(sysfs_root: str | Path, bdfs: list[str] | None = None) -> list[GpuLayout]:
+    """The sysfs directories of every NVIDIA GPU and its bridges, in PCI bus order."""
+    devices_dir = pci_devices_dir(sysfs_root)
+    layouts = []
+    for bdf in bdfs if bdfs is not None else list_pci_devices(sysfs_root):
+        # bus/pci/devices/BDF -> ../../../devices/pci0000:00/<root port>/.../BDF
+        device_dir = Path(os.path.realpath(devices_dir / bdf))
+        if not is_gpu_dir(device_dir):
             continue
-        bridges: list[PciDevice] = []
+        bridges = []
         parent = device_dir.parent
         while is_bdf(parent.name):
-            bridges.append(device_at(parent))
+            bridges.append(parent)
             parent = parent.parent
-        found.append((gpu, tuple(bridges), parent.name))
-    return [GpuPciPath(index, gpu, bridges, host) for index, (gpu, bridges, host) in enumerate(found)]
+        layouts.append(GpuLayout(device_dir, tuple(bridges), parent.name))
+    return layouts
+
+
+def read_gpu_paths(layouts: list[GpuLayout], static: dict[Path, PciDevice] | None = None) -> list[GpuPciPath]:
+    """Read each GPU's path. `static` caches what does not change while the device is
+    present (ids, NUMA node, CPUs); link state is read fresh on every call, once per
+    device even when several GPUs share it."""
+    static = static if static is not None else {}
+    fresh: dict[Path, PciDevice] = {}
+
+    def device_at(device_dir: Path) -> PciDevice:
+        if device_dir not in fresh:
+            known = static.get(device_dir)
+            if known is None:
+                fresh[device_dir] = static[device_dir] = read_pci_device(device_dir)
+            else:
+                fresh[device_dir] = replace(known, link=read_link_state(device_dir))
+        return fresh[device_dir]
+
+    return [
+        GpuPciPath(index, device_at(layout.gpu_dir), tuple(device_at(d) for d in layout.bridge_dirs), layout.host_bridge)
+        for index, layout in enumerate(layouts)
+    ]
+
+
+def discover_gpu_paths(sysfs_root: str | Path) -> list[GpuPciPath]:
+    """Every NVIDIA GPU under ``<sysfs_root>/bus/pci/devices`` with its bridge path,
+    in PCI bus order. Raises FileNotFoundError when the PCI bus directory is absent."""
+    return read_gpu_paths(find_gpu_layouts(sysfs_root))
 
 
 def link_ceilings(hops: tuple[PciDevice, ...]) -> list[tuple[float | None, int | None]]:
@@ -274,10 +321,24 @@ class PcieCollector:
 
     def __init__(self, sysfs_root: str | Path = "/sys"):
         self.sysfs_root = Path(sysfs_root)
+        # The device layout is re-walked only when the set of PCI devices changes.
+        self._bdfs: list[str] | None = None
+        self._layouts: list[GpuLayout] = []
+        self._static: dict[Path, PciDevice] = {}
+        self._aer_files: list[tuple[str, list[tuple[str, Path]]]] | None = None
+
+    def _gpu_paths(self) -> list[GpuPciPath]:
+        bdfs = list_pci_devices(self.sysfs_root)
+        if bdfs != self._bdfs:
+            self._layouts = find_gpu_layouts(self.sysfs_root, bdfs)
+            self._static = {}
+            self._aer_files = None
+            self._bdfs = bdfs
+        return read_gpu_paths(self._layouts, self._static)
 
     def collect(self) -> Iterable[Metric]:
         try:
-            paths = discover_gpu_paths(self.sysfs_root)
+            paths = self._gpu_paths()
         except FileNotFoundError as exc:
             raise CollectorUnavailable(f"cannot read PCI devices: {exc}") from None
         if not paths:
@@ -328,23 +389,35 @@ class PcieCollector:
         yield capacity
         yield self._aer_errors(paths)
 
+    def _aer_sources(self, paths: list[GpuPciPath]) -> list[tuple[str, list[tuple[str, Path]]]]:
+        """Per device on any GPU path (once each), its aer_dev_* files. Whether a device
+        has AER is fixed while it is present, so absent files are looked for only when
+        the device layout changes, not on every scrape."""
+        if self._aer_files is None:
+            self._aer_files = []
+            seen: set[str] = set()
+            for path in paths:
+                for hop in path.hops:
+                    if hop.bdf in seen:
+                        continue
+                    seen.add(hop.bdf)
+                    device_dir = pci_devices_dir(self.sysfs_root) / hop.bdf
+                    files = [(sev, device_dir / name) for sev, name in AER_FILES.items() if (device_dir / name).exists()]
+                    if files:
+                        self._aer_files.append((hop.bdf, files))
+        return self._aer_files
+
     def _aer_errors(self, paths: list[GpuPciPath]) -> Metric:
         aer = CounterMetricFamily(
             "inferd_pcie_aer_errors",
             "PCIe AER errors the kernel counted on the device, by severity and error type (aer_dev_* in sysfs)",
             labels=["device", "severity", "error"],
         )
-        seen: set[str] = set()
-        for path in paths:
-            for hop in path.hops:
-                if hop.bdf in seen:
+        for bdf, files in self._aer_sources(paths):
+            for severity, file_path in files:
+                text = read_optional(file_path)
+                if text is None:
                     continue
-                seen.add(hop.bdf)
-                device_dir = pci_devices_dir(self.sysfs_root) / hop.bdf
-                for severity, file_name in AER_FILES.items():
-                    text = read_optional(device_dir / file_name)
-                    if text is None:
-                        continue
-                    for error, count in parse_aer_counters(text).items():
-                        aer.add_metric([hop.bdf, severity, error], count)
+                for error, count in parse_aer_counters(text).items():
+                    aer.add_metric([bdf, severity, error], count)
         return aer

@@ -209,3 +209,20 @@ def test_real_sysfs_scrape_succeeds():
     out = scrape(PcieCollector("/sys"))
     has_gpu = bool(discover_gpu_paths("/sys"))
     assert up_value(out) == (1.0 if has_gpu else 0.0)
+
+
+def test_collector_rereads_links_every_scrape_and_notices_removed_devices(host):
+    collector = PcieCollector(host.sysfs)
+    first = samples(scrape(collector), "inferd_pcie_link_width")
+    key = (("device", "0000:03:00.0"), ("gpu", "0"), ("hop", "0"), ("kind", "current"))
+    assert first[key] == 16
+    (host.sysfs / "bus/pci/devices/0000:03:00.0/current_link_width").write_text("4\n")
+    second = scrape(collector)
+    assert samples(second, "inferd_pcie_link_width")[key] == 4
+    assert samples(second, "inferd_pcie_link_degraded")[key[:3]] == 1.0
+
+    (host.sysfs / "bus/pci/devices/0000:03:00.0").unlink()  # hot-removed GPU
+    third = scrape(collector)
+    gpus = {dict(k)["gpu"] for k in samples(third, "inferd_pcie_link_capacity_bytes_per_second")}
+    assert gpus == {str(i) for i in range(7)}
+    assert "0000:03:00.0" not in third.split("inferd_pcie_aer_errors_total")[0]
