@@ -94,7 +94,7 @@ pcie = Row(
             min=0,
             max=1,
             width=12,
-            requires="gpu",
+            requires="pcie-sysfs",  # the capacity comes from sysfs, the bytes from NVML
         ),
         Panel(
             "PCIe RX share of link capacity",
@@ -107,7 +107,7 @@ pcie = Row(
             min=0,
             max=1,
             width=12,
-            requires="gpu",
+            requires="pcie-sysfs",  # the capacity comes from sysfs, the bytes from NVML
         ),
         Panel(
             "PCIe throughput",

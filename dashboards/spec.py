@@ -17,7 +17,7 @@ PANEL_KINDS = ("timeseries", "stat", "heatmap", "state-timeline", "bargauge")
 # sentence to know which empty panels are expected on a machine without that source.
 REQUIREMENT_NOTES = {
     "gpu": "Needs a GPU (NVML) or the agent's replay GPU back end.",
-    "pcie-sysfs": "Needs a GPU's PCIe path in sysfs (a real GPU host).",
+    "pcie-sysfs": "Needs a GPU's PCIe path in sysfs (a real GPU host, or the agent's --sysfs-root fixture).",
     "aer": "Needs a kernel that exposes AER counters for the GPU's PCIe path.",
     "ebpf": "Needs the eBPF probes (root, CAP_BPF, bcc); empty where they cannot load.",
     "remediation": "Empty until the remediation loop has acted on an alert.",

@@ -216,9 +216,15 @@ def live_stack(tmp_path_factory):
     if busy:
         pytest.skip(f"ports in use by something else: {busy}")
     run_dir = tmp_path_factory.mktemp("stack")
+    # The two-socket eight-GPU sysfs tree, whose bus ids are the replay file's GPUs, so the
+    # PCIe panels (sysfs links joined with NVML bytes) return data too.
+    from fixture_trees import write_host
+
+    roots = write_host(tmp_path_factory.mktemp("host"))
     cmd = [sys.executable, "-m", "agent.cli", "stack"]
+    agent_args = [f"--agent-arg=--gpu-backend=replay:{REPLAY}", f"--agent-arg=--sysfs-root={roots.sysfs}"]
     up = subprocess.run(
-        [*cmd, "up", "--run-dir", str(run_dir), "--timeout", "240", f"--agent-arg=--gpu-backend=replay:{REPLAY}"],
+        [*cmd, "up", "--run-dir", str(run_dir), "--timeout", "240", *agent_args],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     try:
@@ -284,6 +290,7 @@ def _board_expressions() -> list[tuple[str, str, str | None]]:
 def test_every_board_expression_returns_data(live_stack):
     met = _requirements_met(live_stack)
     assert met["gpu"], "the replay GPU back end must make the GPU panels return data"
+    assert met["pcie-sysfs"] and met["aer"], "the fixture sysfs tree must make the PCIe panels return data"
     empty, skipped = [], []
     for where, expr, requirement in _board_expressions():
         if requirement and not met[requirement]:
