@@ -1,0 +1,294 @@
+"""Engine supervision: run `inferd serve` as a child bound to a NUMA node, keep it alive.
+
+- Binding: the child's CPU affinity and memory policy are set before the engine's own
+  code runs. With `numactl` installed the command is prefixed with
+  `numactl --physcpubind=CPUS --membind=NODE`; otherwise with this module's own
+  launcher (`python -m agent.supervisor --cpus ... --membind ... -- CMD`), which calls
+  sched_setaffinity and set_mempolicy(MPOL_BIND) through ctypes and then execs the
+  command (both survive exec). A launcher keeps the work out of a fork-time
+  preexec_fn, which is unsafe in a process with threads. When the memory policy
+  cannot be set the launcher logs why and runs with the CPU binding only.
+- Restarts: a child that dies is started again after a backoff that doubles from
+  `backoff_initial_s` to `backoff_max_s`, and drops back once a child has stayed up
+  `healthy_after_s`. A child that dies during start-up (before `healthy_after_s`)
+  `max_startup_failures` times in a row with the same last stderr line is not
+  restarted again: the loop stops and `error` holds that line.
+- Stop: SIGTERM to the child's process group, SIGKILL after `stop_timeout_s`.
+
+`EngineCollector` exports inferd_engine_up and inferd_engine_restarts_total.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MPOL_BIND = 2
+SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
+
+
+@dataclass(slots=True)
+class SupervisorConfig:
+    command: list[str]
+    cpus: tuple[int, ...] | None = None  # CPU affinity of the engine; None leaves it alone
+    mem_node: int | None = None  # NUMA node for MPOL_BIND; None leaves the policy alone
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    healthy_after_s: float = 10.0
+    max_startup_failures: int = 3
+    stop_timeout_s: float = 10.0
+    env: dict[str, str] | None = None
+    use_numactl: bool = True  # prefer numactl when it is installed
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("SupervisorConfig.command must not be empty")
+        if self.cpus is not None and (not self.cpus or min(self.cpus) < 0):
+            raise ValueError(f"SupervisorConfig.cpus must be non-empty CPU ids >= 0, got {self.cpus}")
+        if self.mem_node is not None and self.mem_node < 0:
+            raise ValueError(f"SupervisorConfig.mem_node must be >= 0, got {self.mem_node}")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError(
+                f"need 0 < backoff_initial_s <= backoff_max_s, got {self.backoff_initial_s}, {self.backoff_max_s}"
+            )
+        if self.healthy_after_s < 0 or self.stop_timeout_s <= 0:
+            raise ValueError("healthy_after_s must be >= 0 and stop_timeout_s > 0")
+        if self.max_startup_failures < 1:
+            raise ValueError(f"max_startup_failures must be >= 1, got {self.max_startup_failures}")
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def bound_command(config: SupervisorConfig) -> tuple[list[str], str]:
+    """The command that starts the engine with its binding, and a description of it."""
+    if config.cpus is None and config.mem_node is None:
+        return list(config.command), "unbound"
+    numactl = shutil.which("numactl") if config.use_numactl else None
+    if numactl:
+        prefix = [numactl]
+        if config.cpus is not None:
+            prefix.append(f"--physcpubind={format_cpus(config.cpus)}")
+        if config.mem_node is not None:
+            prefix.append(f"--membind={config.mem_node}")
+        how = "numactl"
+    else:
+        prefix = [sys.executable, "-m", "agent.supervisor"]
+        if config.cpus is not None:
+            prefix += ["--cpus", format_cpus(config.cpus)]
+        if config.mem_node is not None:
+            prefix += ["--membind", str(config.mem_node)]
+        prefix.append("--")
+        how = "sched_setaffinity + set_mempolicy launcher"
+    description = f"cpus={format_cpus(config.cpus) if config.cpus else 'any'} mem_node={config.mem_node} via {how}"
+    return prefix + list(config.command), description
+
+
+class Supervisor:
+    def __init__(self, config: SupervisorConfig, on_give_up: Callable[[str], None] | None = None):
+        self.config = config
+        self.on_give_up = on_give_up
+        self.command, self.binding = bound_command(config)
+        self.restarts = 0
+        self.error: str | None = None
+        self._process: subprocess.Popen | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-supervisor", daemon=True)
+        self._lock = threading.Lock()
+        self._pump: threading.Thread | None = None
+
+    # -- state read by collectors and the HTTP app --
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    @property
+    def is_up(self) -> bool:
+        return self.pid is not None
+
+    @property
+    def has_given_up(self) -> bool:
+        return self.error is not None
+
+    def start(self) -> None:
+        log.info("starting engine: %s (%s)", " ".join(self.config.command), self.binding)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the supervision loop to end (it ends on stop() or on giving up)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._terminate()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.config.stop_timeout_s + 5)
+
+    # -- the loop --
+
+    def _loop(self) -> None:
+        backoff = self.config.backoff_initial_s
+        last_error: str | None = None
+        same_error_count = 0
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                process = self._spawn()
+            except OSError as exc:
+                self._give_up(f"cannot start the engine ({self.command[0]}): {exc}")
+                return
+            returncode = process.wait()
+            ran_for = time.monotonic() - started
+            if self._stopping.is_set():
+                return
+            tail = self._last_stderr_line()
+            log.warning("engine (pid %d) exited with %s after %.1f s: %s", process.pid, returncode, ran_for, tail or "no output")
+            if ran_for < self.config.healthy_after_s:
+                error = tail or f"exit status {returncode}"
+                same_error_count = same_error_count + 1 if error == last_error else 1
+                last_error = error
+                if same_error_count >= self.config.max_startup_failures:
+                    self._give_up(
+                        f"engine exited during start-up {same_error_count} times in a row with: {error}"
+                    )
+                    return
+            else:
+                backoff, last_error, same_error_count = self.config.backoff_initial_s, None, 0
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, self.config.backoff_max_s)
+            with self._lock:
+                self.restarts += 1
+            log.info("restarting engine (restart %d)", self.restarts)
+
+    def _spawn(self) -> subprocess.Popen:
+        env = dict(os.environ if self.config.env is None else self.config.env)
+        # the launcher runs as `python -m agent.supervisor`; make sure it is importable
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        self._stderr_tail.clear()
+        process = subprocess.Popen(
+            self.command, env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        self._process = process
+        self._pump = threading.Thread(target=self._pump_stderr, args=(process,), name="engine-stderr", daemon=True)
+        self._pump.start()
+        log.info("engine started, pid %d", process.pid)
+        return process
+
+    def _pump_stderr(self, process: subprocess.Popen) -> None:
+        assert process.stderr is not None
+        for raw in process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            if line:
+                self._stderr_tail.append(line)
+                sys.stderr.write(f"[engine] {line}\n")
+
+    def _last_stderr_line(self) -> str | None:
+        if self._pump is not None:
+            self._pump.join(timeout=1.0)  # drain what the child wrote before it exited
+        return self._stderr_tail[-1] if self._stderr_tail else None
+
+    def _give_up(self, error: str) -> None:
+        self.error = error
+        log.error("engine supervision stopped: %s", error)
+        if self.on_give_up:
+            self.on_give_up(error)
+
+    def _terminate(self) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(self.config.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("engine did not stop within %.0f s; killing it", self.config.stop_timeout_s)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+class EngineCollector:
+    """inferd_engine_up (the engine process is running) and its restart count."""
+
+    name = "engine"
+
+    def __init__(self, supervisor: Supervisor | None):
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily("inferd_engine_up", "1 while the supervised engine process is running, else 0")
+        restarts = CounterMetricFamily("inferd_engine_restarts", "Times the agent restarted the engine after it died")
+        supervisor = self.supervisor
+        up.add_metric([], 1.0 if supervisor is not None and supervisor.is_up else 0.0)
+        restarts.add_metric([], float(supervisor.restarts if supervisor is not None else 0))
+        yield up
+        yield restarts
+
+
+# -- the launcher: `python -m agent.supervisor --cpus 0,1 --membind 0 -- CMD ...` --
+
+
+def set_membind(node: int) -> None:
+    """set_mempolicy(MPOL_BIND, {node}) for this process; raises OSError with the reason."""
+    number = SYS_SET_MEMPOLICY.get(platform.machine())
+    if number is None:
+        raise OSError(f"set_mempolicy syscall number unknown on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    words = node // 64 + 1
+    mask = (ctypes.c_ulong * words)()
+    mask[node // 64] = 1 << (node % 64)
+    if libc.syscall(number, MPOL_BIND, mask, ctypes.c_ulong(words * 64 + 1)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"set_mempolicy(MPOL_BIND, node {node}): {os.strerror(err)}")
+
+
+def launcher_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.supervisor", description="bind, then exec a command")
+    parser.add_argument("--cpus", help="comma-separated CPU ids")
+    parser.add_argument("--membind", type=int, help="NUMA node for MPOL_BIND")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given after --")
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    if args.membind is not None:
+        try:
+            set_membind(args.membind)
+        except OSError as exc:
+            print(f"agent.supervisor: memory policy not set, running with CPU binding only: {exc}", file=sys.stderr)
+    os.execvp(command[0], command)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(launcher_main())
