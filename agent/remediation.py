@@ -1,0 +1,624 @@
+"""Remediation policy: what the agent does when an alert reaches its webhook.
+
+One alert instance (fingerprint + start time) gives at most one action. For each
+alert the policy has a `Rule`: a planner that turns the engine's current tunables
+into a bounded change (`Plan`), the PromQL target it watches afterwards and whether
+lower or higher is better. The flow for a firing alert:
+
+    duplicate?  -> ignored (idempotent on fingerprint + startsAt + status)
+    no rule?    -> ignored, with a log line
+    a change of the same kind still being verified?  -> skipped_verifying
+    cooldown of this rule not over?                  -> skipped_cooldown
+    plan from the engine's config; nothing left within bounds -> at_limit
+    --dry-run   -> dry_run (recorded, engine untouched)
+    audit "decision" (fsynced)  ->  engine change  ->  audit "applied" / "failed"
+    after verify_window_s: query the target again; worse by more than
+    worse_tolerance -> audit "rollback", restore the old values, audit "rolled_back"
+
+The fast-path rule is special: the engine is put in `fallback`, and once Alertmanager
+reports the alert resolved and restore_after_s passes without a new firing, the
+policy switches it back to `fast`. State (cooldowns, de-duplication keys, running
+verifications, a pending restore) is rebuilt from the audit log on start.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Protocol
+
+import httpx
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from agent.audit import AuditLog
+from agent.engine_client import EngineError
+
+log = logging.getLogger(__name__)
+
+RESULTS = ("applied", "dry_run", "failed", "skipped_cooldown", "skipped_verifying", "at_limit", "unsupported")
+
+
+# ---- configuration -------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Bounds:
+    """Where the agent may move an integer tunable, and by how much per action."""
+
+    minimum: int
+    maximum: int
+    max_step: int
+
+    def __post_init__(self) -> None:
+        for name in ("minimum", "maximum", "max_step"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"bounds {name} must be an integer, got {value!r}")
+        if self.minimum < 0 or self.minimum > self.maximum:
+            raise ValueError(f"bounds need 0 <= minimum <= maximum, got [{self.minimum}, {self.maximum}]")
+        if self.max_step < 1:
+            raise ValueError(f"bounds max_step must be >= 1, got {self.max_step}")
+
+    def step(self, value: int, fraction: float) -> int:
+        return min(self.max_step, max(1, math.ceil(value * fraction)))
+
+    def lower(self, value: int, fraction: float) -> int:
+        value = min(value, self.maximum)
+        return max(self.minimum, value - self.step(value, fraction))
+
+    def higher(self, value: int, fraction: float) -> int:
+        value = max(value, self.minimum)
+        return min(self.maximum, value + self.step(value, fraction))
+
+
+@dataclass(slots=True)
+class PolicyConfig:
+    max_num_seqs: Bounds = field(default_factory=lambda: Bounds(4, 512, 16))
+    max_num_batched_tokens: Bounds = field(default_factory=lambda: Bounds(256, 65536, 2048))
+    step_fraction: float = 0.25
+    """One step moves a parameter by this share of its value, at most max_step."""
+    cooldown_s: float = 600.0
+    """Least time between two actions of the same rule."""
+    verify_window_s: float = 120.0
+    worse_tolerance: float = 0.1
+    """The target counts as worse when it moved the wrong way by more than this share."""
+    restore_after_s: float = 600.0
+    """How long the fast-path alert must stay resolved before going back to fast."""
+    engine_selector: str = 'job="inferd-engine"'
+    """PromQL matchers for the engine's series where the alert's labels do not name them."""
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, Bounds(**value))
+            elif not isinstance(value, Bounds):
+                raise ValueError(f"{name} must be bounds (minimum, maximum, max_step), got {value!r}")
+        if not 0 < self.step_fraction <= 1:
+            raise ValueError(f"step_fraction must be in (0, 1], got {self.step_fraction}")
+        for name in ("cooldown_s", "verify_window_s", "restore_after_s", "worse_tolerance"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.verify_window_s <= 0:
+            raise ValueError("verify_window_s must be > 0")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "PolicyConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown remediation setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**values)
+
+
+# ---- what crosses the boundaries ------------------------------------------------------
+
+@dataclass(slots=True, frozen=True)
+class Alert:
+    """One alert of an Alertmanager notification."""
+
+    status: str  # firing | resolved
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: str
+    fingerprint: str
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+    @property
+    def key(self) -> str:
+        return f"{self.fingerprint}|{self.starts_at}|{self.status}"
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    action: str
+    kind: str  # config | mode | restart | rebind
+    new: dict[str, Any]
+    old: dict[str, Any]
+
+
+class EngineHost(Protocol):
+    """What the agent's supervisor offers the policy (both return a line for the log)."""
+
+    def restart_engine(self) -> str: ...
+
+    def rebind_engine(self) -> str: ...
+
+
+class EngineAdmin(Protocol):
+    def get_config(self) -> dict[str, Any]: ...
+
+    def patch_config(self, changes: dict[str, Any]) -> dict[str, Any]: ...
+
+    def set_mode(self, mode: str) -> dict[str, Any]: ...
+
+
+class MetricQuery(Protocol):
+    def value(self, query: str) -> float | None: ...
+
+
+class PrometheusQuery:
+    """Instant queries against Prometheus' HTTP API; the largest sample, None if empty."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0):
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+
+    def value(self, query: str) -> float | None:
+        try:
+            response = self._http.get("/api/v1/query", params={"query": query})
+            response.raise_for_status()
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("prometheus query %r failed: %s", query, exc)
+            return None
+        if body.get("status") != "success":
+            log.warning("prometheus query %r: %s", query, body.get("error"))
+            return None
+        result = body.get("data", {}).get("result", [])
+        values = [float(sample["value"][1]) for sample in result if "value" in sample]
+        values = [v for v in values if math.isfinite(v)]
+        return max(values) if values else None
+
+
+# ---- the rules -----------------------------------------------------------------------
+
+Planner = Callable[[dict[str, Any], PolicyConfig], "Plan | str"]
+
+
+@dataclass(slots=True, frozen=True)
+class Rule:
+    alert: str
+    action: str
+    """Name of the action family: the cooldown key and the metric label before planning."""
+    kind: str
+    planner: Planner | None = None
+    target: str | None = None
+    """PromQL; {sel} is the alert's job/instance matchers, {engine} the engine's, {window} the window."""
+    better: str = "lower"
+    reversible: bool = True
+    restores_fast: bool = False
+
+
+def _lower_seqs_or_cold_kv(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+    seqs = int(config["max_num_seqs"])
+    new = pc.max_num_seqs.lower(seqs, pc.step_fraction)
+    if new < seqs:
+        return Plan("lower_max_num_seqs", "config", {"max_num_seqs": new}, {"max_num_seqs": seqs})
+    if config.get("kv_cold_dtype", "none") == "none":
+        return Plan("enable_cold_kv_int8", "config", {"kv_cold_dtype": "int8"}, {"kv_cold_dtype": "none"})
+    return f"max_num_seqs at its minimum {pc.max_num_seqs.minimum} and cold KV already {config.get('kv_cold_dtype')}"
+
+
+def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+    tokens = int(config["max_num_batched_tokens"])
+    new = pc.max_num_batched_tokens.lower(tokens, pc.step_fraction)
+    if new < tokens:
+        return Plan("lower_max_num_batched_tokens", "config", {"max_num_batched_tokens": new}, {"max_num_batched_tokens": tokens})
+    return f"max_num_batched_tokens at its minimum {pc.max_num_batched_tokens.minimum}"
+
+
+def _raise_batch(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+    old = {"max_num_seqs": int(config["max_num_seqs"]), "max_num_batched_tokens": int(config["max_num_batched_tokens"])}
+    new = {
+        "max_num_seqs": pc.max_num_seqs.higher(old["max_num_seqs"], pc.step_fraction),
+        "max_num_batched_tokens": pc.max_num_batched_tokens.higher(old["max_num_batched_tokens"], pc.step_fraction),
+    }
+    changed = {k: v for k, v in new.items() if v != old[k]}
+    if not changed:
+        return "max_num_seqs and max_num_batched_tokens at their maximum"
+    return Plan("raise_batch", "config", changed, {k: old[k] for k in changed})
+
+
+def _recompute(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+    mode = config.get("preemption_mode")
+    if mode == "recompute":
+        return "preemption_mode is already recompute"
+    return Plan("preempt_by_recompute", "config", {"preemption_mode": "recompute"}, {"preemption_mode": mode})
+
+
+def _fallback(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+    # Applied even when the engine already fell back on its own: the policy then owns
+    # the way back to fast.
+    return Plan("fallback", "mode", {"mode": "fallback"}, {"mode": config.get("mode", "fast")})
+
+
+_FAULTS = "sum(rate(inferd_kv_page_faults_total{{{sel}}}[{window}]))"
+_SWAP = "sum(rate(inferd_kv_swap_bytes_total{{{engine}}}[{window}]))"
+
+DEFAULT_RULES: dict[str, Rule] = {
+    r.alert: r
+    for r in (
+        Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", _lower_seqs_or_cold_kv, _FAULTS),
+        Rule("InferdKVFragmentationHigh", "lower_max_num_batched_tokens", "config", _lower_batched_tokens,
+             "max(avg_over_time(inferd_kv_fragmentation_ratio{{{sel}}}[{window}]))"),
+        Rule("InferdTTFTSLOBreach", "lower_max_num_batched_tokens", "config", _lower_batched_tokens,
+             "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{window}])))"),
+        Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", _raise_batch,
+             "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))", better="higher"),
+        Rule("InferdNUMARemoteMemoryHigh", "rebind_numa", "rebind", None,
+             "max(inferd_numa_process_remote_ratio{{{sel}}})", reversible=False),
+        Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", _recompute, _SWAP),
+        Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", _recompute, _SWAP),
+        Rule("InferdEngineFastPathFailing", "fallback", "mode", _fallback,
+             "sum(increase(inferd_engine_fastpath_failures_total{{{sel}}}[{window}]))", reversible=False, restores_fast=True),
+        Rule("InferdEngineDown", "restart_engine", "restart", None, "max(inferd_engine_up{{{sel}}})",
+             better="higher", reversible=False),
+    )
+}
+
+
+@dataclass(slots=True)
+class Verification:
+    action_id: str
+    alert: str
+    rule_action: str
+    plan: Plan
+    query: str
+    baseline: float | None
+    deadline: float
+    better: str
+    reversible: bool
+
+    def to_record(self) -> dict[str, Any]:
+        return {"query": self.query, "baseline": self.baseline, "deadline": round(self.deadline, 3),
+                "better": self.better, "reversible": self.reversible}
+
+
+def judge(baseline: float | None, after: float | None, better: str, tolerance: float) -> str:
+    """improved | unchanged | worse | no_data"""
+    if baseline is None or after is None:
+        return "no_data"
+    change = after - baseline if better == "lower" else baseline - after  # > 0 is bad
+    margin = tolerance * abs(baseline) + 1e-9
+    if change > margin:
+        return "worse"
+    if change < -margin:
+        return "improved"
+    return "unchanged"
+
+
+# ---- the policy ----------------------------------------------------------------------
+
+class RemediationPolicy:
+    def __init__(
+        self,
+        engine: EngineAdmin | None,
+        audit: AuditLog,
+        config: PolicyConfig | None = None,
+        metrics: MetricQuery | None = None,
+        host: EngineHost | None = None,
+        rules: dict[str, Rule] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.engine = engine
+        self.audit = audit
+        self.config = config or PolicyConfig()
+        self.metrics = metrics
+        self.host = host
+        self.rules = DEFAULT_RULES if rules is None else rules
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._seen: set[str] = set()
+        self._last_applied: dict[str, float] = {}
+        self._verifying: dict[str, Verification] = {}
+        self._fallback_owner: str | None = None
+        self._restore_due: float | None = None
+        self.actions_total: dict[tuple[str, str, str], int] = {}
+        self.rollbacks_total: dict[str, int] = {}
+        self.last_action_ts: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reload(audit.read())
+
+    # -- the webhook's entry point --
+
+    def handle(self, alert: Alert) -> dict[str, Any]:
+        with self._lock:
+            if alert.key in self._seen:
+                log.info("alert %s %s (fingerprint %s, starts %s) already handled; ignored",
+                         alert.name, alert.status, alert.fingerprint, alert.starts_at)
+                return {"alert": alert.name, "status": alert.status, "result": "duplicate"}
+            self._seen.add(alert.key)
+            rule = self.rules.get(alert.name)
+            self.audit.append("alert", alert=alert.name, status=alert.status, fingerprint=alert.fingerprint,
+                              starts_at=alert.starts_at, labels=alert.labels,
+                              description=alert.annotations.get("description"))
+            if rule is None:
+                log.info("no remediation rule for alert %r (%s); ignored", alert.name, alert.status)
+                return {"alert": alert.name, "status": alert.status, "result": "ignored"}
+            if alert.status == "resolved":
+                return self._on_resolved(alert, rule)
+            if rule.restores_fast:
+                self._restore_due = None  # a new firing cancels a pending restore
+            return self._act(alert, rule)
+
+    # -- decisions --
+
+    def _act(self, alert: Alert, rule: Rule) -> dict[str, Any]:
+        now = self._clock()
+        busy = [v for v in self._verifying.values()
+                if v.rule_action == rule.action or (rule.kind == "config" and v.plan.kind == "config")]
+        if busy:
+            return self._decide(alert, rule, rule.action, "skipped_verifying",
+                                detail=f"{busy[0].plan.action} (id {busy[0].action_id}) is being verified")
+        last = self._last_applied.get(rule.action)
+        if last is not None and now - last < self.config.cooldown_s:
+            return self._decide(alert, rule, rule.action, "skipped_cooldown",
+                                detail=f"last {rule.action} {now - last:.0f}s ago, cooldown {self.config.cooldown_s:g}s")
+        plan = self._plan(alert, rule)
+        if isinstance(plan, dict):
+            return plan
+        query = self._target_query(rule, alert)
+        baseline = self.metrics.value(query) if (query and self.metrics) else None
+        if self.config.dry_run:
+            self._last_applied[rule.action] = now
+            return self._decide(alert, rule, plan.action, "dry_run", old=plan.old, new=plan.new, baseline=baseline)
+
+        action_id = uuid.uuid4().hex[:12]
+        self.audit.append("decision", id=action_id, alert=alert.name, fingerprint=alert.fingerprint,
+                          action=plan.action, rule_action=rule.action, kind=plan.kind, old=plan.old, new=plan.new,
+                          baseline=baseline, result="apply")
+        try:
+            detail = self._execute(plan)
+        except Exception as exc:  # the engine or the supervisor refused; record, do not crash the webhook
+            self.audit.append("failed", id=action_id, alert=alert.name, action=plan.action, error=str(exc))
+            self._count(alert.name, plan.action, "failed")
+            log.warning("remediation %s for %s failed: %s", plan.action, alert.name, exc)
+            return {"alert": alert.name, "status": alert.status, "action": plan.action, "result": "failed", "error": str(exc)}
+
+        self._last_applied[rule.action] = now
+        self.last_action_ts[plan.action] = now
+        self._count(alert.name, plan.action, "applied")
+        verification = None
+        if query and self.metrics:
+            verification = Verification(action_id, alert.name, rule.action, plan, query, baseline,
+                                        now + self.config.verify_window_s, rule.better, rule.reversible)
+            self._verifying[action_id] = verification
+        if rule.restores_fast:
+            self._fallback_owner = action_id
+        self.audit.append("applied", id=action_id, alert=alert.name, action=plan.action, rule_action=rule.action,
+                          kind=plan.kind, old=plan.old, new=plan.new, detail=detail,
+                          verify=verification.to_record() if verification else None)
+        log.info("remediation %s for %s applied: %s -> %s", plan.action, alert.name, plan.old, plan.new)
+        return {"alert": alert.name, "status": alert.status, "action": plan.action, "result": "applied",
+                "id": action_id, "old": plan.old, "new": plan.new}
+
+    def _plan(self, alert: Alert, rule: Rule) -> Plan | dict[str, Any]:
+        if rule.kind == "restart":
+            return self._host_plan(alert, rule, "restart_engine", Plan("restart_engine", "restart", {}, {}))
+        if rule.kind == "rebind":
+            return self._host_plan(alert, rule, "rebind_engine", Plan("rebind_numa", "rebind", {}, {}))
+        if self.engine is None:
+            return self._decide(alert, rule, rule.action, "unsupported", detail="no engine admin API configured")
+        try:
+            config = self.engine.get_config()
+            plan = rule.planner(config, self.config)
+        except (EngineError, KeyError, ValueError, TypeError) as exc:
+            return self._decide(alert, rule, rule.action, "failed", detail=f"reading the engine's config: {exc}")
+        if isinstance(plan, str):
+            return self._decide(alert, rule, rule.action, "at_limit", detail=plan)
+        return plan
+
+    def _host_plan(self, alert: Alert, rule: Rule, method: str, plan: Plan) -> Plan | dict[str, Any]:
+        if self.host is None or not hasattr(self.host, method):
+            return self._decide(alert, rule, plan.action, "unsupported", detail=f"no supervisor offering {method}")
+        return plan
+
+    def _execute(self, plan: Plan) -> str | None:
+        if plan.kind == "config":
+            return f"engine config now {self.engine.patch_config(plan.new)}"
+        if plan.kind == "mode":
+            self.engine.set_mode(plan.new["mode"])
+            return None
+        if plan.kind == "restart":
+            return self.host.restart_engine()
+        if plan.kind == "rebind":
+            return self.host.rebind_engine()
+        raise ValueError(f"unknown plan kind {plan.kind!r}")
+
+    def _decide(self, alert: Alert, rule: Rule, action: str, result: str, **extra: Any) -> dict[str, Any]:
+        self.audit.append("decision", alert=alert.name, fingerprint=alert.fingerprint, action=action,
+                          rule_action=rule.action, result=result, **extra)
+        self._count(alert.name, action, result)
+        log.info("remediation for %s: %s %s %s", alert.name, action, result, extra.get("detail", ""))
+        return {"alert": alert.name, "status": alert.status, "action": action, "result": result, **extra}
+
+    def _on_resolved(self, alert: Alert, rule: Rule) -> dict[str, Any]:
+        if rule.restores_fast and self._fallback_owner is not None:
+            self._restore_due = self._clock() + self.config.restore_after_s
+            return {"alert": alert.name, "status": "resolved", "result": "restore_scheduled",
+                    "restore_in_s": self.config.restore_after_s}
+        return {"alert": alert.name, "status": "resolved", "result": "noted"}
+
+    def _target_query(self, rule: Rule, alert: Alert) -> str | None:
+        if not rule.target:
+            return None
+        sel = ",".join(f'{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
+        window = f"{max(1, round(self.config.verify_window_s))}s"
+        return rule.target.format(sel=sel, engine=self.config.engine_selector, window=window)
+
+    def _count(self, alert: str, action: str, result: str) -> None:
+        key = (alert, action, result)
+        self.actions_total[key] = self.actions_total.get(key, 0) + 1
+
+    # -- the clock: verifications and the way back to fast --
+
+    def tick(self) -> None:
+        with self._lock:
+            now = self._clock()
+            for verification in [v for v in self._verifying.values() if now >= v.deadline]:
+                self._verify(verification)
+            if self._restore_due is not None and now >= self._restore_due:
+                self._restore_fast()
+
+    def _verify(self, v: Verification) -> None:
+        after = self.metrics.value(v.query) if self.metrics else None
+        outcome = judge(v.baseline, after, v.better, self.config.worse_tolerance)
+        del self._verifying[v.action_id]
+        self.audit.append("verified", id=v.action_id, alert=v.alert, action=v.plan.action, query=v.query,
+                          baseline=v.baseline, after=after, outcome=outcome)
+        log.info("verification of %s (%s): %s -> %s, %s", v.plan.action, v.action_id, v.baseline, after, outcome)
+        if outcome != "worse" or not v.reversible or v.plan.kind != "config":
+            return
+        self.audit.append("rollback", id=v.action_id, alert=v.alert, action=v.plan.action, old=v.plan.new, new=v.plan.old)
+        try:
+            self.engine.patch_config(v.plan.old)
+        except Exception as exc:
+            self.audit.append("rollback_failed", id=v.action_id, alert=v.alert, action=v.plan.action, error=str(exc))
+            log.warning("rollback of %s failed: %s", v.plan.action, exc)
+            return
+        now = self._clock()
+        self.rollbacks_total[v.plan.action] = self.rollbacks_total.get(v.plan.action, 0) + 1
+        self.last_action_ts[v.plan.action] = now
+        self.audit.append("rolled_back", id=v.action_id, alert=v.alert, action=v.plan.action, restored=v.plan.old)
+        log.warning("rolled back %s: %s got worse (%s -> %s)", v.plan.action, v.query, v.baseline, after)
+
+    def _restore_fast(self) -> None:
+        owner, self._restore_due = self._fallback_owner, None
+        self.audit.append("restore", id=owner, alert="InferdEngineFastPathFailing", action="restore_fast",
+                          old={"mode": "fallback"}, new={"mode": "fast"})
+        try:
+            self.engine.set_mode("fast")
+        except Exception as exc:
+            self.audit.append("restore_failed", id=owner, action="restore_fast", error=str(exc))
+            self._count("InferdEngineFastPathFailing", "restore_fast", "failed")
+            log.warning("switching the engine back to fast failed: %s", exc)
+            return
+        self._fallback_owner = None
+        self.last_action_ts["restore_fast"] = self._clock()
+        self._count("InferdEngineFastPathFailing", "restore_fast", "applied")
+        self.audit.append("restored", id=owner, action="restore_fast", mode="fast")
+        log.info("engine switched back to the fast path")
+
+    def start(self, interval_s: float = 0.5) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.tick()
+                except Exception:  # keep verifying later alerts even if one check blew up
+                    log.exception("remediation tick failed")
+
+        self._thread = threading.Thread(target=loop, name="remediation", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    @property
+    def verifying(self) -> list[str]:
+        with self._lock:
+            return sorted(self._verifying)
+
+    @property
+    def restore_due(self) -> float | None:
+        return self._restore_due
+
+    # -- restart: rebuild the state from the audit log --
+
+    def _reload(self, records: list[dict[str, Any]]) -> None:
+        for r in records:
+            event = r["event"]
+            if event == "alert":
+                self._seen.add(f"{r.get('fingerprint')}|{r.get('starts_at')}|{r.get('status')}")
+                rule = self.rules.get(r.get("alert", ""))
+                if rule is not None and rule.restores_fast:
+                    if r.get("status") == "resolved" and self._fallback_owner is not None:
+                        self._restore_due = r["ts"] + self.config.restore_after_s
+                    elif r.get("status") == "firing":
+                        self._restore_due = None
+            elif event == "decision" and r.get("result") != "apply":
+                self._count(r.get("alert", ""), r.get("action", ""), r.get("result", ""))
+                if r.get("result") == "dry_run":
+                    self._last_applied[r.get("rule_action", "")] = r["ts"]
+            elif event == "failed":
+                self._count(r.get("alert", ""), r.get("action", ""), "failed")
+            elif event == "applied":
+                self._reload_applied(r)
+            elif event == "verified":
+                self._verifying.pop(r.get("id", ""), None)
+            elif event == "rolled_back":
+                self.rollbacks_total[r["action"]] = self.rollbacks_total.get(r["action"], 0) + 1
+                self.last_action_ts[r["action"]] = r["ts"]
+            elif event == "restored":
+                self._fallback_owner, self._restore_due = None, None
+                self.last_action_ts["restore_fast"] = r["ts"]
+                self._count("InferdEngineFastPathFailing", "restore_fast", "applied")
+        if records:
+            log.info("remediation state reloaded from %s: %d records, %d verification(s) resumed",
+                     self.audit.path, len(records), len(self._verifying))
+
+    def _reload_applied(self, r: dict[str, Any]) -> None:
+        action, rule_action = r.get("action", ""), r.get("rule_action", "")
+        self._count(r.get("alert", ""), action, "applied")
+        self._last_applied[rule_action] = r["ts"]
+        self.last_action_ts[action] = r["ts"]
+        rule = self.rules.get(r.get("alert", ""))
+        if rule is not None and rule.restores_fast:
+            self._fallback_owner = r.get("id")
+        verify = r.get("verify")
+        if verify:
+            plan = Plan(action, r.get("kind", "config"), r.get("new") or {}, r.get("old") or {})
+            self._verifying[r["id"]] = Verification(
+                r["id"], r.get("alert", ""), rule_action, plan, verify["query"], verify.get("baseline"),
+                float(verify["deadline"]), verify.get("better", "lower"), bool(verify.get("reversible", True)))
+
+
+class RemediationCollector:
+    """The inferd_remediation_* families, for the agent's CollectorSet."""
+
+    name = "remediation"
+
+    def __init__(self, policy: RemediationPolicy):
+        self.policy = policy
+
+    def collect(self):
+        actions = CounterMetricFamily("inferd_remediation_actions", "Remediation decisions by alert, action and result",
+                                      labels=["alert", "action", "result"])
+        rollbacks = CounterMetricFamily("inferd_remediation_rollbacks", "Actions rolled back because verification saw the target worsen",
+                                        labels=["action"])
+        last = GaugeMetricFamily("inferd_remediation_last_action_timestamp_seconds",
+                                 "Unix time of the last applied change of each action", labels=["action"])
+        with self.policy._lock:
+            for (alert, action, result), count in sorted(self.policy.actions_total.items()):
+                actions.add_metric([alert, action, result], count)
+            for action, count in sorted(self.policy.rollbacks_total.items()):
+                rollbacks.add_metric([action], count)
+            for action, ts in sorted(self.policy.last_action_ts.items()):
+                last.add_metric([action], ts)
+        yield actions
+        yield rollbacks
+        yield last

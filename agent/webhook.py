@@ -1,0 +1,131 @@
+"""Alertmanager webhook (`POST /v1/alerts`) and the action log (`GET /v1/actions`).
+
+`make_router(policy, token_file)` returns a FastAPI router the agent's server mounts.
+The webhook takes Alertmanager's version-4 payload only with the bearer token from
+`token_file` (re-read when the file changes; compared in constant time): 401 for a
+missing or wrong token, 400 for a body that is not a version-4 notification. Each
+alert goes to the policy, which is idempotent on fingerprint + startsAt + status and
+ignores alerts it has no rule for (with a log line).
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from agent.remediation import Alert, RemediationPolicy
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 << 20
+
+
+class TokenFile:
+    """A bearer token kept in a file, re-read when the file's mtime or size changes."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._token = b""
+        self.read()  # fail at start-up, not at the first alert, when the file is missing
+
+    def read(self) -> bytes:
+        stat = self.path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            token = self.path.read_text().strip()
+            if not token:
+                raise ValueError(f"webhook token file {self.path} is empty")
+            self._token, self._stamp = token.encode(), stamp
+        return self._token
+
+    def matches(self, authorization: str | None) -> bool:
+        if not authorization or not authorization.startswith("Bearer "):
+            return False
+        try:
+            expected = self.read()
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the webhook token: %s", exc)
+            return False
+        return hmac.compare_digest(authorization[len("Bearer "):].strip().encode(), expected)
+
+
+class PayloadError(ValueError):
+    pass
+
+
+def parse_notification(body: Any) -> list[Alert]:
+    """The alerts of an Alertmanager version-4 notification, or PayloadError naming the fault."""
+    if not isinstance(body, dict):
+        raise PayloadError("body must be a JSON object")
+    if body.get("version") != "4":
+        raise PayloadError(f"unsupported payload version {body.get('version')!r}; expected \"4\"")
+    alerts = body.get("alerts")
+    if not isinstance(alerts, list):
+        raise PayloadError("alerts must be a list")
+    return [_parse_alert(i, a) for i, a in enumerate(alerts)]
+
+
+def _parse_alert(index: int, raw: Any) -> Alert:
+    where = f"alerts[{index}]"
+    if not isinstance(raw, dict):
+        raise PayloadError(f"{where} must be an object")
+    status = raw.get("status")
+    if status not in ("firing", "resolved"):
+        raise PayloadError(f"{where}.status must be firing or resolved, got {status!r}")
+    labels = raw.get("labels")
+    if not _str_map(labels) or not labels.get("alertname"):
+        raise PayloadError(f"{where}.labels must map strings to strings and include alertname")
+    annotations = raw.get("annotations", {})
+    if not _str_map(annotations):
+        raise PayloadError(f"{where}.annotations must map strings to strings")
+    for key in ("startsAt", "fingerprint"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise PayloadError(f"{where}.{key} must be a non-empty string")
+    return Alert(status, dict(labels), dict(annotations), raw["startsAt"], raw["fingerprint"])
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def make_router(policy: RemediationPolicy, token_file: str | os.PathLike) -> APIRouter:
+    token = TokenFile(token_file)
+    router = APIRouter()
+
+    @router.post("/v1/alerts")
+    async def receive_alerts(request: Request) -> JSONResponse:
+        if not token.matches(request.headers.get("authorization")):
+            log.warning("webhook call from %s with a missing or wrong token; refused",
+                        request.client.host if request.client else "?")
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
+        try:
+            alerts = parse_notification(json.loads(raw))
+        except (ValueError, PayloadError) as exc:  # JSONDecodeError is a ValueError
+            return JSONResponse({"error": f"malformed Alertmanager payload: {exc}"}, status_code=400)
+        results = []
+        for alert in alerts:
+            results.append(await run_in_threadpool(policy.handle, alert))
+        return JSONResponse({"results": results})
+
+    @router.get("/v1/actions")
+    def list_actions(limit: int = Query(200, ge=0, le=100_000)) -> dict[str, Any]:
+        """The audit log, oldest first (the last `limit` records; 0 for all)."""
+        try:
+            records = policy.audit.tail(limit)
+        except OSError as exc:
+            raise HTTPException(status_code=503, detail=f"audit log unreadable: {exc}") from exc
+        return {"records": records, "verifying": policy.verifying, "dry_run": policy.config.dry_run}
+
+    return router
