@@ -1,0 +1,165 @@
+"""The Alertmanager webhook and /v1/actions, through HTTP, against a fake engine admin API."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from agent.audit import AuditLog
+from agent.engine_client import EngineClient
+from agent.remediation import PolicyConfig, RemediationPolicy
+from agent.webhook import PayloadError, make_router, parse_notification
+from remediation_fakes import FakeEngine, ManualClock, alert_payload
+
+ADMIN_TOKEN = "admin-secret"
+HOOK_TOKEN = "hook-secret"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    audit_path = tmp_path / "audit.jsonl"
+    engine = FakeEngine(ADMIN_TOKEN, audit_path)
+    token_file = tmp_path / "webhook-token"
+    token_file.write_text(HOOK_TOKEN + "\n")
+    clock = ManualClock()
+
+    def make_client(**settings):
+        policy = RemediationPolicy(EngineClient(engine.url, ADMIN_TOKEN), AuditLog(audit_path, clock),
+                                   PolicyConfig(**settings), metrics=None, clock=clock)
+        app = FastAPI()
+        app.include_router(make_router(policy, token_file))
+        return TestClient(app), policy
+
+    yield engine, make_client, token_file, audit_path
+    engine.close()
+
+
+def post(client, payload, token=HOOK_TOKEN):
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    body = payload if isinstance(payload, (str, bytes)) else json.dumps(payload)
+    return client.post("/v1/alerts", content=body, headers={**headers, "Content-Type": "application/json"})
+
+
+def test_right_token_acts(setup):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    response = post(client, alert_payload())
+    assert response.status_code == 200
+    [result] = response.json()["results"]
+    assert (result["result"], result["action"], result["new"]) == ("applied", "lower_max_num_seqs", {"max_num_seqs": 48})
+    assert engine.config["max_num_seqs"] == 48
+
+
+@pytest.mark.parametrize("token", [None, "wrong", "", "hook-secre", "hook-secret-and-more"])
+def test_wrong_or_missing_token_gets_401_and_no_action(setup, token):
+    engine, make_client, _, audit_path = setup
+    client, _ = make_client()
+    response = post(client, alert_payload(), token=token)
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert engine.changes == []
+    assert not audit_path.exists()
+
+
+def test_token_file_is_reread_when_it_changes(setup):
+    engine, make_client, token_file, _ = setup
+    client, _ = make_client()
+    token_file.write_text("rotated-token-of-another-length")
+    assert post(client, alert_payload()).status_code == 401
+    assert post(client, alert_payload(), token="rotated-token-of-another-length").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ("{not json", "malformed"),
+        ([], "body must be a JSON object"),
+        ({**alert_payload(), "version": "3"}, "unsupported payload version '3'"),
+        ({**alert_payload(), "alerts": {}}, "alerts must be a list"),
+        ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "status": "pending"}]}, "alerts[0].status"),
+        ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "fingerprint": ""}]}, "alerts[0].fingerprint"),
+        ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "labels": {"severity": "x"}}]}, "include alertname"),
+        ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "labels": {"alertname": 3}}]}, "map strings"),
+    ],
+)
+def test_malformed_body_gets_400_and_no_action(setup, payload, message):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    response = post(client, payload)
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+    assert engine.changes == []
+
+
+def test_replaying_the_same_notification_acts_once(setup):
+    engine, make_client, _, _ = setup
+    client, _ = make_client(cooldown_s=0)
+    first = post(client, alert_payload()).json()["results"][0]["result"]
+    second = post(client, alert_payload()).json()["results"][0]["result"]
+    assert (first, second) == ("applied", "duplicate")
+    assert len(engine.changes) == 1
+    # Its resolution is a different event, and is not an action.
+    resolved = post(client, alert_payload(status="resolved")).json()["results"][0]
+    assert resolved["result"] == "noted"
+    assert len(engine.changes) == 1
+
+
+def test_replay_after_an_agent_restart_still_acts_once(setup):
+    engine, make_client, _, _ = setup
+    client, _ = make_client(cooldown_s=0)
+    post(client, alert_payload())
+    restarted, _ = make_client(cooldown_s=0)
+    assert post(restarted, alert_payload()).json()["results"][0]["result"] == "duplicate"
+    assert len(engine.changes) == 1
+
+
+def test_unknown_alert_is_ignored_and_logged(setup, caplog):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    with caplog.at_level(logging.INFO):
+        response = post(client, alert_payload("SomebodyElsesAlert"))
+    assert response.status_code == 200
+    assert response.json()["results"][0]["result"] == "ignored"
+    assert "no remediation rule for alert 'SomebodyElsesAlert'" in caplog.text
+    assert engine.changes == []
+
+
+def test_actions_lists_the_audit_log(setup):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    post(client, alert_payload())
+    body = client.get("/v1/actions").json()
+    assert [r["event"] for r in body["records"]] == ["alert", "decision", "applied"]
+    applied = body["records"][-1]
+    assert (applied["alert"], applied["old"], applied["new"]) == ("InferdKVCacheThrashing", {"max_num_seqs": 64}, {"max_num_seqs": 48})
+    assert [r["event"] for r in client.get("/v1/actions?limit=1").json()["records"]] == ["applied"]
+    assert client.get("/v1/actions?limit=-1").status_code == 422
+
+
+def test_dry_run_through_the_webhook(setup):
+    engine, make_client, _, _ = setup
+    client, _ = make_client(dry_run=True)
+    result = post(client, alert_payload()).json()["results"][0]
+    assert result["result"] == "dry_run"
+    assert engine.changes == []
+    assert client.get("/v1/actions").json()["dry_run"] is True
+
+
+def test_missing_token_file_fails_at_start(tmp_path, setup):
+    _, _, _, audit_path = setup
+    policy = RemediationPolicy(None, AuditLog(audit_path))
+    with pytest.raises(FileNotFoundError):
+        make_router(policy, tmp_path / "nope")
+
+
+def test_parse_notification_reads_every_alert():
+    payload = alert_payload()
+    payload["alerts"].append({**payload["alerts"][0], "fingerprint": "beef", "status": "resolved"})
+    alerts = parse_notification(payload)
+    assert [(a.name, a.status, a.fingerprint) for a in alerts] == [
+        ("InferdKVCacheThrashing", "firing", "f00d"), ("InferdKVCacheThrashing", "resolved", "beef")]
+    with pytest.raises(PayloadError):
+        parse_notification({"version": "4"})
