@@ -102,10 +102,8 @@ def paged_attention(
     v = v_cache[tables].reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
     k = k.transpose(1, 2).to(q.dtype)
     v = v.transpose(1, 2).to(q.dtype)
-    if kv_heads != heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
     qp = _padded_queries(q, meta)
     mask = build_mask(meta, q.device)
-    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale)
+    # enable_gqa lets each K/V head serve its group of query heads without a copy.
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
     return _unpad(out, meta)
