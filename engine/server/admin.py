@@ -1,0 +1,118 @@
+"""Admin API: read and change the engine's tunables while it serves.
+
+    GET   /admin/config          {"config": {tunable: value}, "bounds": {...}}
+    PATCH /admin/config {k: v}   applied between steps, all or nothing; 422 naming the
+                                 bound when a value is outside it; returns the applied config
+    POST  /admin/mode {"mode"}   fast or fallback
+    POST  /admin/fault {"kind": "fastpath"}   only with --enable-fault-injection
+
+Every call needs `Authorization: Bearer <token>`, compared in constant time. With no
+token configured the admin API is off (403 saying so).
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from ..config import TUNABLE_BOUNDS
+from .async_engine import AsyncEngine
+from .errors import ApiError
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "INFERD_ADMIN_TOKEN"
+FAULT_KINDS = ("fastpath",)
+
+
+def load_admin_token(path: str | os.PathLike | None = None, env: dict | None = None) -> str | None:
+    """The token from --admin-token-file when given, else INFERD_ADMIN_TOKEN, else None (admin off)."""
+    if path:
+        text = Path(path).read_text().strip()
+        if not text:
+            raise ValueError(f"admin token file {path} is empty")
+        return text
+    return (env if env is not None else os.environ).get(TOKEN_ENV) or None
+
+
+def _bounds() -> dict[str, Any]:
+    return {name: (list(b) if isinstance(b[0], str) else {"min": b[0], "max": b[1]}) for name, b in TUNABLE_BOUNDS.items()}
+
+
+async def _json_object(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise ApiError(422, f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(422, f"request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
+    return body
+
+
+def make_admin_router(engine: AsyncEngine, token: str | None, enable_fault_injection: bool = False) -> APIRouter:
+    router = APIRouter(prefix="/admin")
+    expected = token.encode() if token else None
+
+    def authorize(request: Request) -> None:
+        if expected is None:
+            raise ApiError(403, "the admin API is off: no admin token is configured (set INFERD_ADMIN_TOKEN "
+                           "or start with --admin-token-file)", None, "admin_disabled")
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise ApiError(401, "missing or wrong admin token (Authorization: Bearer <token>)", None, "invalid_token")
+
+    def config_body(config) -> dict:
+        return {"config": config.tunables(), "bounds": _bounds()}
+
+    @router.get("/config")
+    async def get_config(request: Request):
+        authorize(request)
+        return config_body(await engine.call(lambda e: e.config))
+
+    @router.patch("/config")
+    async def patch_config(request: Request):
+        authorize(request)
+        changes = await _json_object(request)
+        if not changes:
+            raise ApiError(422, "no changes given: send a JSON object of tunable -> value", None, "invalid_value")
+        try:
+            config = await engine.reconfigure(changes)
+        except ValueError as exc:
+            raise ApiError(422, str(exc), next(iter(changes)), "invalid_value") from None
+        log.info("admin: applied %s", changes)
+        return config_body(config)
+
+    @router.post("/mode")
+    async def set_mode(request: Request):
+        authorize(request)
+        body = await _json_object(request)
+        if set(body) != {"mode"}:
+            raise ApiError(422, f"body must be {{\"mode\": \"fast\" | \"fallback\"}}, got keys {sorted(body)}",
+                           "mode", "invalid_value")
+        try:
+            config = await engine.set_mode(body["mode"])
+        except ValueError as exc:
+            raise ApiError(422, str(exc), "mode", "invalid_value") from None
+        log.info("admin: mode set to %s", config.mode)
+        return config_body(config)
+
+    @router.post("/fault")
+    async def inject_fault(request: Request):
+        authorize(request)
+        if not enable_fault_injection:
+            raise ApiError(404, "fault injection is off (start the server with --enable-fault-injection)",
+                           None, "fault_injection_disabled")
+        body = await _json_object(request)
+        kind = body.get("kind")
+        if kind not in FAULT_KINDS:
+            raise ApiError(422, f"kind must be one of {', '.join(FAULT_KINDS)}; got {kind!r}", "kind", "invalid_value")
+        await engine.inject_fastpath_failure("admin_fault")
+        log.warning("admin: injected a fast-path failure")
+        return {"injected": kind}
+
+    return router

@@ -1,0 +1,184 @@
+"""Request bodies of the OpenAI-compatible endpoints.
+
+Types are checked here (a wrong type is a malformed request: 422); values are
+checked by `SamplingParams` (a bad value: 400 naming the parameter). Unknown fields
+are refused with 400, as OpenAI's API does ("Unrecognized request argument"), so a
+typo never silently changes nothing. Besides OpenAI's fields, vLLM's sampling
+extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
+skip_special_tokens) and `priority` are accepted.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
+
+from ..sampling_params import SamplingParams
+from .errors import ApiError, bad_request
+
+
+class _Lenient(BaseModel):
+    # extra="allow" keeps unknown fields in model_extra, so the handler can name them.
+    model_config = ConfigDict(extra="allow")
+
+    def reject_unknown_fields(self) -> None:
+        extra = sorted(self.model_extra or {})
+        if extra:
+            raise ApiError(400, f"Unrecognized request argument supplied: {', '.join(extra)}", extra[0],
+                           "unrecognized_argument")
+
+
+class StreamOptions(_Lenient):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class _SamplingFields(_Lenient):
+    model: str | None = None
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    n: StrictInt | None = 1
+    seed: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: StrictInt = 0
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
+    priority: StrictInt = 0
+
+    def check_common(self) -> None:
+        self.reject_unknown_fields()
+        if self.stream_options is not None:
+            self.stream_options.reject_unknown_fields()
+            if not self.stream:
+                raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_parameter")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        values: dict[str, Any] = dict(
+            n=1 if self.n is None else self.n,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+        )
+        try:
+            return SamplingParams(**values)
+        except ValueError as exc:
+            message = str(exc)
+            param = message.split()[0] if message else None
+            raise bad_request(message, param) from None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+Prompt = Union[str, list[StrictInt], list[str], list[list[StrictInt]]]
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Prompt
+    max_tokens: StrictInt | None = 16
+    logprobs: StrictInt | None = None
+    echo: StrictBool | None = False
+    best_of: StrictInt | None = None
+    suffix: str | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.echo:
+            raise bad_request("echo is not supported by this server", "echo", "unsupported_parameter")
+        if self.suffix:
+            raise bad_request("suffix is not supported by this server", "suffix", "unsupported_parameter")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise bad_request("best_of must equal n (beam search and best-of sampling are not supported)", "best_of")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts (OpenAI accepts one or a batch)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise bad_request("prompt is empty", "prompt")
+        if isinstance(p[0], int):
+            return [list(p)]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self, index: int) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for j, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{index}].content[{j}]: only text parts are supported, got type "
+                                  f"{part.get('type')!r}", f"messages[{index}].content")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    store: StrictBool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    add_generation_prompt: StrictBool = True
+
+    def check(self) -> None:
+        self.check_common()
+        if not self.messages:
+            raise bad_request("messages must hold at least one message", "messages")
+        if self.tools:
+            raise bad_request("tools are not supported by this server", "tools", "unsupported_parameter")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise bad_request("response_format other than text is not supported by this server",
+                              "response_format", "unsupported_parameter")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -1,0 +1,78 @@
+"""ASGI middleware: the request-body limit (413) and http_requests_total.
+
+Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would stand between a
+streaming response and the client's disconnect.
+"""
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import error_body
+from .metrics import HttpMetrics
+
+KNOWN_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+                            "/admin/config", "/admin/mode", "/admin/fault"})
+
+
+class BodyLimitAndMetrics:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, http_metrics: HttpMetrics | None = None):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.http_metrics = http_metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {"code": 500}
+
+        async def send_counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            declared = dict(scope.get("headers") or []).get(b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                return await self._too_large(send_counted)
+            body, more = await self._read_body(receive)
+            if more is None:
+                return await self._too_large(send_counted)
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()  # after the body: only http.disconnect comes
+
+            await self.app(scope, replay, send_counted)
+        finally:
+            if self.http_metrics is not None:
+                path = scope.get("path", "")
+                self.http_metrics.observe(path if path in KNOWN_HANDLERS else "other", scope.get("method", ""),
+                                          status["code"])
+
+    async def _read_body(self, receive: Receive) -> tuple[bytes, bool | None]:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"".join(chunks), False
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return b"", None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), False
+
+    async def _too_large(self, send: Send) -> None:
+        payload = json.dumps(error_body(413, f"request body is larger than the limit of {self.max_body_bytes} "
+                                        "bytes (--max-body-bytes)", None, "request_too_large")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,331 @@
+"""OpenAI completions and chat completions on top of `AsyncEngine`.
+
+A request is checked in full before anything is queued (types by pydantic, values by
+SamplingParams, the prompt by `engine.validate_request`), so a client mistake is a
+4xx that never reaches the engine thread. Streams are server-sent events; text deltas
+hold back (a) a trailing U+FFFD, the byte-level tokenizer's partial UTF-8 character,
+until the next token completes it, and (b) the last len(longest stop string) - 1
+characters, which a stop string matched later would cut away.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import SamplingParams
+from .api_models import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from .async_engine import AsyncEngine, RequestFailed
+from .chat import ChatTemplateError, render_chat
+from .errors import ApiError, bad_request, error_body
+from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass(slots=True)
+class _Prompt:
+    text: str | list[int]
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    sent_chars: int = 0
+    sent_tokens: int = 0
+    started: bool = False
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Job:
+    """One API request: its prompts (a batch for completions), params and ids."""
+    request_id: str
+    created: int
+    model: str
+    prompts: list[_Prompt]
+    params: SamplingParams
+    priority: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    chat: bool
+    top_logprobs: int | None = None
+    states: dict[tuple[int, int], _ChoiceState] = field(default_factory=dict)
+
+
+def streamable_text(text: str, finished: bool, holdback: int) -> str:
+    """The part of a cumulative text that is safe to send now."""
+    if finished:
+        return text
+    end = len(text) - holdback
+    while end > 0 and text[end - 1] == REPLACEMENT_CHAR:
+        end -= 1
+    return text[:max(end, 0)]
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncEngine, served_model_name: str):
+        self.engine = engine
+        self.model_name = served_model_name
+        self.llm = engine.engine
+        self.tokenizer = engine.engine.tokenizer
+        self.max_model_len = engine.engine.max_model_len
+
+    # --- checks ---------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise ApiError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+
+    def _validate_prompt(self, prompt: str | list[int], params: SamplingParams, param: str) -> list[int]:
+        try:
+            return self.llm.validate_request(prompt, params)
+        except ValueError as exc:
+            code = "context_length_exceeded" if "max_model_len" in str(exc) or "KV" in str(exc) else "invalid_value"
+            raise bad_request(str(exc), param, code) from None
+
+    def _check_length(self, num_prompt: int, max_tokens: int, param: str) -> None:
+        if num_prompt + max_tokens > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} in the completion). "
+                f"Please reduce the prompt or the completion length.", param, "context_length_exceeded")
+
+    def _params(self, body: _SamplingFields, max_tokens: int, logprobs: int | None, param: str) -> SamplingParams:
+        if isinstance(max_tokens, int) and max_tokens < 1:
+            raise bad_request(f"{param} must be an integer >= 1, got {max_tokens}", param)
+        return body.sampling_params(max_tokens, logprobs)
+
+    def _job(self, body: _SamplingFields, prompts: list[_Prompt], params: SamplingParams, chat: bool,
+             top_logprobs: int | None = None) -> _Job:
+        prefix = "chatcmpl" if chat else "cmpl"
+        return _Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), self.model_name, prompts, params,
+                    body.priority, bool(body.stream), body.include_usage,
+                    bool(body.stream_options and body.stream_options.continuous_usage_stats), chat, top_logprobs)
+
+    # --- endpoints ----------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        body.check()
+        self.check_model(body.model)
+        raw_prompts = body.prompts()
+        # Validate with a placeholder length first: the prompt's own checks come before ours.
+        probe = self._params(body, body.max_tokens if body.max_tokens is not None else 1, body.logprobs, "max_tokens")
+        prompts = []
+        for i, p in enumerate(raw_prompts):
+            if isinstance(p, list) and not p:
+                raise bad_request(f"prompt[{i}] is empty", "prompt")
+            ids = self._validate_prompt(p, probe, "prompt")
+            prompts.append(_Prompt(p, ids))
+        if body.max_tokens is None:
+            max_tokens = self.max_model_len - max(len(p.token_ids) for p in prompts)
+            params = self._params(body, max_tokens, body.logprobs, "max_tokens")
+        else:
+            params = probe
+        for p in prompts:
+            self._check_length(len(p.token_ids), params.max_tokens, "max_tokens")
+        return await self._respond(self._job(body, prompts, params, chat=False), request)
+
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+        body.check()
+        self.check_model(body.model)
+        messages = [{"role": m.role, "content": m.text(i)} | ({"name": m.name} if m.name else {})
+                    for i, m in enumerate(body.messages)]
+        tok = self.tokenizer
+        try:
+            text = render_chat(messages, tok.chat_template, tok.bos_token, tok.eos_token, body.add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+        # A template writes its own special tokens; the plain default relies on the tokenizer's.
+        ids = tok.encode(text, add_special_tokens=tok.chat_template is None)
+        if not ids:
+            raise bad_request("messages render to an empty prompt", "messages")
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        requested = body.requested_max_tokens
+        probe = self._params(body, requested if requested is not None else 1, body.num_logprobs, param)
+        if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+            raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
+        self._validate_prompt(ids, probe, "messages")
+        if requested is None:
+            params = self._params(body, self.max_model_len - len(ids), body.num_logprobs, param)
+        else:
+            params = probe
+        self._check_length(len(ids), params.max_tokens, param)
+        job = self._job(body, [_Prompt(ids, ids)], params, chat=True, top_logprobs=body.top_logprobs)
+        return await self._respond(job, request)
+
+    async def _respond(self, job: _Job, request: Request) -> Response:
+        if job.stream:
+            return SSEResponse(self._stream(job))
+        try:
+            finals = await until_disconnected(request, self._collect(job))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return JSONResponse(self._final_body(job, finals))
+
+    # --- running ------------------------------------------------------------------------
+    async def _outputs(self, job: _Job) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, cumulative output) from all of the job's prompts, as they come."""
+        if len(job.prompts) == 1:
+            p = job.prompts[0]
+            gen = self.engine.generate(job.request_id, p.text, p.token_ids, job.params, job.priority)
+            try:
+                async for out in gen:
+                    yield 0, out
+            finally:
+                await gen.aclose()
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+        remaining = len(job.prompts)
+
+        async def pump(i: int, p: _Prompt) -> None:
+            gen = self.engine.generate(f"{job.request_id}-{i}", p.text, p.token_ids, job.params, job.priority)
+            try:
+                async for out in gen:
+                    await merged.put((i, out))
+            except Exception as exc:
+                await merged.put((i, exc))
+            finally:
+                await gen.aclose()
+                await merged.put((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, p)) for i, p in enumerate(job.prompts)]
+        try:
+            while remaining:
+                i, item = await merged.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _collect(self, job: _Job) -> list[RequestOutput]:
+        finals: dict[int, RequestOutput] = {}
+        async for i, out in self._outputs(job):
+            finals[i] = out
+        return [finals[i] for i in range(len(job.prompts))]
+
+    # --- responses ----------------------------------------------------------------------
+    def _usage(self, job: _Job, outs: list[RequestOutput | None]) -> dict:
+        prompt = sum(len(p.token_ids) for p in job.prompts)
+        completion = sum(len(o.token_ids) for out in outs if out is not None for o in out.outputs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _final_body(self, job: _Job, finals: list[RequestOutput]) -> dict:
+        n = job.params.n
+        choices = []
+        for i, out in enumerate(finals):
+            for o in out.outputs:
+                index = i * n + o.index
+                if job.chat:
+                    choices.append({"index": index, "message": {"role": "assistant", "content": o.text},
+                                    "logprobs": self._chat_logprobs(job, o, 0) if job.params.logprobs is not None
+                                    else None,
+                                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+                else:
+                    choices.append({"index": index, "text": o.text,
+                                    "logprobs": self._completion_logprobs(o, 0) if job.params.logprobs is not None
+                                    else None,
+                                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+        return {"id": job.request_id, "object": "chat.completion" if job.chat else "text_completion",
+                "created": job.created, "model": job.model, "choices": choices, "usage": self._usage(job, finals)}
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _completion_logprobs(self, o: CompletionOutput, start: int) -> dict:
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        offset = 0
+        for token_id, entry in zip(o.token_ids[start:], (o.logprobs or [])[start:]):
+            text = self._token_text(token_id)
+            tokens.append(text)
+            token_logprobs.append(entry.get(token_id))
+            top.append({self._token_text(t): lp for t, lp in entry.items()})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def _chat_logprobs(self, job: _Job, o: CompletionOutput, start: int) -> dict:
+        k = job.top_logprobs or 0
+        content = []
+        for token_id, entry in zip(o.token_ids[start:], (o.logprobs or [])[start:]):
+            text = self._token_text(token_id)
+            top = [{"token": (t := self._token_text(tid)), "logprob": lp, "bytes": list(t.encode())}
+                   for tid, lp in list(entry.items())[:k]]
+            content.append({"token": text, "logprob": entry.get(token_id), "bytes": list(text.encode()),
+                            "top_logprobs": top})
+        return {"content": content}
+
+    # --- streaming ----------------------------------------------------------------------
+    async def _stream(self, job: _Job) -> AsyncIterator[str]:
+        n = job.params.n
+        holdback = max((len(s) for s in job.params.stop), default=1) - 1
+        latest: list[RequestOutput | None] = [None] * len(job.prompts)
+        base = {"id": job.request_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
+                "created": job.created, "model": job.model}
+        outputs = self._outputs(job)
+        try:
+            if job.chat:
+                # The role comes first, as OpenAI sends it.
+                yield sse(base | {"choices": [{"index": i * n + j, "delta": {"role": "assistant", "content": ""},
+                                               "logprobs": None, "finish_reason": None}
+                                              for i in range(len(job.prompts)) for j in range(n)]})
+            async for i, out in outputs:
+                latest[i] = out
+                choices = []
+                for o in out.outputs:
+                    state = job.states.setdefault((i, o.index), _ChoiceState())
+                    if state.done:
+                        continue
+                    choice = self._delta(job, i * n + o.index, o, state, holdback)
+                    if choice is not None:
+                        choices.append(choice)
+                if choices:
+                    chunk = base | {"choices": choices}
+                    if job.include_usage and job.continuous_usage:
+                        chunk["usage"] = self._usage(job, latest)
+                    yield sse(chunk)
+            if job.include_usage:
+                yield sse(base | {"choices": [], "usage": self._usage(job, latest)})
+        except RequestFailed as exc:
+            yield sse(error_body(500, str(exc), None, "engine_error"))
+        finally:
+            await outputs.aclose()
+        yield SSE_DONE
+
+    def _delta(self, job: _Job, index: int, o: CompletionOutput, state: _ChoiceState, holdback: int) -> dict | None:
+        finished = o.finish_reason is not None
+        text = streamable_text(o.text, finished, holdback)
+        delta_text = text[state.sent_chars:] if len(text) > state.sent_chars else ""
+        new_tokens = len(o.token_ids) - state.sent_tokens
+        if not delta_text and not finished and not (job.params.logprobs is not None and new_tokens > 0):
+            return None
+        logprobs = None
+        if job.params.logprobs is not None:
+            logprobs = (self._chat_logprobs(job, o, state.sent_tokens) if job.chat
+                        else self._completion_logprobs(o, state.sent_tokens))
+        state.sent_chars = max(state.sent_chars, len(text))
+        state.sent_tokens = len(o.token_ids)
+        state.done = finished
+        if job.chat:
+            delta = {"content": delta_text} if delta_text or not finished else {}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": o.finish_reason,
+                    "stop_reason": o.stop_reason}
+        return {"index": index, "text": delta_text, "logprobs": logprobs, "finish_reason": o.finish_reason,
+                "stop_reason": o.stop_reason}
+
+    # --- models -------------------------------------------------------------------------
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": 0, "owned_by": "inferd",
+            "root": self.llm.model_name, "parent": None, "max_model_len": self.max_model_len}]}

@@ -1,0 +1,36 @@
+"""A copy of the engine's state for readers outside the engine thread (/metrics, /health)."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from ..stats import EngineCounters, KVSnapshot
+
+
+@dataclass(slots=True, frozen=True)
+class EngineSnapshot:
+    timestamp: float
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv: KVSnapshot
+    counters: EngineCounters
+    tunables: dict[str, Any]
+
+
+def take_snapshot(engine, now: float) -> EngineSnapshot:
+    """Call only from the thread that owns `engine`."""
+    sched = engine.scheduler
+    # vLLM counts requests, not sequences; a preempted request counts as waiting (V1 has no swapped queue).
+    running = {s.request_id for s in sched.running}
+    waiting = {s.request_id for s in (*sched.waiting, *sched.swapped)} - running
+    return EngineSnapshot(
+        timestamp=now,
+        num_running=len(running),
+        num_waiting=len(waiting),
+        num_swapped=len({s.request_id for s in sched.swapped}),
+        kv=engine.kv_snapshot(),
+        counters=copy.deepcopy(engine.counters),
+        tunables=dict(engine.config.tunables()),
+    )
