@@ -268,7 +268,7 @@ DEFAULT_RULES: dict[str, Rule] = {
         Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", _recompute, _SWAP),
         Rule("InferdEngineFastPathFailing", "fallback", "mode", _fallback,
              "sum(increase(inferd_engine_fastpath_failures_total{{{sel}}}[{window}]))", reversible=False, restores_fast=True),
-        Rule("InferdEngineDown", "restart_engine", "restart", None, "max(inferd_engine_up{{{sel}}})",
+        Rule("InferdEngineDown", "restart_engine", "restart", None, "min(up{{{engine}}})",
              better="higher", reversible=False),
     )
 }
@@ -461,6 +461,7 @@ class RemediationPolicy:
         if not rule.target:
             return None
         sel = ",".join(f'{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
+        sel = sel or self.config.engine_selector  # an empty selector is not valid PromQL
         window = f"{max(1, round(self.config.verify_window_s))}s"
         return rule.target.format(sel=sel, engine=self.config.engine_selector, window=window)
 

@@ -348,3 +348,54 @@ def test_engine_client_errors_name_the_problem(engine):
         EngineClient("http://127.0.0.1:9", TOKEN, timeout_s=1).get_config()
     with pytest.raises(ValueError, match="must start with http"):
         EngineClient("127.0.0.1:8000", TOKEN)
+
+
+# ---- the supervisor adapter ----
+
+class StubSupervisor:
+    def __init__(self, pid=None, error=None, mem_node=None, cpus=None, restarts=2):
+        self.pid, self.error, self.restarts = pid, error, restarts
+        self.config = type("C", (), {"mem_node": mem_node, "cpus": cpus})()
+
+    @property
+    def is_up(self):
+        return self.pid is not None
+
+    @property
+    def has_given_up(self):
+        return self.error is not None
+
+
+def test_supervisor_host_reports_the_restart_state():
+    from agent.engine_host import SupervisorHost
+
+    assert "is restarting the engine (2 restart(s)" in SupervisorHost(StubSupervisor()).restart_engine()
+    assert "running again (pid 42)" in SupervisorHost(StubSupervisor(pid=42)).restart_engine()
+    with pytest.raises(RuntimeError, match="gave up on the engine: bad model path"):
+        SupervisorHost(StubSupervisor(error="bad model path")).restart_engine()
+    with pytest.raises(RuntimeError, match="no NUMA node"):
+        SupervisorHost(StubSupervisor(pid=42)).rebind_engine()
+
+
+def test_online_nodes_parses_ranges(tmp_path):
+    from agent.engine_host import online_nodes
+
+    (tmp_path / "devices/system/node").mkdir(parents=True)
+    (tmp_path / "devices/system/node/online").write_text("0-1,3\n")
+    assert online_nodes(tmp_path) == [0, 1, 3]
+
+
+def test_rebind_this_process_to_its_own_node():
+    import os
+    from pathlib import Path
+
+    from agent.engine_host import SupervisorHost, online_nodes
+
+    if not Path("/sys/devices/system/node/online").exists():
+        pytest.skip("no /sys/devices/system/node (NUMA sysfs) on this machine")
+    node = online_nodes()[0]
+    cpus = os.sched_getaffinity(0)
+    host = SupervisorHost(StubSupervisor(pid=os.getpid(), mem_node=node, cpus=cpus))
+    detail = host.rebind_engine()
+    assert f"pages migrated to node {node}" in detail
+    assert os.sched_getaffinity(0) == cpus
