@@ -1,6 +1,8 @@
 """Alertmanager webhook (`POST /v1/alerts`) and the action log (`GET /v1/actions`).
 
-`make_router(policy, token_file)` returns a FastAPI router the agent's server mounts.
+`make_router(state)` is the hook agent.server mounts: it builds the remediation
+policy from the agent's arguments (`add_arguments` adds them), registers its metrics
+and starts its clock. `make_webhook_router(policy, token_file)` is the router itself.
 The webhook takes Alertmanager's version-4 payload only with the bearer token from
 `token_file` (re-read when the file changes; compared in constant time): 401 for a
 missing or wrong token, 400 for a body that is not a version-4 notification. Each
@@ -9,10 +11,12 @@ ignores alerts it has no rule for (with a log line).
 """
 from __future__ import annotations
 
+import argparse
 import hmac
 import json
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +32,19 @@ MAX_BODY_BYTES = 4 << 20
 
 
 class TokenFile:
-    """A bearer token kept in a file, re-read when the file's mtime or size changes."""
+    """A bearer token kept in a file, re-read when the file's mtime or size changes.
+    With no path every call is refused (the webhook is off)."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = Path(path) if path else None
         self._stamp: tuple[int, int] | None = None
         self._token = b""
-        self.read()  # fail at start-up, not at the first alert, when the file is missing
+        if self.path is not None:
+            self.read()  # fail at start-up, not at the first alert, when the file is missing
 
     def read(self) -> bytes:
+        if self.path is None:
+            raise ValueError("no --webhook-token-file given; the webhook is off")
         stat = self.path.stat()
         stamp = (stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
@@ -96,7 +104,7 @@ def _str_map(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
-def make_router(policy: RemediationPolicy, token_file: str | os.PathLike) -> APIRouter:
+def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike | None) -> APIRouter:
     token = TokenFile(token_file)
     router = APIRouter()
 
@@ -129,3 +137,71 @@ def make_router(policy: RemediationPolicy, token_file: str | os.PathLike) -> API
         return {"records": records, "verifying": policy.verifying, "dry_run": policy.config.dry_run}
 
     return router
+
+
+# ---- the agent's hook ------------------------------------------------------------------
+
+def default_audit_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "inferd" / "audit.jsonl"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("remediation", "Alertmanager webhook and remediation policy")
+    group.add_argument("--webhook-token-file", type=Path,
+                       help="bearer token Alertmanager sends to /v1/alerts (without it the webhook refuses every call)")
+    group.add_argument("--audit-log", type=Path, default=None,
+                       help=f"JSON-lines audit log of remediation decisions (default {default_audit_path()})")
+    group.add_argument("--dry-run", action="store_true", help="record remediation decisions without acting")
+    group.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
+                       help="Prometheus that verification queries (default http://127.0.0.1:9090)")
+    group.add_argument("--remediation-config", type=Path,
+                       help="YAML of remediation settings (bounds, cooldown_s, verify_window_s, ...; see agent/remediation.py)")
+    group.add_argument("--admin-token-file", type=Path,
+                       help="engine admin token (else INFERD_ADMIN_TOKEN; else one is generated for the supervised engine)")
+
+
+def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=None) -> RemediationPolicy:
+    import yaml
+
+    from agent.audit import AuditLog
+    from agent.engine_client import TOKEN_ENV, EngineClient, token_from
+    from agent.engine_host import SupervisorHost
+    from agent.remediation import PolicyConfig, PrometheusQuery
+
+    settings = {}
+    if getattr(args, "remediation_config", None):
+        settings = yaml.safe_load(Path(args.remediation_config).read_text()) or {}
+        if not isinstance(settings, dict):
+            raise ValueError(f"{args.remediation_config}: expected a mapping of settings")
+    if getattr(args, "dry_run", False):
+        settings["dry_run"] = True
+    config = PolicyConfig.from_dict(settings)
+    token = token_from(path=getattr(args, "admin_token_file", None))
+    if token is None and supervisor is not None:
+        token = secrets.token_hex(32)
+        log.info("no engine admin token configured; generated one for the supervised engine")
+    if token is not None:
+        # The supervised engine inherits the agent's environment when it is (re)started.
+        os.environ[TOKEN_ENV] = token
+    engine = EngineClient(engine_url, token) if engine_url and token else None
+    host = SupervisorHost(supervisor, getattr(args, "sysfs_root", "/sys"), getattr(args, "procfs_root", "/proc")) \
+        if supervisor is not None else None
+    audit = AuditLog(getattr(args, "audit_log", None) or default_audit_path())
+    return RemediationPolicy(engine, audit, config, PrometheusQuery(args.prometheus_url), host=host)
+
+
+def make_router(state: Any) -> APIRouter:
+    """The hook agent.server mounts: policy from the agent's arguments, metrics, clock."""
+    from agent.remediation import RemediationCollector
+
+    args = state.extra.get("args") or argparse.Namespace(prometheus_url="http://127.0.0.1:9090")
+    policy = build_policy(args, None if getattr(args, "no_engine", False) else state.engine_url, state.supervisor)
+    state.collectors.add(RemediationCollector(policy))
+    state.extra["remediation"] = policy
+    policy.start()
+    token_file = getattr(args, "webhook_token_file", None)
+    if token_file is None:
+        log.warning("no --webhook-token-file: /v1/alerts refuses every call")
+    log.info("remediation: audit log %s%s", policy.audit.path, " (dry run)" if policy.config.dry_run else "")
+    return make_webhook_router(policy, token_file)

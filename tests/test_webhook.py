@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from agent.audit import AuditLog
 from agent.engine_client import EngineClient
 from agent.remediation import PolicyConfig, RemediationPolicy
-from agent.webhook import PayloadError, make_router, parse_notification
+from agent.webhook import PayloadError, make_webhook_router, parse_notification
 from remediation_fakes import FakeEngine, ManualClock, alert_payload
 
 ADMIN_TOKEN = "admin-secret"
@@ -30,7 +30,7 @@ def setup(tmp_path):
         policy = RemediationPolicy(EngineClient(engine.url, ADMIN_TOKEN), AuditLog(audit_path, clock),
                                    PolicyConfig(**settings), metrics=None, clock=clock)
         app = FastAPI()
-        app.include_router(make_router(policy, token_file))
+        app.include_router(make_webhook_router(policy, token_file))
         return TestClient(app), policy
 
     yield engine, make_client, token_file, audit_path
@@ -152,7 +152,7 @@ def test_missing_token_file_fails_at_start(tmp_path, setup):
     _, _, _, audit_path = setup
     policy = RemediationPolicy(None, AuditLog(audit_path))
     with pytest.raises(FileNotFoundError):
-        make_router(policy, tmp_path / "nope")
+        make_webhook_router(policy, tmp_path / "nope")
 
 
 def test_parse_notification_reads_every_alert():
