@@ -1,0 +1,33 @@
+"""`inferd bench SUBCOMMAND`: `serve` (the HTTP server under rising offered load) and
+`throughput` (the engine against transformers). Each subcommand's module is imported
+only when its options are built, so `inferd bench serve` never imports transformers."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("engine.bench.serve", "drive the server at rising offered loads; latency, throughput and the knee"),
+    "throughput": ("engine.bench.throughput", "engine tokens/s against transformers generate"),
+}
+
+
+def _chosen(argv: list[str]) -> str | None:
+    return next((a for a in argv if a in SUBCOMMANDS), None)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    import sys
+
+    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    chosen = _chosen(sys.argv[1:])
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Build only the chosen subcommand's options (or all of them for --help).
+        if chosen in (None, name):
+            importlib.import_module(module_name).add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    module_name, _ = SUBCOMMANDS[args.bench_command]
+    return int(importlib.import_module(module_name).run(args) or 0)
