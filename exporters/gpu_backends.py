@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from exporters.registry import CollectorUnavailable
 
@@ -430,3 +430,42 @@ def _field_number(nvml: Any, value: Any) -> float:
         getattr(nvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6): "usVal",
     }.get(kind, "ullVal")
     return float(getattr(v, member))
+
+
+class LazyBackend:
+    """Opens a back end on first read, and again after it failed, at most every retry_s.
+
+    The agent starts even when NVML is missing (a GPU-less machine, a driver not yet
+    loaded); the GPU collector then reports down with the reason until NVML answers.
+    """
+
+    def __init__(self, opener: Callable[[], GpuBackend], retry_s: float = 30.0):
+        if retry_s < 0:
+            raise ValueError(f"retry_s must be >= 0, got {retry_s}")
+        self._opener = opener
+        self.retry_s = retry_s
+        self._backend: GpuBackend | None = None
+        self._reason = "not opened yet"
+        self._last_try = -float("inf")
+        self._lock = threading.Lock()
+
+    def read(self) -> GpuSnapshot:
+        with self._lock:
+            if self._backend is None:
+                now = time.monotonic()
+                if now - self._last_try < self.retry_s:
+                    raise CollectorUnavailable(self._reason)
+                self._last_try = now
+                try:
+                    self._backend = self._opener()
+                except CollectorUnavailable as exc:
+                    self._reason = str(exc)
+                    raise
+            backend = self._backend
+        return backend.read()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
