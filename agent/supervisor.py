@@ -280,7 +280,12 @@ def launcher_main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("no command given after --")
     if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        wanted = {int(c) for c in args.cpus.split(",")}
+        usable = wanted & os.sched_getaffinity(0)
+        if usable:
+            os.sched_setaffinity(0, usable)
+        else:
+            print(f"agent.supervisor: CPUs {args.cpus} not available here; CPU affinity not set", file=sys.stderr)
     if args.membind is not None:
         try:
             set_membind(args.membind)

@@ -1,0 +1,182 @@
+"""`inferd agent` as users run it: a real process, real HTTP, fixture hosts, a supervised engine."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent.placement import best_node_for_gpus
+from agent.topology import discover
+from fixture_trees import promtool_check_metrics, write_host
+
+REPO = Path(__file__).resolve().parent.parent
+EIGHT_GPUS = Path(__file__).parent / "fixtures" / "gpu" / "eight_h200.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_for(predicate, timeout: float = 60.0, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+class Agent:
+    def __init__(self, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "agent", "--port", str(self.port), "--no-collector", "ebpf", *args],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+
+    def wait_ready(self) -> None:
+        def ready():
+            if self.process.poll() is not None:
+                raise AssertionError(f"agent exited {self.process.returncode}: {self.process.stderr.read()}")
+            try:
+                return get(f"{self.url}/healthz", timeout=2)[0] in (200, 503)
+            except OSError:
+                return False
+
+        assert wait_for(ready), "agent did not answer /healthz"
+
+    def health(self) -> dict:
+        return json.loads(get(f"{self.url}/healthz")[1])
+
+    def metrics(self) -> str:
+        return get(f"{self.url}/metrics")[1]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def fixture_host(tmp_path):
+    return write_host(tmp_path / "host")
+
+
+def test_agent_scrape_passes_promtool_and_serves_topology(fixture_host):
+    agent = Agent("--no-engine", "--gpu-backend", f"replay:{EIGHT_GPUS}",
+                  "--sysfs-root", str(fixture_host.sysfs), "--procfs-root", str(fixture_host.procfs))
+    try:
+        agent.wait_ready()
+        text = agent.metrics()
+        status, body = get(f"{agent.url}/v1/topology")
+        health = agent.health()
+    finally:
+        assert agent.stop() == 0
+    problems = promtool_check_metrics(text)
+    assert [line for line in problems.splitlines() if line.startswith("inferd_")] == []
+    for collector in ("gpu", "pcie", "numa", "engine"):
+        assert f'inferd_collector_up{{collector="{collector}"}} 1.0' in text
+    assert text.count('DCGM_FI_PROF_SM_ACTIVE{') == 8
+    assert "inferd_engine_up 0.0" in text
+
+    topology = discover(fixture_host.sysfs)
+    assert status == 200
+    served = json.loads(body)
+    assert served["topology"] == json.loads(topology.to_json())
+    assert served["placement"]["node"] == best_node_for_gpus(topology)
+    assert health["status"] == "ok" and health["engine"] is None
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda tmp: tmp / "missing", "does not exist"),
+        (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "has no config.json"),
+    ],
+)
+def test_bad_model_path_is_a_clear_error_not_a_restart_loop(tmp_path, make, message):
+    model = make(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "agent", "--model", str(model), "--port", str(free_port())],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert f"inferd agent: --model: {model} {message}" in result.stderr
+
+
+def test_engine_dying_at_startup_with_the_same_error_stops_the_agent():
+    crash = f'{sys.executable} -c "import sys; sys.exit(\'error: cannot load weights\')"'
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "agent", "--engine-command", crash, "--port", str(free_port()),
+         "--gpu-backend", f"replay:{EIGHT_GPUS}", "--no-collector", "ebpf"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1
+    assert "engine exited during start-up 3 times in a row with: error: cannot load weights" in result.stderr
+
+
+def test_killed_engine_is_restarted_and_stopping_the_agent_stops_the_engine():
+    sleeper = f'{sys.executable} -c "import time; time.sleep(600)"'
+    agent = Agent("--engine-command", sleeper, "--gpu-backend", f"replay:{EIGHT_GPUS}")
+    try:
+        agent.wait_ready()
+        first = wait_for(lambda: agent.health()["engine"]["pid"])
+        assert "inferd_engine_up 1.0" in agent.metrics()
+        time.sleep(0.2)
+        os.kill(first, signal.SIGKILL)
+        second = wait_for(lambda: (pid := agent.health()["engine"]["pid"]) not in (None, first) and pid)
+        assert second
+        text = agent.metrics()
+        assert "inferd_engine_restarts_total 1.0" in text and "inferd_engine_up 1.0" in text
+    finally:
+        assert agent.stop() == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)
+
+
+@pytest.mark.slow
+def test_real_engine_is_supervised(tiny_model):
+    engine_port = free_port()
+    agent = Agent("--model", tiny_model, "--engine-port", str(engine_port), "--gpu-backend", f"replay:{EIGHT_GPUS}")
+    engine_health = f"http://127.0.0.1:{engine_port}/health"
+
+    def engine_answers():
+        try:
+            return get(engine_health, timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    try:
+        agent.wait_ready()
+        assert wait_for(engine_answers, timeout=180), "inferd serve did not come up"
+        first = agent.health()["engine"]["pid"]
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: agent.health()["engine"]["pid"] not in (None, first), timeout=30)
+        assert wait_for(engine_answers, timeout=180), "restarted inferd serve did not come up"
+        second = agent.health()["engine"]["pid"]
+        assert "inferd_engine_restarts_total 1.0" in agent.metrics()
+    finally:
+        assert agent.stop() == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)
