@@ -1,0 +1,140 @@
+"""Bad input: each case gets its OpenAI-style error with the right status and a message
+naming the problem; none is a 5xx and none disturbs the requests around it."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from server_fixtures import MODEL_NAME, metric_value, running_server, scrape
+
+MAX_MODEL_LEN = 128
+MAX_BODY = 4096
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with running_server(tiny_model, max_model_len=MAX_MODEL_LEN, max_body_bytes=MAX_BODY) as s:
+        yield s
+
+
+def post(server, path: str, body=None, content: bytes | None = None, headers=None) -> httpx.Response:
+    if content is not None:
+        return httpx.post(f"{server.url}{path}", content=content, timeout=30,
+                          headers={"content-type": "application/json", **(headers or {})})
+    return httpx.post(f"{server.url}{path}", json=body, timeout=30, headers=headers)
+
+
+def assert_error(response: httpx.Response, status: int, *fragments: str, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    for fragment in fragments:
+        assert fragment in error["message"], error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def completion(**overrides):
+    return {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 4, **overrides}
+
+
+LONG_PROMPT = "hello " * 400  # far more than MAX_MODEL_LEN tokens
+
+
+@pytest.mark.parametrize("body, fragments, param", [
+    (completion(prompt=LONG_PROMPT[:1500]), ["max_model_len is 128"], "prompt"),
+    (completion(max_tokens=MAX_MODEL_LEN), ["maximum context length is 128"], "max_tokens"),
+    (completion(temperature=-1), ["temperature must be"], "temperature"),
+    (completion(top_p=1.5), ["top_p must be in (0, 1]"], "top_p"),
+    (completion(n=0), ["n must be in"], "n"),
+    (completion(max_tokens=0), ["max_tokens must be an integer >= 1"], "max_tokens"),
+    (completion(logprobs=21), ["logprobs must be in"], "logprobs"),
+    (completion(presence_penalty=3), ["presence_penalty must be in"], "presence_penalty"),
+    (completion(prompt=""), ["prompt is empty"], "prompt"),
+    (completion(prompt=[1, 2, 999999]), ["unknown token id"], "prompt"),
+    (completion(stream_options={"include_usage": True}), ["stream_options is only allowed"], "stream_options"),
+    (completion(frobnicate=1), ["Unrecognized request argument supplied: frobnicate"], "frobnicate"),
+    (completion(logit_bias={"5": 1.0}), ["logit_bias is not supported"], "logit_bias"),
+    (completion(echo=True), ["echo is not supported"], "echo"),
+])
+def test_completion_400(server, body, fragments, param):
+    assert_error(post(server, "/v1/completions", body), 400, *fragments, param=param)
+
+
+@pytest.mark.parametrize("body, fragments, param", [
+    ({"model": MODEL_NAME, "messages": []}, ["at least one message"], "messages"),
+    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+     ["top_logprobs needs logprobs"], "top_logprobs"),
+    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000},
+     ["maximum context length is 128"], "max_completion_tokens"),
+    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": LONG_PROMPT[:1500]}]},
+     ["max_model_len is 128"], "messages"),
+    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     ["only text parts are supported"], None),
+    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+     ["tools are not supported"], "tools"),
+])
+def test_chat_400(server, body, fragments, param):
+    assert_error(post(server, "/v1/chat/completions", body), 400, *fragments, param=param)
+
+
+def test_unknown_model_404(server):
+    error = assert_error(post(server, "/v1/completions", completion(model="gpt-9")), 404,
+                         "The model `gpt-9` does not exist", param="model")
+    assert error["code"] == "model_not_found"
+    assert_error(post(server, "/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+                 404, "does not exist")
+
+
+def test_body_too_large_413(server):
+    big = completion(prompt="x" * (MAX_BODY + 100))
+    assert_error(post(server, "/v1/completions", big), 413, f"limit of {MAX_BODY} bytes")
+    # Without a Content-Length header (chunked upload) the limit holds too.
+    def chunks():
+        yield b'{"model": "tiny", "prompt": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+    r = httpx.post(f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(r, 413, "larger than the limit")
+
+
+@pytest.mark.parametrize("content, fragments", [
+    (b"{not json", ["JSON"]),
+    (b'{"model": "tiny", "prompt": "hi", "max_tokens": "ten"}', ["max_tokens"]),
+    (b'{"model": "tiny", "max_tokens": 3}', ["prompt", "Field required"]),
+    (b'{"model": "tiny", "prompt": {"a": 1}}', ["prompt"]),
+    (b'{"model": "tiny", "prompt": "hi", "stream": "yes"}', ["stream"]),
+    (b'[1, 2, 3]', []),
+])
+def test_malformed_422(server, content, fragments):
+    assert_error(post(server, "/v1/completions", content=content), 422, *fragments)
+
+
+def test_chat_malformed_422(server):
+    assert_error(post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": "hi"}), 422, "messages")
+    assert_error(post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"content": "hi"}]}),
+                 422, "role")
+
+
+def test_openai_client_raises_its_usual_errors(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="temperature must be"):
+        client.completions.create(model=MODEL_NAME, prompt="hi", temperature=-2)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt="hi")
+
+
+def test_mistakes_never_5xx_and_never_disturb_others(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    before = client.completions.create(model=MODEL_NAME, prompt="Hello there", max_tokens=8, temperature=0)
+    for body in (completion(temperature=-1), completion(prompt=LONG_PROMPT[:1500]), completion(model="x")):
+        assert 400 <= post(server, "/v1/completions", body).status_code < 500
+    post(server, "/v1/completions", content=b"{oops")
+    after = client.completions.create(model=MODEL_NAME, prompt="Hello there", max_tokens=8, temperature=0)
+    assert after.choices[0].text == before.choices[0].text
+    text = scrape(server.url)
+    assert metric_value(text, "http_requests_total", {"status": "4xx"}) >= 4
+    with pytest.raises(KeyError):
+        metric_value(text, "http_requests_total", {"status": "5xx"})
