@@ -51,7 +51,7 @@ class StackConfig:
     timeout_s: float = 120.0
     agent_args: tuple[str, ...] = ()
     with_grafana: bool = True
-    engine: bool = True  # the agent starts the engine; wait for its health too
+    model: Path | None = None  # the engine's checkpoint; None = the agent runs without an engine
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -101,15 +101,15 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     if missing:
         raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)")
     token = token_file()
-    agent_health = ("http://localhost:8000/health",) if config.engine else ()
+    engine = ("--model", str(config.model)) if config.model else ("--no-engine",)
     out = [
         Component(
             "agent",
-            (sys.executable, "-m", "agent.cli", "agent", "--webhook-token-file", str(token), *config.agent_args),
+            (sys.executable, "-m", "agent.cli", "agent", *engine, "--webhook-token-file", str(token), *config.agent_args),
             "http://localhost:9400/healthz",
             "http://localhost:9400/metrics",
-            (9400, 8000) if config.engine else (9400,),
-            extra_health_urls=agent_health,
+            (9400, 8000) if config.model else (9400,),
+            extra_health_urls=("http://localhost:8000/health",) if config.model else (),
         ),
         Component(
             "prometheus",
@@ -318,8 +318,8 @@ def up(config: StackConfig) -> int:
         print(f"inferd stack: {exc}\nstopping what was started", file=sys.stderr)
         down(config)
         return 1
-    if config.engine:
-        print(f"{'engine':<13} http://localhost:8000/v1 (OpenAI API), /metrics")
+    if config.model:
+        print(f"{'engine':<13} http://localhost:8000/v1 (OpenAI API, model {config.model})")
     for note in notes:
         print(note)
     print(f"logs and state in {run_dir}; stop with `inferd stack down`")
@@ -358,12 +358,23 @@ def status(config: StackConfig) -> int:
     return 0 if healthy else 1
 
 
+def default_model() -> Path:
+    """The engine's embedded default model, written once under the user's cache folder."""
+    from engine.server.cli import default_model_dir, ensure_default_model
+
+    return ensure_default_model(default_model_dir())
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument(
+        "action", choices=("up", "down", "status", "default-model"),
+        help="default-model: write the embedded model if needed and print its directory (compose.yaml uses it)",
+    )
     parser.add_argument("--run-dir", type=Path, default=REPO / ".out" / "stack", help="state, logs and data (default .out/stack)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health, and for processes to stop")
     parser.add_argument("--no-grafana", action="store_true", help="do not start Grafana even where installed")
-    parser.add_argument("--no-engine", action="store_true", help="the agent runs without an engine; do not wait for :8000")
+    parser.add_argument("--model", type=Path, help="engine checkpoint (default: the embedded default model)")
+    parser.add_argument("--no-engine", action="store_true", help="run the agent without an engine")
     parser.add_argument(
         "--agent-arg", action="append", default=[], metavar="ARG",
         help="extra argument for `inferd agent` (repeat), e.g. --agent-arg=--gpu-backend=replay:PATH",
@@ -371,11 +382,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "default-model":
+        print(default_model())
+        return 0
+    model = None
+    if args.action == "up" and not args.no_engine:
+        model = args.model.resolve() if args.model else default_model()
     config = StackConfig(
         run_dir=args.run_dir.resolve(),
         timeout_s=args.timeout,
         agent_args=tuple(args.agent_arg),
         with_grafana=not args.no_grafana,
-        engine=not args.no_engine,
+        model=model,
     )
     return {"up": up, "down": down, "status": status}[args.action](config)

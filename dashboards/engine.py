@@ -244,6 +244,7 @@ settings = Row(
             ),
             thresholds=ANY_IS_BAD,
             width=8,
+            requires="fastpath",
         ),
         Panel(
             "Tunables",

@@ -66,6 +66,7 @@ engine = Row(
             thresholds=REMOTE_SHARE,
             min=0,
             max=1,
+            requires="numa-binding",
             headline=True,
         ),
         Panel(
@@ -134,11 +135,12 @@ ebpf = Row(
         ),
         Panel(
             "Remote allocation share per process",
-            "Remote page allocations over all page allocations per process.",
+            "Remote page allocations over all page allocations per process (1 - local share, so a process with "
+            "only local allocations shows 0).",
             "percentunit",
             (
                 Query(
-                    f'sum by (comm) (rate(inferd_ebpf_page_allocs_total{{{H}, locality="remote"}}[$__rate_interval]))'
+                    f'1 - sum by (comm) (rate(inferd_ebpf_page_allocs_total{{{H}, locality="local"}}[$__rate_interval]))'
                     f" / (sum by (comm) (rate(inferd_ebpf_page_allocs_total{{{H}}}[$__rate_interval])) > 0)",
                     "{{comm}}",
                 ),
@@ -158,7 +160,7 @@ ebpf = Row(
                     "{{comm}} {{locality}}",
                 ),
             ),
-            requires="ebpf",
+            requires="numa-balancing",
         ),
         Panel(
             "eBPF probes up",

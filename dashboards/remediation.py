@@ -26,7 +26,7 @@ alerts = Row(
             kind="state-timeline",
             thresholds=(Threshold(None, "yellow"),),
             width=24,
-            requires="alert",
+            requires="alert-pending",
         ),
     ),
 )

@@ -20,8 +20,12 @@ REQUIREMENT_NOTES = {
     "pcie-sysfs": "Needs a GPU's PCIe path in sysfs (a real GPU host, or the agent's --sysfs-root fixture).",
     "aer": "Needs a kernel that exposes AER counters for the GPU's PCIe path.",
     "ebpf": "Needs the eBPF probes (root, CAP_BPF, bcc); empty where they cannot load.",
+    "numa-binding": "Needs the engine bound to a NUMA node (the agent binds it to its GPU's node when the topology shows one).",
+    "numa-balancing": "Needs automatic NUMA balancing on (kernel.numa_balancing = 1).",
+    "fastpath": "Empty until the engine's fast path has failed once.",
     "remediation": "Empty until the remediation loop has acted on an alert.",
-    "alert": "Empty while no alert fires.",
+    "alert": "Empty while no inferd alert fires.",
+    "alert-pending": "Empty while no inferd alert is pending.",
 }
 
 THRESHOLD_COLORS = ("green", "yellow", "orange", "red", "blue", "purple", "transparent")

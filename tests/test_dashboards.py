@@ -263,8 +263,12 @@ def _requirements_met(window: dict) -> dict[str, bool]:
         "pcie-sysfs": _present("inferd_pcie_link_width", window),
         "aer": _present("inferd_pcie_aer_errors_total", window),
         "ebpf": _present("inferd_ebpf_probe_up == 1", window),
+        "numa-binding": _present("inferd_numa_process_remote_ratio", window),
+        "numa-balancing": _present("inferd_numa_balancing_enabled == 1", window),
+        "fastpath": _present("inferd_engine_fastpath_failures_total", window),
         "remediation": _present("inferd_remediation_actions_total", window),
-        "alert": _present('ALERTS{alertname=~"Inferd.*"}', window),
+        "alert": _present('ALERTS{alertstate="firing", alertname=~"Inferd.*"}', window),
+        "alert-pending": _present('ALERTS{alertstate="pending", alertname=~"Inferd.*"}', window),
     }
 
 
