@@ -157,3 +157,22 @@ def test_dockerfile_uses_official_images_and_the_setup_script():
     assert "scripts/setup.sh" in (ROOT / "Makefile").read_text()
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def test_agent_commands_use_flags_the_agent_accepts():
+    import argparse
+    import shlex
+
+    main = pytest.importorskip("agent.main", reason="agent/main.py has not landed")
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    known = {opt for action in parser._actions for opt in action.option_strings}
+    token = re.search(r"credentials_file:\s*(\S+)", (ROOT / "alerts/alertmanager.yml").read_text()).group(1)
+    for name in ("agent", "agent-cpu"):
+        command = compose()["services"][name]["command"]
+        script = command[-1].replace("$$", "$")
+        words = shlex.split(script.split("inferd agent", 1)[1])
+        flags = [w.split("=", 1)[0] for w in words if w.startswith("--")]
+        assert flags and set(flags) <= known, f"{name}: unknown flags {set(flags) - known}"
+        assert f"--webhook-token-file={token}" in words
+        assert any(w.startswith("--model=") for w in words)
