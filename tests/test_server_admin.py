@@ -1,0 +1,154 @@
+"""Admin API: bearer token, bounds (422 naming the bound), all-or-nothing changes,
+mode switches, fault injection, and the metrics that show the current values."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from server_fixtures import ADMIN_TOKEN, MODEL_NAME, admin_headers, metric_value, running_server, scrape
+
+from engine.server.admin import load_admin_token
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    with running_server(tiny_model, enable_fault_injection=True) as s:
+        yield s
+
+
+def admin(server, method: str, path: str, body=None, token: str | None = ADMIN_TOKEN) -> httpx.Response:
+    headers = admin_headers(token) if token is not None else {}
+    return httpx.request(method, f"{server.url}/admin{path}", json=body, headers=headers, timeout=30)
+
+
+def greedy_text(server, prompt="The scheduler preempts the newest sequence", max_tokens=16) -> str:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    return r.choices[0].text
+
+
+def test_token_required(server):
+    r = admin(server, "GET", "/config", token=None)
+    assert r.status_code == 401
+    assert "admin token" in r.json()["error"]["message"]
+    assert admin(server, "GET", "/config", token="wrong").status_code == 401
+    assert admin(server, "GET", "/config", token=ADMIN_TOKEN + "x").status_code == 401
+    r = httpx.get(f"{server.url}/admin/config", headers={"Authorization": ADMIN_TOKEN})  # no "Bearer"
+    assert r.status_code == 401
+
+
+def test_admin_off_without_token(tiny_model):
+    with running_server(tiny_model, admin_token=None) as s:
+        r = admin(s, "GET", "/config")
+        assert r.status_code == 403
+        assert "admin API is off" in r.json()["error"]["message"]
+        assert admin(s, "PATCH", "/config", {"max_num_seqs": 4}).status_code == 403
+
+
+def test_get_config(server):
+    r = admin(server, "GET", "/config")
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body["config"]) == {"max_num_seqs", "max_num_batched_tokens", "kv_cold_dtype", "kv_hot_window",
+                                   "swap_space_bytes", "preemption_mode", "mode"}
+    assert body["bounds"]["max_num_seqs"] == {"min": 1, "max": 1024}
+
+
+def test_patch_applies_and_metrics_show_it(server):
+    r = admin(server, "PATCH", "/config", {"max_num_seqs": 7, "preemption_mode": "recompute"})
+    assert r.status_code == 200, r.text
+    assert r.json()["config"]["max_num_seqs"] == 7
+    assert admin(server, "GET", "/config").json()["config"]["preemption_mode"] == "recompute"
+    text = scrape(server.url)
+    assert metric_value(text, "inferd_engine_tunable", {"param": "max_num_seqs"}) == 7
+    assert metric_value(text, "inferd_engine_preemption_mode", {"mode": "recompute"}) == 1
+    assert metric_value(text, "inferd_engine_preemption_mode", {"mode": "swap"}) == 0
+    assert admin(server, "PATCH", "/config", {"max_num_seqs": 64, "preemption_mode": "swap"}).status_code == 200
+
+
+@pytest.mark.parametrize("changes, fragments", [
+    ({"max_num_seqs": 0}, ["max_num_seqs must be in [1, 1024]"]),
+    ({"max_num_seqs": 5000}, ["max_num_seqs must be in [1, 1024]", "5000"]),
+    ({"max_num_batched_tokens": 8}, ["max_num_batched_tokens must be in [16,"]),
+    ({"preemption_mode": "teleport"}, ["preemption_mode must be one of swap, recompute"]),
+    ({"mode": "turbo"}, ["mode must be one of fast, fallback"]),
+    ({"block_size": 32}, ["block_size is not a tunable parameter"]),
+    ({"max_num_seqs": "8"}, ["max_num_seqs must be an integer"]),
+    ({"kv_cold_dtype": "int8"}, ["kv_cold_dtype"]),
+    ({}, ["no changes given"]),
+])
+def test_patch_out_of_bounds_422(server, changes, fragments):
+    before = admin(server, "GET", "/config").json()["config"]
+    r = admin(server, "PATCH", "/config", changes)
+    assert r.status_code == 422, r.text
+    for fragment in fragments:
+        assert fragment in r.json()["error"]["message"]
+    assert admin(server, "GET", "/config").json()["config"] == before
+
+
+def test_patch_is_all_or_nothing(server):
+    before = admin(server, "GET", "/config").json()["config"]
+    r = admin(server, "PATCH", "/config", {"max_num_seqs": 3, "max_num_batched_tokens": 1})
+    assert r.status_code == 422
+    assert admin(server, "GET", "/config").json()["config"] == before
+
+
+def test_patch_malformed_body(server):
+    r = httpx.patch(f"{server.url}/admin/config", content=b"{nope", headers=admin_headers())
+    assert r.status_code == 422
+    assert "not valid JSON" in r.json()["error"]["message"]
+    assert admin(server, "PATCH", "/config", [1, 2]).status_code == 422
+
+
+def test_mode_switch_keeps_outputs(server):
+    expected = greedy_text(server)
+    r = admin(server, "POST", "/mode", {"mode": "fallback"})
+    assert r.status_code == 200
+    assert r.json()["config"]["mode"] == "fallback"
+    assert metric_value(scrape(server.url), "inferd_engine_mode", {"mode": "fallback"}) == 1
+    assert greedy_text(server) == expected
+    assert admin(server, "POST", "/mode", {"mode": "fast"}).json()["config"]["mode"] == "fast"
+    assert metric_value(scrape(server.url), "inferd_engine_mode", {"mode": "fast"}) == 1
+    r = admin(server, "POST", "/mode", {"mode": "warp"})
+    assert r.status_code == 422
+    assert "mode must be one of fast, fallback" in r.json()["error"]["message"]
+    assert admin(server, "POST", "/mode", {"mode": "fast", "extra": 1}).status_code == 422
+
+
+def test_fault_injection_switches_to_fallback_and_serves(server):
+    expected = greedy_text(server)
+    assert admin(server, "POST", "/mode", {"mode": "fast"}).status_code == 200
+    before = scrape(server.url)
+    try:
+        failures_before = metric_value(before, "inferd_engine_fastpath_failures_total", {"reason": "injected"})
+    except KeyError:
+        failures_before = 0
+    r = admin(server, "POST", "/fault", {"kind": "fastpath"})
+    assert r.status_code == 200, r.text
+    assert greedy_text(server) == expected  # the failed step was re-run on the portable path
+    after = scrape(server.url)
+    assert metric_value(after, "inferd_engine_fastpath_failures_total", {"reason": "injected"}) == failures_before + 1
+    assert metric_value(after, "inferd_engine_mode", {"mode": "fallback"}) == 1
+    assert admin(server, "GET", "/config").json()["config"]["mode"] == "fallback"
+    r = admin(server, "POST", "/fault", {"kind": "meteor"})
+    assert r.status_code == 422
+    admin(server, "POST", "/mode", {"mode": "fast"})
+
+
+def test_fault_injection_off_by_default(tiny_model):
+    with running_server(tiny_model) as s:
+        r = admin(s, "POST", "/fault", {"kind": "fastpath"})
+        assert r.status_code == 404
+        assert "--enable-fault-injection" in r.json()["error"]["message"]
+
+
+def test_load_admin_token(tmp_path):
+    assert load_admin_token(None, env={}) is None
+    assert load_admin_token(None, env={"INFERD_ADMIN_TOKEN": "abc"}) == "abc"
+    f = tmp_path / "token"
+    f.write_text("  s3cret\n")
+    assert load_admin_token(f, env={"INFERD_ADMIN_TOKEN": "abc"}) == "s3cret"
+    f.write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        load_admin_token(f)
