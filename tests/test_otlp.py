@@ -191,3 +191,62 @@ def test_bad_endpoint_is_refused(endpoint, message):
 def test_endpoint_without_path_gets_the_metrics_path():
     assert OtlpConfig(endpoint="http://127.0.0.1:4318").endpoint == "http://127.0.0.1:4318/v1/metrics"
     assert OtlpConfig(endpoint="http://c:4318/custom").endpoint == "http://c:4318/custom"
+
+
+ENGINE_EXPOSITION = """\
+# HELP inferd_kv_page_faults_total KV page faults
+# TYPE inferd_kv_page_faults_total counter
+inferd_kv_page_faults_total{kind="swap_in"} 7.0
+inferd_kv_page_faults_total{kind="recompute"} 2.0
+# HELP vllm:kv_cache_usage_perc KV usage
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="tiny"} 0.625
+# HELP vllm:prompt_tokens_total prompt tokens
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="tiny"} 1234.0
+"""
+
+
+def test_engine_kv_metrics_go_to_otlp_but_not_to_the_agent_port(tmp_path):
+    from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
+
+    class EngineHandler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = ENGINE_EXPOSITION.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EngineHandler)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    receiver = Receiver()
+    reader = EngineMetricsReader(EngineMetricsConfig(url=f"http://127.0.0.1:{engine.server_address[1]}/metrics"))
+    collectors = CollectorSet([GpuCollector(gb.ReplayBackend(single_snapshot_replay(tmp_path)))])
+    pusher = OtlpPusher(OtlpConfig(endpoint=receiver.url, timeout_s=5), [collectors.collect, reader.read])
+    try:
+        pusher.collect_once()
+        assert pusher.send_one(timeout_s=5)
+    finally:
+        pusher.stop()
+        receiver.close()
+        engine.shutdown()
+        engine.server_close()
+    pushed = decoded_points(receiver.requests[0])
+    assert pushed[("inferd_kv_page_faults_total", (("kind", "swap_in"),))] == 7.0
+    assert pushed[("vllm:kv_cache_usage_perc", (("model_name", "tiny"),))] == 0.625
+    assert not any(name.startswith("vllm:prompt_tokens") for name, _ in pushed)  # not a KV family
+    assert reader.values()['inferd_kv_page_faults_total{kind="recompute"}'] == 2.0
+    assert "inferd_kv_page_faults" not in render(collectors)
+
+
+def test_unreachable_engine_is_reported_unavailable():
+    from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
+    from exporters.registry import CollectorUnavailable
+
+    reader = EngineMetricsReader(EngineMetricsConfig(url=f"http://127.0.0.1:{free_port()}/metrics", timeout_s=0.5))
+    with pytest.raises(CollectorUnavailable, match="unreachable"):
+        reader.read()
