@@ -20,6 +20,7 @@ from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
 from .numa_memory import device_numa_node
 from .outputs import CompletionOutput, RequestOutput
+from .fast_path import attach_fast_path, greedy_on_device
 from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -88,6 +89,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode)
         self.runner.on_fastpath_failure = self._on_fastpath_failure
+        self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
@@ -192,7 +194,9 @@ class LLMEngine:
                 seq.num_computed_tokens += item.num_tokens
                 self.block_manager.commit_full_blocks(seq)
             if sampling:
-                tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator)
+                tokens, logprobs = greedy_on_device(logits, sampling), [None] * len(sampling)
+                if tokens is None:
+                    tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator)
                 for seq, token, lp in zip(sampling, tokens, logprobs):
                     self._append(seq, token, lp, now, stats)
                     touched[seq.request_id] = self.requests[seq.request_id]

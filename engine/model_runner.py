@@ -41,6 +41,9 @@ class ModelRunner:
         self.fast_attention = fast_attention or paged_attention
         self.on_fastpath_failure: Callable[[str], None] = lambda reason: None
         self._injected_failure: str | None = None
+        # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
+        # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
+        self.fast_decode = None
 
     def inject_fastpath_failure(self, reason: str) -> None:
         """Make the next fast-path step fail with `reason` (fault injection for tests)."""
@@ -88,6 +91,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits [num sampling sequences, vocab] in float32, in batch order."""
+        if self.mode == "fast" and self.fast_decode is not None and self.fast_decode.can_run(batch):
+            try:
+                return self._fast_decode_checked(batch)
+            except Exception as exc:  # same switch as below; the portable step rewrites the K/V
+                self._switch_to_fallback(exc)
         input_ids, meta, sample_rows = self.prepare(batch)
         if self.mode == "fast":
             try:
@@ -98,6 +106,21 @@ class ModelRunner:
                 self.mode = "fallback"
                 self.on_fastpath_failure(str(reason))
         return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
+
+    def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        if self._injected_failure is not None:
+            reason, self._injected_failure = self._injected_failure, None
+            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        logits = self.fast_decode.execute(batch)
+        if not torch.isfinite(logits).all():
+            raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
+        return logits
+
+    def _switch_to_fallback(self, exc: Exception) -> None:
+        reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__
+        log.error("fast path failed (%s: %s); switching to fallback", reason, exc)
+        self.mode = "fallback"
+        self.on_fastpath_failure(str(reason))
 
     def _fast_attention_checked(self, *args, **kwargs):
         if self._injected_failure is not None:

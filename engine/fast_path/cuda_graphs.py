@@ -1,0 +1,161 @@
+"""CUDA graphs for decode steps: one graph per batch size of a ladder, replayed with
+the batch padded up to the next size.
+
+Static input buffers hold the largest batch; a graph of size n reads their first n
+rows. Padded rows carry slot -1 (their K/V write is skipped) and context length 0
+(their attention is empty and returns zeros), so they touch no real sequence's KV.
+Graphs are captured lazily the first time a size is needed, or all at once with
+`capture_all()` (largest first, so the smaller ones reuse the shared memory pool).
+Nothing in a replay reads back to the host: the only synchronisation of a decode
+step is the caller's read of the sampled tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from typing import TYPE_CHECKING
+
+from ..scheduler import ScheduledSeq
+
+if TYPE_CHECKING:
+    from .fast_decoder import FastDecoder
+
+GRAPH_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PAD_SLOT = -1
+
+
+def graph_batch_size(num_seqs: int, ladder: tuple[int, ...] = GRAPH_LADDER) -> int | None:
+    """The smallest ladder size holding `num_seqs` rows; None when none does (run eagerly)."""
+    if num_seqs < 1:
+        raise ValueError(f"num_seqs must be at least 1, got {num_seqs}")
+    return next((size for size in sorted(ladder) if size >= num_seqs), None)
+
+
+def is_pure_decode(batch: list[ScheduledSeq]) -> bool:
+    """Every sequence computes exactly its one newest token (and so samples)."""
+    return bool(batch) and all(item.num_tokens == 1 and item.completes for item in batch)
+
+
+@dataclass(slots=True)
+class DecodeInputs:
+    """Host-side rows of one decode step (built once, copied to the static buffers)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    context_lens: list[int]
+    block_tables: list[list[int]]
+
+    @classmethod
+    def from_batch(cls, batch: list[ScheduledSeq], block_size: int) -> "DecodeInputs":
+        ids, pos, slots, ctx, tables = [], [], [], [], []
+        for item in batch:
+            seq = item.seq
+            p = seq.num_computed_tokens
+            ids.append(seq.token_ids[p])
+            pos.append(p)
+            slots.append(seq.block_table[p // block_size] * block_size + p % block_size)
+            ctx.append(p + 1)
+            tables.append(seq.block_table)
+        return cls(ids, pos, slots, ctx, tables)
+
+    def padded(self, size: int) -> "DecodeInputs":
+        pad = size - len(self.input_ids)
+        if pad < 0:
+            raise ValueError(f"{len(self.input_ids)} rows do not fit a graph of {size}")
+        return DecodeInputs(self.input_ids + [0] * pad, self.positions + [0] * pad,
+                            self.slots + [PAD_SLOT] * pad, self.context_lens + [0] * pad,
+                            self.block_tables + [[]] * pad)
+
+
+class DecodeGraphs:
+    def __init__(self, decoder: "FastDecoder", block_size: int, max_model_len: int, device: torch.device,
+                 num_hot_blocks: int, ladder: tuple[int, ...] = GRAPH_LADDER, use_graphs: bool = True):
+        if not ladder or min(ladder) < 1:
+            raise ValueError(f"ladder must hold positive batch sizes, got {ladder}")
+        self.decoder = decoder
+        self.block_size = block_size
+        self.ladder = tuple(sorted(ladder))
+        self.max_batch = self.ladder[-1]
+        self.max_blocks = -(-max_model_len // block_size)
+        self.max_model_len = max_model_len
+        self.num_hot_blocks = num_hot_blocks  # block ids at or above are cold (quantized) blocks
+        self.device = device
+        self.use_graphs = use_graphs
+        n = self.max_batch
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slots = torch.full((n,), PAD_SLOT, dtype=torch.long, device=device)
+        self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self.num_replays = 0
+        self.num_eager = 0
+
+    def can_run(self, batch: list[ScheduledSeq]) -> bool:
+        return (is_pure_decode(batch) and len(batch) <= self.max_batch
+                and all(len(item.seq.block_table) <= self.max_blocks and max(item.seq.block_table) < self.num_hot_blocks
+                        for item in batch))
+
+    def num_splits(self, size: int) -> int:
+        from .triton_attention import choose_num_splits
+
+        return choose_num_splits(size, self.decoder.num_kv_heads, self.max_model_len)
+
+    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Logits [len(batch), vocab] float32 for a pure-decode batch."""
+        rows = DecodeInputs.from_batch(batch, self.block_size)
+        size = graph_batch_size(len(batch), self.ladder)
+        self._load(rows.padded(size))
+        if not self.use_graphs:
+            self.num_eager += 1
+            return self._run(size)[: len(batch)]
+        if size not in self.graphs:
+            self._capture(size)
+        graph, logits = self.graphs[size]
+        graph.replay()
+        self.num_replays += 1
+        return logits[: len(batch)]
+
+    def capture_all(self) -> None:
+        """Capture every ladder size now (largest first) on padding-only inputs."""
+        for size in reversed(self.ladder):
+            if size not in self.graphs:
+                self._load(DecodeInputs([], [], [], [], []).padded(size))
+                self._capture(size)
+
+    def _load(self, rows: DecodeInputs) -> None:
+        n = len(rows.input_ids)
+        width = max(1, max(len(t) for t in rows.block_tables))
+        table = torch.zeros(n, width, dtype=torch.int32)
+        for i, blocks in enumerate(rows.block_tables):
+            if blocks:
+                table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        host = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens], dtype=torch.long)
+        self.input_ids[:n].copy_(host[0], non_blocking=True)
+        self.positions[:n].copy_(host[1], non_blocking=True)
+        self.slots[:n].copy_(host[2], non_blocking=True)
+        self.context_lens[:n].copy_(host[3], non_blocking=True)
+        self.block_tables[:n, :width].copy_(table, non_blocking=True)
+
+    def _run(self, size: int) -> torch.Tensor:
+        return self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
+                                    self.block_tables[:size], self.context_lens[:size], self.num_splits(size))
+
+    def _capture(self, size: int) -> None:
+        # Warm-up runs compile the Triton kernels outside the capture; they compute the
+        # same step as the replay will (same inputs, same K/V slots), so they are harmless.
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._run(size)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._run(size)
+        self._pool = graph.pool()
+        self.graphs[size] = (graph, logits)

@@ -1,0 +1,94 @@
+"""The decode step of a Llama-family model on the fast path: fused ops, Triton paged
+attention, fused QKV and gate/up matmuls; shaped for CUDA-graph capture.
+
+It runs the engine's own `LlamaModel` weights. `fuse_projections` concatenates each
+layer's q/k/v and gate/up weights into one tensor and points the original modules'
+parameters at slices of it, so the portable path still sees the same weights (no
+second copy), while the fast path does one matmul where the eager model does three
+(and two). Every input is a tensor of fixed shape: nothing here reads a tensor back
+to the host, so the whole step can be captured and replayed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import LlamaModel
+from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from .triton_attention import paged_decode_attention
+
+
+def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    fused = torch.cat(parts, dim=0)
+    views, start = [], 0
+    for p in parts:
+        views.append(fused[start : start + p.shape[0]])
+        start += p.shape[0]
+    return fused, views
+
+
+@torch.no_grad()
+def fuse_projections(model: LlamaModel) -> list[dict[str, torch.Tensor | None]]:
+    """Per layer: {'qkv', 'qkv_bias', 'gate_up'} fused tensors; the modules' weights
+    become views into them (values unchanged). Idempotent per model."""
+    cached = getattr(model, "_fused_projections", None)
+    if cached is not None:
+        return cached
+    fused = []
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv, views = _slices_of([p.weight.data for p in projs])
+        for proj, view in zip(projs, views):
+            proj.weight = nn.Parameter(view, requires_grad=False)
+        qkv_bias = None
+        if attn.q_proj.bias is not None:
+            qkv_bias, bviews = _slices_of([p.bias.data for p in projs])
+            for proj, view in zip(projs, bviews):
+                proj.bias = nn.Parameter(view, requires_grad=False)
+        gate_up, (gate, up) = _slices_of([mlp.gate_proj.weight.data, mlp.up_proj.weight.data])
+        mlp.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
+        mlp.up_proj.weight = nn.Parameter(up, requires_grad=False)
+        fused.append({"qkv": qkv, "qkv_bias": qkv_bias, "gate_up": gate_up})
+    model._fused_projections = fused
+    return fused
+
+
+class FastDecoder:
+    """One decode token per row: logits [B, vocab] (float32) from fixed-shape inputs."""
+
+    def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]):
+        cfg = model.config
+        self.model = model
+        self.kv_layers = kv_layers
+        self.fused = fuse_projections(model)
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.sliding_window = cfg.sliding_window
+        self.scale = self.head_dim**-0.5
+        self.inv_freq = model.rotary.inv_freq.float().contiguous()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                block_tables: torch.Tensor, context_lens: torch.Tensor, num_splits: int) -> torch.Tensor:
+        batch = input_ids.shape[0]
+        h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, fused, (k_cache, v_cache) in zip(self.model.layers, self.fused, self.kv_layers):
+            hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
+            qkv = F.linear(hidden, fused["qkv"], fused["qkv_bias"])
+            q = qkv[:, : h_q * d].view(batch, h_q, d)
+            k = qkv[:, h_q * d : (h_q + h_kv) * d].view(batch, h_kv, d)
+            v = qkv[:, (h_q + h_kv) * d :].view(batch, h_kv, d)
+            rope_and_cache(q, k, v, positions, self.inv_freq, k_cache, v_cache, slots)
+            attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale,
+                                          num_splits, self.sliding_window)
+            x = F.linear(attn.view(batch, h_q * d), layer.self_attn.o_proj.weight)
+            hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
+            x = F.linear(silu_and_mul(F.linear(hidden, fused["gate_up"])), layer.mlp.down_proj.weight)
+        hidden, _ = add_rms_norm(x, residual, self.model.norm.weight, self.eps)
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,174 @@
+"""Paged decode attention in Triton: flash-decoding over the block tables.
+
+One program per (sequence, KV head, split). It loads the whole GQA group of query
+heads that share the KV head (padded to 16 rows for the tensor-core dot), so each
+K/V block is read from memory once per step, not once per query head. A sequence's
+context is cut into `num_splits` tile-aligned ranges computed from its own length
+inside the kernel (no host knowledge of lengths, so a captured CUDA graph stays valid
+for any context); each split writes its normalised partial output and log-sum-exp,
+and a second kernel merges the splits. bf16/fp16 in, fp32 softmax and accumulation.
+
+Padded rows of a CUDA-graph batch have context length 0: every split is empty and
+the output is zeros (never NaN).
+
+Prefill and mixed prefill/decode steps go to the portable path (PyTorch SDPA over
+the gathered context), which is already one fused attention call per layer.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention import AttentionMetadata, paged_attention
+from .availability import has_triton
+
+TILE_TOKENS = 64  # keys per inner iteration (several KV blocks)
+MAX_SPLITS = 64
+TARGET_PROGRAMS = 2 * 132  # two waves' worth on an H200's 132 SMs
+
+if has_triton():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _decode_split_kernel(
+        q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr,
+        scale, window,
+        stride_qb, stride_qh,
+        stride_kb, stride_kt, stride_kh,
+        stride_tb,
+        stride_pb, stride_ph, stride_ps,
+        stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
+        span = ctx - first
+        per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), TILE) * TILE
+        lo = first + split * per_split
+        hi = tl.minimum(lo + per_split, ctx)
+
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        heads = kvh * GROUP + g
+        is_head = g < GROUP
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
+
+        m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        for start in range(lo, hi, TILE):
+            t = start + tl.arange(0, TILE)
+            in_range = t < hi
+            block = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0)
+            offs = block.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
+            k = tl.load(k_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(in_range[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+
+        has_keys = l_i > 0
+        safe_l = tl.where(has_keys, l_i, 1.0)
+        part = acc / safe_l[:, None]
+        if NUM_SPLITS == 1:
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     part.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
+        else:
+            tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
+                     part, mask=is_head[:, None])
+            lse = tl.where(has_keys, m_i + tl.log(safe_l), float("-inf"))
+            tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=is_head)
+
+    @triton.jit
+    def _merge_splits_kernel(
+        part_ptr, lse_ptr, out_ptr,
+        stride_pb, stride_ph, stride_ps,
+        stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.arange(0, NUM_SPLITS)
+        d = tl.arange(0, HEAD_DIM)
+        lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s)
+        top = tl.max(lse, 0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        weight = tl.exp(lse - top)
+        total = tl.sum(weight, 0)
+        parts = tl.load(part_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :])
+        merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + d, merged.to(out_ptr.dtype.element_ty))
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int,
+                      target_programs: int = TARGET_PROGRAMS) -> int:
+    """Power of two: enough programs to fill the GPU, but no split shorter than one tile."""
+    splits = 1
+    while (batch * num_kv_heads * splits < target_programs and splits < MAX_SPLITS
+           and splits * 2 * TILE_TOKENS <= max_context_len):
+        splits *= 2
+    return splits
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           num_splits: int, sliding_window: int | None = None) -> torch.Tensor:
+    """One query token per sequence. q: [B, H, D] (last dim contiguous); caches
+    [num_blocks, block_size, kv_heads, D]; returns [B, H, D] in q's dtype."""
+    batch, heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or heads % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit the KV cache {tuple(k_cache.shape)}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("K and V caches must share strides with a contiguous head dimension")
+    if num_splits < 1 or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    group = heads // kv_heads
+    out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)
+    if num_splits > 1:
+        part = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part = lse = out  # unused by the kernel
+    _decode_split_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, part, lse, out,
+        scale, sliding_window or 0,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        part.stride(0), part.stride(1), part.stride(2) if num_splits > 1 else 0,
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(batch, heads)](
+            part, lse, out,
+            part.stride(0), part.stride(1), part.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        )
+    return out
+
+
+def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Drop-in for `paged_attention`: Triton for pure decode steps, SDPA otherwise."""
+    if meta.max_query_len != 1:
+        return paged_attention(q, k_cache, v_cache, meta, scale)
+    splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
+    return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                                  splits, meta.sliding_window)
