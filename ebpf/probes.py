@@ -14,7 +14,9 @@ collection. Keys are decoded to plain tuples:
     task_numa_moves   (tgid, kind)             kind 0 move, 1 swap, 2 stick
     page_faults       (tgid,)
 
-tgid 0 stands for every process that is not watched.
+tgid 0 stands for every process that is not watched; the kernel counts those in a small
+per-CPU array (``<table>_other``) rather than the hash, the cheaper path for the events
+that are most of them, and `read()` merges both.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ebpf.node_map import FrameRange
 from ebpf.tracefs import has_event
@@ -52,29 +54,44 @@ class ProbeSpec:
     tracepoints: tuple[str, ...]  # category:event, all must exist
     table: str
     key_fields: tuple[str, ...]  # names of the key's fields; one name for a scalar key
+    other_slot_key: Callable[[int], tuple[int, ...]] | None = None  # "other" array slot -> key tail
+    raw_tracepoint: bool = False  # attached as a raw tracepoint (no event record built)
 
     def __post_init__(self) -> None:
         if not self.key_fields:
             raise ValueError(f"probe {self.name}: key_fields is empty")
+        if self.other_slot_key is not None and self.key_fields[0] != "tgid":
+            raise ValueError(f"probe {self.name}: an 'other' array needs per-process keys")
         for source in self.sources:
             if not (C_DIR / source).is_file():
                 raise ValueError(f"probe {self.name}: source {source} not found in {C_DIR}")
+
+    @property
+    def other_table(self) -> str | None:
+        return f"{self.table}_other" if self.other_slot_key else None
+
+
+MAX_NODES = 64  # page_allocs.c
+
+
+def _alloc_slot_key(slot: int) -> tuple[int, int]:
+    return slot // 3 - 1, slot % 3  # (node, locality); node -1 is "in no range"
 
 
 PROBES: dict[str, ProbeSpec] = {
     spec.name: spec
     for spec in (
-        ProbeSpec(PAGE_ALLOCS, ("page_allocs.c",), ("kmem:mm_page_alloc",), "page_allocs", ("tgid", "node", "locality")),
-        ProbeSpec(NUMA_HINT_FAULTS, ("numa_hint_faults_common.h",), (), "numa_hint_faults", ("tgid", "remote")),
-        ProbeSpec(PAGE_MIGRATIONS, ("page_migrations.c",), ("migrate:mm_migrate_pages",), "page_migrations", ("reason",)),
-        ProbeSpec(
-            TASK_NUMA_MOVES,
-            ("task_numa_moves.c",),
-            ("sched:sched_move_numa", "sched:sched_swap_numa", "sched:sched_stick_numa"),
-            "task_numa_moves",
-            ("tgid", "kind"),
-        ),
-        ProbeSpec(PAGE_FAULTS, ("page_faults.c",), ("exceptions:page_fault_user",), "page_faults", ("tgid",)),
+        ProbeSpec(PAGE_ALLOCS, ("page_allocs.c",), ("kmem:mm_page_alloc",), "page_allocs",
+                  ("tgid", "node", "locality"), _alloc_slot_key),
+        ProbeSpec(NUMA_HINT_FAULTS, ("numa_hint_faults_common.h",), (), "numa_hint_faults",
+                  ("tgid", "remote"), lambda slot: (slot,)),
+        ProbeSpec(PAGE_MIGRATIONS, ("page_migrations.c",), ("migrate:mm_migrate_pages",), "page_migrations",
+                  ("reason",)),
+        ProbeSpec(TASK_NUMA_MOVES, ("task_numa_moves.c",),
+                  ("sched:sched_move_numa", "sched:sched_swap_numa", "sched:sched_stick_numa"),
+                  "task_numa_moves", ("tgid", "kind"), lambda slot: (slot,)),
+        ProbeSpec(PAGE_FAULTS, ("page_faults.c",), ("exceptions:page_fault_user",), "page_faults", ("tgid",),
+                  lambda slot: (), raw_tracepoint=True),
     )
 }
 
@@ -152,9 +169,11 @@ class LoadedProbe:
 
     def __init__(self, spec: ProbeSpec, bpf, attach: str):
         self.spec = spec
-        self.attach = attach  # "tracepoint", "kfunc" or "kprobe"
+        self.attach = attach  # "tracepoint", "raw_tracepoint", "kfunc" or "kprobe"
+        self.is_attached = True  # bcc attaches *_PROBE-macro programs when it loads them
         self._bpf = bpf
         self._comm_key_type = bpf[b"watched_comms"].Key
+        self._comms_loaded: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -170,12 +189,17 @@ class LoadedProbe:
                     del table[key]
         for pid in wanted:
             table[table.Key(pid)] = table.Leaf(1)
+        comms = tuple(comms)
         comm_table = self._bpf[b"watched_comms"]
-        comm_table.clear()
-        for comm in comms:
-            key = self._comm_key_type()
-            key.comm = comm.encode()[:COMM_LEN]  # the rest stays NUL, as in the kernel
-            comm_table[key] = comm_table.Leaf(1)
+        if comms != self._comms_loaded:
+            self._comms_loaded = comms
+            comm_table.clear()
+            for comm in comms:
+                key = self._comm_key_type()
+                key.comm = comm.encode()[:COMM_LEN]  # the rest stays NUL, as in the kernel
+                comm_table[key] = comm_table.Leaf(1)
+        config = self._bpf[b"watch_config"]
+        config[config.Key(0)] = config.Leaf(len(comms))
 
     def read(self) -> dict[tuple[int, ...], int]:
         """Counts summed over CPUs, keyed as described in the module docstring."""
@@ -185,6 +209,12 @@ class LoadedProbe:
             total = sum(per_cpu)
             if total:
                 out[self._decode(key)] = total
+        if self.spec.other_table:
+            for slot, per_cpu in self._bpf[self.spec.other_table.encode()].items():
+                total = sum(per_cpu)
+                if total:
+                    key = (0, *self.spec.other_slot_key(slot.value))
+                    out[key] = out.get(key, 0) + total
         return out
 
     def _decode(self, key) -> tuple[int, ...]:
@@ -216,6 +246,9 @@ class LoadedProbe:
         if self.spec.name != PAGE_ALLOCS:
             raise ValueError(f"probe {self.name} has no node maps")
         range_table = self._bpf[b"frame_ranges"]
+        too_high = sorted({r.node for r in ranges} | set(cpu_nodes.values()))
+        if too_high and too_high[-1] >= MAX_NODES:
+            raise ValueError(f"node {too_high[-1]} is beyond the probe's {MAX_NODES} nodes")
         if len(ranges) > len(range_table):
             raise ValueError(f"{len(ranges)} frame ranges exceed the probe's {len(range_table)} slots")
         count = self._bpf[b"num_frame_ranges"]
@@ -228,6 +261,26 @@ class LoadedProbe:
             if cpu_table[cpu_table.Key(cpu)].value != node:
                 cpu_table[cpu_table.Key(cpu)] = cpu_table.Leaf(node)
         count[count.Key(0)] = count.Leaf(len(ranges))
+
+    def set_attached(self, attached: bool) -> None:
+        """Detach or re-attach a tracepoint probe's programs, keeping its maps (benchmarks)."""
+        if self.attach not in ("tracepoint", "raw_tracepoint"):
+            raise ValueError(f"probe {self.name} is attached by {self.attach}, not by tracepoints")
+        if attached == self.is_attached:
+            return
+        self.is_attached = attached
+        for tracepoint in self.spec.tracepoints:
+            if self.spec.raw_tracepoint:
+                event = tracepoint.partition(":")[2]
+                if attached:
+                    self._bpf.attach_raw_tracepoint(tp=event.encode(), fn_name=f"raw_tracepoint__{event}".encode())
+                else:
+                    self._bpf.detach_raw_tracepoint(tp=event.encode())
+            elif attached:
+                category, _, event = tracepoint.partition(":")
+                self._bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=f"tracepoint__{category}__{event}".encode())
+            else:
+                self._bpf.detach_tracepoint(tracepoint.encode())
 
     def close(self) -> None:
         self._bpf.cleanup()
@@ -243,7 +296,8 @@ def load_probe(spec: ProbeSpec, *, tracefs: Path | None, sysfs_root: str | Path 
     bcc = _import_bcc()
     if spec.name == NUMA_HINT_FAULTS:
         return _load_hint_faults(bcc, spec, tracefs, sysfs_root)
-    return LoadedProbe(spec, _compile(bcc, program_text(spec)), "tracepoint")
+    attach = "raw_tracepoint" if spec.raw_tracepoint else "tracepoint"
+    return LoadedProbe(spec, _compile(bcc, program_text(spec)), attach)
 
 
 def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Path) -> LoadedProbe:

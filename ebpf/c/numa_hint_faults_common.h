@@ -8,14 +8,22 @@ struct hint_key {
 };
 
 BPF_PERCPU_HASH(numa_hint_faults, struct hint_key, u64, MAX_KEYS);
+BPF_PERCPU_ARRAY(numa_hint_faults_other, u64, 2);  /* [remote] */
 
 static __always_inline void count_hint_fault(int flags)
 {
     struct hint_key key = {};
-    key.tgid = current_watch_key();
     key.remote = (flags & TNF_FAULT_LOCAL) ? 0 : 1;
-    u64 zero = 0;
-    u64 *faults = numa_hint_faults.lookup_or_try_init(&key, &zero);
-    if (faults)
-        *faults += 1;
+    key.tgid = current_watch_key();
+    if (key.tgid == OTHER) {
+        u32 slot = key.remote;
+        u64 *count = numa_hint_faults_other.lookup(&slot);
+        if (count)
+            *count += 1;
+    } else {
+        u64 zero = 0;
+        u64 *count = numa_hint_faults.lookup_or_try_init(&key, &zero);
+        if (count)
+            *count += 1;
+    }
 }

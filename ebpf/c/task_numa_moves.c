@@ -10,16 +10,24 @@ struct move_key {
 };
 
 BPF_PERCPU_HASH(task_numa_moves, struct move_key, u64, MAX_KEYS);
+BPF_PERCPU_ARRAY(task_numa_moves_other, u64, 3);  /* [kind] */
 
 static __always_inline void count_move(u32 tgid, u32 kind)
 {
     struct move_key key = {};
     key.tgid = watch_key(tgid);
     key.kind = kind;
-    u64 zero = 0;
-    u64 *moves = task_numa_moves.lookup_or_try_init(&key, &zero);
-    if (moves)
-        *moves += 1;
+    if (key.tgid == OTHER) {
+        u32 slot = kind;
+        u64 *count = task_numa_moves_other.lookup(&slot);
+        if (count)
+            *count += 1;
+    } else {
+        u64 zero = 0;
+        u64 *count = task_numa_moves.lookup_or_try_init(&key, &zero);
+        if (count)
+            *count += 1;
+    }
 }
 
 TRACEPOINT_PROBE(sched, sched_move_numa)

@@ -1,0 +1,122 @@
+"""Cost of the eBPF NUMA probes: an allocation-heavy workload with all probes loaded
+against none, and the time one collection takes.
+
+The workload maps anonymous memory without THP (the probes' worst case: one
+mm_page_alloc and one page_fault_user event per 4 KiB page), fills it with memset and
+unmaps it; this process is watched, so the per-process path is the one measured. The
+probes are compiled once; each round then runs the workload with their tracepoints
+detached and attached, in alternating order, and the slowdown is the median of the
+per-round ratios, in thread CPU time (the page faults' kernel time, where the probes
+run; other load on a shared machine moves it little) and in wall time. Needs root, bcc
+and kernel headers.
+
+    sudo .venv/bin/python scripts/bench_ebpf.py [--mib 128] [--loops 2] [--rounds 20] [--cpu N]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from exporters.ebpf_numa import EbpfNumaCollector  # noqa: E402
+
+
+def touch_pages(num_bytes: int, loops: int) -> tuple[float, float]:
+    """(thread CPU s, wall s) to map, fill and unmap num_bytes of fresh memory, loops times."""
+    cpu, wall = time.thread_time(), time.perf_counter()
+    for _ in range(loops):
+        buf = mmap.mmap(-1, num_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+        view = ctypes.c_char.from_buffer(buf)
+        ctypes.memset(ctypes.addressof(view), 1, num_bytes)
+        del view
+        buf.close()
+    return time.thread_time() - cpu, time.perf_counter() - wall
+
+
+def set_attached(collector: EbpfNumaCollector, attached: bool) -> None:
+    for name in collector.probe_names:
+        probe = collector.probe(name)
+        if probe is not None:
+            probe.set_attached(attached)
+
+
+def time_collections(collector: EbpfNumaCollector, count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        for family in collector.collect():
+            list(family.samples)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=128, help="memory touched per loop (MiB)")
+    parser.add_argument("--loops", type=int, default=2, help="map/fill/unmap loops per timed run")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds, each timing both sides")
+    parser.add_argument("--collections", type=int, default=200, help="collections to time")
+    parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU to pin the workload to")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_ebpf: needs root to load BPF programs", file=sys.stderr)
+        return 2
+    os.sched_setaffinity(0, {args.cpu})  # one CPU's page lists and caches for both sides
+
+    num_bytes = args.mib << 20
+    pages_per_run = num_bytes // mmap.PAGESIZE * args.loops
+    collector = EbpfNumaCollector(watch_pids=(os.getpid(),))
+    start = time.perf_counter()
+    collector.start()
+    load_seconds = time.perf_counter() - start
+    reasons = collector.probe_reasons
+    sides: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    try:
+        touch_pages(num_bytes, 1)  # warm the allocator's per-CPU lists
+        for round_index in range(args.rounds):
+            order = (False, True) if round_index % 2 == 0 else (True, False)
+            for attached in order:
+                set_attached(collector, attached)
+                sides[attached].append(touch_pages(num_bytes, args.loops))
+        set_attached(collector, True)
+        collection_times = time_collections(collector, args.collections)
+    finally:
+        collector.close()
+
+    def ratio_pct(index: int) -> float:
+        ratios = [probed[index] / base[index] for base, probed in zip(sides[False], sides[True])]
+        return 100 * (statistics.median(ratios) - 1)
+
+    median = lambda side, index: statistics.median(run[index] for run in sides[side])  # noqa: E731
+    result = {
+        "pages_per_run": pages_per_run,
+        "cpu": args.cpu,
+        "rounds": args.rounds,
+        "probes_loaded": sorted(name for name, reason in reasons.items() if reason is None),
+        "probes_down": {name: reason for name, reason in reasons.items() if reason},
+        "slowdown_cpu_pct": ratio_pct(0),
+        "slowdown_wall_pct": ratio_pct(1),
+        "baseline_cpu_s_median": median(False, 0),
+        "probed_cpu_s_median": median(True, 0),
+        "baseline_pages_per_cpu_s": pages_per_run / median(False, 0),
+        "probed_pages_per_cpu_s": pages_per_run / median(True, 0),
+        "extra_ns_per_page": 1e9 * (median(True, 0) - median(False, 0)) / pages_per_run,
+        "load_s": load_seconds,
+        "collection_ms_median": 1000 * statistics.median(collection_times),
+        "collection_ms_p99": 1000 * sorted(collection_times)[int(0.99 * (len(collection_times) - 1))],
+    }
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
