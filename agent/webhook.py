@@ -169,6 +169,7 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
     from agent.engine_host import SupervisorHost
     from agent.remediation import PolicyConfig, PrometheusQuery
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine/Prometheus call is noise
     settings = {}
     if getattr(args, "remediation_config", None):
         settings = yaml.safe_load(Path(args.remediation_config).read_text()) or {}

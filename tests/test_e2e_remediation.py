@@ -1,0 +1,342 @@
+"""End to end, real processes on loopback: the distribution's Prometheus and Alertmanager
+with the repository's own rules and Alertmanager config (durations scaled through
+`alerts/render.py --time-scale`, see alerts/README.md), a real agent supervising a real
+engine serving the tiny model.
+
+1. thrashing load -> InferdKVCacheThrashing -> max_num_seqs lowered -> faults fall ->
+   alert resolves; the audit log holds the story;
+2. engine killed -> InferdEngineDown -> engine back -> alert resolves;
+3. injected fast-path failure -> InferdEngineFastPathFailing -> fallback -> restored to
+   fast; no request in flight fails.
+
+Timings are recorded in BENCHMARKS.md by scripts/bench_remediation.py, not asserted here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TIME_SCALE = 1 / 30  # 2m -> 4s, 5m -> 10s, 1m -> 2s
+ADMIN_TOKEN = "e2e-admin-token"
+WEBHOOK_TOKEN = "e2e-webhook-token"
+# The engine: a KV pool of 24 blocks of 16 tokens; 16 sequences of 64 tokens need 64.
+ENGINE_ARGS = ["--kv-cache-bytes=196608", "--max-num-seqs=16", "--served-model-name=tiny",
+               "--enable-fault-injection", "--log-level=WARNING"]
+POLICY = {
+    "max_num_seqs": {"minimum": 1, "maximum": 64, "max_step": 12},
+    "step_fraction": 0.75,      # 16 -> 4 in one step: 4 x 4 blocks fit the pool
+    "cooldown_s": 20, "verify_window_s": 6, "restore_after_s": 3,
+}
+
+
+def _binary(*names: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip(f"{names[0]} not installed (Debian packages prometheus and prometheus-alertmanager)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str, stack=None, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (httpx.HTTPError, OSError, KeyError, ValueError) as exc:
+            last_exc = exc
+        time.sleep(interval)
+    logs = stack.log_tails() if stack else ""
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_exc})\n{logs}")
+
+
+class Stack:
+    """Prometheus, Alertmanager and the agent (which runs the engine), on free ports."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.ports = {name: _free_port() for name in ("engine", "agent", "prometheus", "alertmanager")}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.audit = tmp / "audit.jsonl"
+        self.http = httpx.Client(timeout=10)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    # -- set-up --
+
+    def write_configs(self) -> None:
+        (self.tmp / "webhook-token").write_text(WEBHOOK_TOKEN)
+        alerts = self.tmp / "alerts"
+        subprocess.run(
+            [PY, str(ROOT / "alerts" / "render.py"), "--out", str(alerts), "--time-scale", str(TIME_SCALE),
+             "--set", f"alertmanager.webhook_url={self.url('agent')}/v1/alerts",
+             "--set", f"alertmanager.token_file={self.tmp / 'webhook-token'}"],
+            check=True, capture_output=True, text=True)
+        host_label = [{"source_labels": ["__address__"], "regex": "(.+):[0-9]+", "target_label": "host", "replacement": "$1"}]
+        prometheus = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+            "rule_files": [str(alerts / "rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}]}]},
+            "scrape_configs": [
+                {"job_name": "inferd-agent", "static_configs": [{"targets": [f"127.0.0.1:{self.ports['agent']}"]}],
+                 "relabel_configs": host_label},
+                {"job_name": "inferd-engine", "static_configs": [{"targets": [f"127.0.0.1:{self.ports['engine']}"]}],
+                 "relabel_configs": host_label},
+            ],
+        }
+        (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus))
+        (self.tmp / "policy.yml").write_text(yaml.safe_dump(POLICY))
+
+    def start(self, model: Path) -> None:
+        prometheus = _binary("prometheus")
+        alertmanager = _binary("prometheus-alertmanager", "alertmanager")
+        self.write_configs()
+        self._spawn("prometheus", [
+            prometheus, f"--config.file={self.tmp / 'prometheus.yml'}", f"--storage.tsdb.path={self.tmp / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}", "--rules.alert.resend-delay=1s",
+            "--log.level=warn"])
+        self._spawn("alertmanager", [
+            alertmanager, f"--config.file={self.tmp / 'alerts' / 'alertmanager.yml'}",
+            f"--storage.path={self.tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
+            "--cluster.listen-address=", "--log.level=warn"])
+        agent = [PY, "-m", "agent.cli", "agent", "--model", str(model), "--port", str(self.ports["agent"]),
+                 "--engine-port", str(self.ports["engine"]), "--no-collector", "gpu", "--no-collector", "ebpf",
+                 "--webhook-token-file", str(self.tmp / "webhook-token"), "--audit-log", str(self.audit),
+                 "--prometheus-url", self.url("prometheus"), "--remediation-config", str(self.tmp / "policy.yml")]
+        agent += [f"--engine-arg={arg}" for arg in ENGINE_ARGS]
+        self._spawn("agent", agent, env={**os.environ, "INFERD_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(ROOT)})
+        wait_for(lambda: self.http.get(f"{self.url('prometheus')}/-/ready").status_code == 200, 60, "prometheus ready", self)
+        wait_for(lambda: self.http.get(f"{self.url('alertmanager')}/-/ready").status_code == 200, 60, "alertmanager ready", self)
+        wait_for(lambda: self.http.get(f"{self.url('engine')}/health").status_code == 200, 120, "engine healthy", self)
+
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
+        log = open(self.tmp / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                                            start_new_session=True)
+
+    def stop(self) -> None:
+        engine_pid = self.engine_pid()
+        for name in ("agent", "alertmanager", "prometheus"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if engine_pid:
+            try:
+                os.kill(engine_pid, 0)
+            except ProcessLookupError:
+                pass
+            else:
+                os.killpg(engine_pid, signal.SIGKILL)  # the agent failed to stop its engine
+        self.http.close()
+
+    def log_tails(self, lines: int = 25) -> str:
+        out = []
+        for path in sorted(self.tmp.glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name} ---\n" + "\n".join(text))
+        return "\n".join(out)
+
+    # -- reading the state --
+
+    def engine_pid(self) -> int | None:
+        try:
+            return self.http.get(f"{self.url('agent')}/healthz").json()["engine"]["pid"]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError):
+            return None
+
+    def records(self) -> list[dict]:
+        return self.http.get(f"{self.url('agent')}/v1/actions", params={"limit": 0}).json()["records"]
+
+    def find(self, **match) -> dict | None:
+        for record in self.records():
+            if all(record.get(k) == v for k, v in match.items()):
+                return record
+        return None
+
+    def engine_config(self) -> dict:
+        response = self.http.get(f"{self.url('engine')}/admin/config", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        return response.json()["config"]
+
+    def query(self, promql: str) -> float | None:
+        body = self.http.get(f"{self.url('prometheus')}/api/v1/query", params={"query": promql}).json()
+        result = body["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def firing(self, alertname: str) -> bool:
+        alerts = self.http.get(f"{self.url('prometheus')}/api/v1/alerts").json()["data"]["alerts"]
+        return any(a["labels"]["alertname"] == alertname and a["state"] == "firing" for a in alerts)
+
+
+class Load:
+    """Closed-loop completions from `workers` threads; every status code is kept."""
+
+    def __init__(self, url: str, workers: int, max_tokens: int = 40):
+        self.url, self.max_tokens = url, max_tokens
+        self.statuses: list[int] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)]
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+
+    def _work(self, seed: int) -> None:
+        import random
+
+        rng = random.Random(seed)
+        with httpx.Client(timeout=120) as client:
+            while not self._stop.is_set():
+                prompt = [rng.randrange(5, 500) for _ in range(24)]
+                try:
+                    r = client.post(f"{self.url}/v1/completions", json={
+                        "model": "tiny", "prompt": prompt, "max_tokens": self.max_tokens, "ignore_eos": True,
+                        "temperature": 0})
+                    self.statuses.append(r.status_code)
+                    if r.status_code != 200:
+                        self.errors.append(r.text[:300])
+                except httpx.HTTPError as exc:
+                    self.statuses.append(0)
+                    self.errors.append(repr(exc))
+                    time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    _binary("prometheus")
+    _binary("prometheus-alertmanager", "alertmanager")
+    tmp = tmp_path_factory.mktemp("e2e-remediation")
+    model = tmp / "tiny"
+    subprocess.run([PY, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"], check=True, cwd=ROOT,
+                   capture_output=True)
+    s = Stack(tmp)
+    try:
+        s.start(model)
+        yield s
+    finally:
+        s.stop()
+
+
+FAULTS_RATE = "sum(rate(inferd_kv_page_faults_total[4s]))"
+
+
+def _save_timings(name: str, values: dict) -> None:
+    """With INFERD_E2E_TIMINGS=PATH, each scenario adds its timeline there (benchmark input)."""
+    path = os.environ.get("INFERD_E2E_TIMINGS")
+    if not path:
+        return
+    data = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    data[name] = values
+    Path(path).write_text(json.dumps(data, indent=2))
+
+
+def test_kv_thrashing_is_remediated(stack):
+    load_started = time.time()
+    with Load(stack.url("engine"), workers=16) as load:
+        applied = wait_for(lambda: stack.find(event="applied", alert="InferdKVCacheThrashing"), 120,
+                           "the agent to lower max_num_seqs", stack)
+        assert applied["action"] == "lower_max_num_seqs"
+        assert applied["old"] == {"max_num_seqs": 16} and applied["new"] == {"max_num_seqs": 4}
+        assert stack.engine_config()["max_num_seqs"] == 4
+        faults_before = stack.query(f"max_over_time(({FAULTS_RATE})[10s:1s])")
+        # The fault rate falls while the same load keeps coming.
+        wait_for(lambda: (stack.query(FAULTS_RATE) or 0) < 1 and stack.query("sum(rate(vllm:generation_tokens_total[4s]))"),
+                 60, "the page-fault rate to fall under load", stack)
+        verified = wait_for(lambda: stack.find(event="verified", id=applied["id"]), 60, "verification", stack)
+        assert verified["outcome"] == "improved", verified
+        assert verified["after"] < verified["baseline"]
+        wait_for(lambda: stack.find(event="alert", alert="InferdKVCacheThrashing", status="resolved"), 90,
+                 "InferdKVCacheThrashing to resolve", stack)
+        assert not stack.firing("InferdKVCacheThrashing")
+        faults_after = stack.query(FAULTS_RATE)
+    assert load.statuses and set(load.statuses) == {200}, load.errors[:3]
+    firing = stack.find(event="alert", alert="InferdKVCacheThrashing", status="firing")
+    resolved = stack.find(event="alert", alert="InferdKVCacheThrashing", status="resolved")
+    _save_timings("kv_thrashing", {
+        "time_scale": TIME_SCALE, "load_started": load_started, "alert_received": firing["ts"],
+        "action_applied": applied["ts"], "verified": verified["ts"], "resolved_received": resolved["ts"],
+        "faults_per_s_peak_before": faults_before, "faults_per_s_after": faults_after,
+        "requests": len(load.statuses)})
+    story = [(r["event"], r.get("status") or r.get("result") or r.get("outcome"))
+             for r in stack.records() if r.get("alert") == "InferdKVCacheThrashing"]
+    assert story[0] == ("alert", "firing")
+    assert story.index(("decision", "apply")) < story.index(("applied", None)) < story.index(("verified", "improved"))
+    assert story[-1] == ("alert", "resolved")
+    assert stack.find(event="rolled_back") is None
+    metrics = stack.http.get(f"{stack.url('agent')}/metrics").text
+    assert ('inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",'
+            'result="applied"} 1.0') in metrics
+
+
+def test_engine_down_is_restarted(stack):
+    old_pid = stack.engine_pid()
+    assert old_pid
+    os.kill(old_pid, signal.SIGKILL)
+    applied = wait_for(lambda: stack.find(event="applied", alert="InferdEngineDown"), 120,
+                       "InferdEngineDown to reach the agent", stack)
+    assert applied["action"] == "restart_engine"
+    wait_for(lambda: stack.http.get(f"{stack.url('engine')}/health").status_code == 200, 120, "the engine back", stack)
+    assert stack.engine_pid() not in (None, old_pid)
+    wait_for(lambda: stack.find(event="alert", alert="InferdEngineDown", status="resolved"), 90,
+             "InferdEngineDown to resolve", stack)
+    restarts = stack.query("max(inferd_engine_restarts_total)")
+    assert restarts is not None and restarts >= 1
+
+
+def test_fast_path_failure_falls_back_and_is_restored(stack):
+    assert stack.engine_config()["mode"] == "fast"
+    with Load(stack.url("engine"), workers=3, max_tokens=24) as load:
+        wait_for(lambda: len(load.statuses) >= 3, 30, "requests in flight", stack)
+        r = stack.http.post(f"{stack.url('engine')}/admin/fault", json={"kind": "fastpath"},
+                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert r.status_code == 200, r.text
+        applied = wait_for(lambda: stack.find(event="applied", alert="InferdEngineFastPathFailing"), 90,
+                           "InferdEngineFastPathFailing to reach the agent", stack)
+        assert applied["action"] == "fallback" and applied["new"] == {"mode": "fallback"}
+        wait_for(lambda: stack.find(event="restored", id=applied["id"]), 120, "the fast path restored", stack)
+        assert stack.engine_config()["mode"] == "fast"
+        served_after = len(load.statuses)
+        wait_for(lambda: len(load.statuses) > served_after + 3, 30, "requests on the restored fast path", stack)
+    assert set(load.statuses) == {200}, load.errors[:3]
+    resolved = stack.find(event="alert", alert="InferdEngineFastPathFailing", status="resolved")
+    restored = stack.find(event="restored", id=applied["id"])
+    assert resolved["ts"] + POLICY["restore_after_s"] <= restored["ts"] + 1.0
+    failures = stack.query('sum(inferd_engine_fastpath_failures_total)')
+    assert failures == 1
