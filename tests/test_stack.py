@@ -146,6 +146,15 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         assert json.loads(rules)["data"]["groups"], "the repository's alert rules are loaded"
         _, am = get("http://localhost:9093/api/v2/status")
         assert json.loads(am)["config"]["original"].count("inferd-agent") >= 1
+        # `inferd report` against the real Prometheus: the engine's gauges are always there
+        out = tmp_path / "report"
+        report = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "report", "--minutes", "2", "--step", "5", "--out", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+        assert report.returncode == 0, report.stderr
+        assert (out / "inferd-engine-requests-running-and-waiting.png").read_bytes()[:4] == b"\x89PNG"
+        assert "Requests running and waiting" in (out / "index.html").read_text()
     finally:
         stopped = cli("down", "--run-dir", str(run_dir), "--timeout", "30", timeout=120)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
