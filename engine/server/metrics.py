@@ -144,6 +144,12 @@ class SnapshotCollector(Collector):
         c = s.counters
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
+        by_reason = GaugeMetricFamily("vllm:num_requests_waiting_by_reason",
+                                      "Number of requests waiting, by reason (capacity: no room in the KV cache "
+                                      "or batch; deferred: never here).", labels=LABELS + ["reason"])
+        by_reason.add_metric(lv + ["capacity"], s.num_waiting)
+        by_reason.add_metric(lv + ["deferred"], 0)
+        yield by_reason
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv.usage)
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
                       c.prefix_queries)
@@ -151,6 +157,22 @@ class SnapshotCollector(Collector):
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.num_preemptions)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens)
+        # Prompt tokens by where their KV came from. Prefix hits are counted at admission,
+        # so a request re-admitted after recompute may hit again; the split is capped.
+        cached = min(c.prefix_hits, c.prompt_tokens)
+        by_source = CounterMetricFamily("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                        labels=LABELS + ["source"])
+        by_source.add_metric(lv + ["local_compute"], c.prompt_tokens - cached)
+        by_source.add_metric(lv + ["local_cache_hit"], cached)
+        by_source.add_metric(lv + ["external_kv_transfer"], 0)
+        yield by_source
+        yield counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local prefix cache hits).", cached)
+        # No external KV connector and no multimodal cache: their counters stay at 0 so
+        # vLLM's boards show 0 rather than "no data".
+        yield counter("vllm:external_prefix_cache_queries", "External prefix cache queries (no connector: 0).", 0)
+        yield counter("vllm:external_prefix_cache_hits", "External prefix cache hits (no connector: 0).", 0)
+        yield counter("vllm:mm_cache_queries", "Multi-modal cache queries (text-only engine: 0).", 0)
+        yield counter("vllm:mm_cache_hits", "Multi-modal cache hits (text-only engine: 0).", 0)
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=LABELS + ["finished_reason"])
         for reason in FINISH_REASONS:
