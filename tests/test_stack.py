@@ -137,7 +137,7 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         # Prometheus scrapes both targets with the repository's config
         deadline = time.monotonic() + 60
         up = {}
-        while time.monotonic() < deadline and set(up.values()) != {"1"}:
+        while time.monotonic() < deadline and up != {"inferd-agent": "1", "inferd-engine": "1"}:
             _, body = get("http://localhost:9090/api/v1/query?query=up%7Bjob%3D~%22inferd-.*%22%7D")
             up = {r["metric"]["job"]: r["value"][1] for r in json.loads(body)["data"]["result"]}
             time.sleep(1)
