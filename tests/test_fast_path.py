@@ -1,0 +1,267 @@
+"""GPU fast path, the parts that run without a GPU: imports and availability, the
+CUDA-graph ladder and padding, fallback switching through injected failures, and the
+Triton kernels' indexing under Triton's CPU interpreter (float32; the interpreter has
+no bfloat16), down to a whole fused decode step against the portable model."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from engine import LLM, SamplingParams
+from engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, has_triton, unavailable_reason
+from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
+from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
+from engine.scheduler import ScheduledSeq
+
+needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+                                  reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [30, 31, 32], [40]]
+
+
+# --- availability -------------------------------------------------------------------
+def test_unavailable_on_cpu_with_reason():
+    assert "CUDA" in unavailable_reason(torch.device("cpu"), torch.bfloat16)
+
+
+def test_engine_on_cpu_stays_portable(tiny_model):
+    llm = LLM(tiny_model)
+    assert llm.engine.fast_path_unavailable is not None
+    assert llm.engine.runner.fast_decode is None
+    assert attach_fast_path(llm.engine.runner, 128) == llm.engine.fast_path_unavailable
+
+
+# --- graph ladder -------------------------------------------------------------------
+@pytest.mark.parametrize("n, size", [(1, 1), (2, 2), (3, 4), (5, 8), (31, 32), (33, 64), (200, 256), (256, 256)])
+def test_graph_batch_size_picks_next_rung(n, size):
+    assert graph_batch_size(n) == size
+
+
+def test_graph_batch_size_beyond_ladder_runs_eagerly_and_zero_is_refused():
+    assert graph_batch_size(257) is None
+    assert graph_batch_size(3, ladder=(8, 2)) == 8
+    with pytest.raises(ValueError, match="num_seqs"):
+        graph_batch_size(0)
+
+
+@given(st.integers(1, 300))
+def test_graph_batch_size_is_smallest_rung_that_fits(n):
+    size = graph_batch_size(n)
+    fitting = [r for r in GRAPH_LADDER if r >= n]
+    assert size == (min(fitting) if fitting else None)
+
+
+def _decoding_batch(llm, prompts):
+    """Run prefill so each sequence is one decode token away; returns the scheduled batch."""
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    while True:
+        sched = engine.scheduler.schedule()
+        if is_pure_decode(sched.scheduled):
+            return sched.scheduled
+        logits = engine.runner.execute(sched.scheduled)
+        sampling = [item.seq for item in sched.scheduled if item.completes]
+        for item in sched.scheduled:
+            item.seq.num_computed_tokens += item.num_tokens
+        for seq, row in zip(sampling, logits):
+            seq.append_token(int(row.argmax()))
+
+
+def test_decode_inputs_and_padding(tiny_model):
+    llm = LLM(tiny_model, block_size=8)
+    batch = _decoding_batch(llm, PROMPTS)
+    rows = DecodeInputs.from_batch(batch, 8)
+    for i, item in enumerate(batch):
+        seq = item.seq
+        pos = seq.num_computed_tokens
+        assert rows.input_ids[i] == seq.token_ids[pos] and rows.positions[i] == pos
+        assert rows.context_lens[i] == pos + 1
+        assert rows.slots[i] == seq.block_table[pos // 8] * 8 + pos % 8
+    padded = rows.padded(4)
+    assert padded.slots[3] == PAD_SLOT and padded.context_lens[3] == 0 and padded.block_tables[3] == []
+    with pytest.raises(ValueError, match="do not fit"):
+        rows.padded(2)
+
+
+def test_is_pure_decode_rejects_prefill_chunks(tiny_model):
+    llm = LLM(tiny_model)
+    llm.engine.add_request("p", PROMPTS[0], GREEDY)
+    sched = llm.engine.scheduler.schedule()
+    assert not is_pure_decode(sched.scheduled)
+    assert not is_pure_decode([])
+
+
+def test_device_greedy_only_for_plain_greedy_on_cuda(tiny_model):
+    llm = LLM(tiny_model)
+    batch = _decoding_batch(llm, PROMPTS[:1])
+    seqs = [item.seq for item in batch]
+    assert not can_sample_greedy_on_device(torch.zeros(1, 8), seqs)  # CPU logits: host sampler
+
+
+# --- fallback switching -------------------------------------------------------------
+class FakeDecode:
+    """Stands in for DecodeGraphs: counts calls and fails or returns what it is told."""
+
+    def __init__(self, runner, behaviour):
+        self.runner, self.behaviour, self.calls = runner, behaviour, 0
+
+    def can_run(self, batch):
+        return is_pure_decode(batch)
+
+    def execute(self, batch):
+        self.calls += 1
+        if self.behaviour == "raise":
+            raise RuntimeError("kernel launch failed")
+        input_ids, meta, rows = self.runner.prepare(batch)
+        logits = self.runner._forward(input_ids, meta, rows, self.runner.fast_attention, check=False)
+        return logits * float("nan") if self.behaviour == "nan" else logits
+
+
+@pytest.mark.parametrize("behaviour, reason", [("raise", "RuntimeError"), ("nan", "non_finite_logits"),
+                                               ("inject", "injected")])
+def test_fast_decode_failure_switches_to_fallback_and_output_is_unchanged(tiny_model, behaviour, reason):
+    expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, GREEDY)]
+    llm = LLM(tiny_model)
+    runner = llm.engine.runner
+    fake = runner.fast_decode = FakeDecode(runner, "ok" if behaviour == "inject" else behaviour)
+    failures: list[str] = []
+    hook = runner.on_fastpath_failure
+    runner.on_fastpath_failure = lambda r: (failures.append(r), hook(r))
+    engine = llm.engine
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", p, GREEDY)
+    engine.step()  # the prefill step (not a pure decode)
+    assert fake.calls == 0
+    if behaviour == "inject":
+        runner.inject_fastpath_failure("test")
+    done = {}
+    while engine.has_unfinished():
+        done.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
+    outs = [done[f"r{i}"] for i in range(len(PROMPTS))]
+    assert outs == expected
+    assert failures == [reason]
+    assert runner.mode == "fallback" and llm.engine.config.mode == "fallback"
+    assert llm.engine.counters.fastpath_failures[reason] == 1
+    calls = fake.calls
+    llm.generate(PROMPTS[:1], GREEDY)
+    assert fake.calls == calls  # fallback is sticky: the fast decode is not tried again
+
+
+def test_fast_decode_used_for_pure_decode_steps_only(tiny_model):
+    llm = LLM(tiny_model)
+    runner = llm.engine.runner
+    fake = runner.fast_decode = FakeDecode(runner, "ok")
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    assert fake.calls == 4  # the first token comes from the prefill step
+    assert runner.mode == "fast"
+
+
+# --- Triton kernels under the interpreter ---------------------------------------------
+def _reference_attention(q, k_cache, v_cache, tables, ctx, scale, window=None):
+    batch, heads, dim = q.shape
+    bs, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros(batch, heads, dim, dtype=torch.float64)
+    for b in range(batch):
+        n = int(ctx[b])
+        if n == 0:
+            continue
+        pages = tables[b, : (n + bs - 1) // bs].long()
+        k = k_cache[pages].reshape(-1, kv_heads, dim)[:n].double().repeat_interleave(heads // kv_heads, 1)
+        v = v_cache[pages].reshape(-1, kv_heads, dim)[:n].double().repeat_interleave(heads // kv_heads, 1)
+        first = max(0, n - window) if window else 0
+        s = torch.einsum("hd,thd->ht", q[b].double(), k[first:]) * scale
+        out[b] = torch.einsum("ht,thd->hd", s.softmax(-1), v[first:])
+    return out
+
+
+def _arena(num_pages, layers, bs, kv_heads, dim, dtype=torch.float32):
+    """K/V as strided views of an all-layers page arena, like the engine's pool."""
+    arena = torch.randn(num_pages, 2, layers, bs, kv_heads, dim, dtype=dtype)
+    return arena, arena[:, 0, 1], arena[:, 1, 1]
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 2, 8])
+@pytest.mark.parametrize("window", [None, 20])
+def test_decode_attention_matches_reference_across_block_and_split_boundaries(splits, window):
+    from engine.fast_path.triton_attention import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(splits * 100 + (window or 0))
+    _, k_cache, v_cache = _arena(48, 2, 16, 2, 32)
+    ctx = torch.tensor([1, 15, 16, 17, 65, 300, 0])  # 0: a padded CUDA-graph row
+    tables = torch.stack([torch.randperm(48, generator=gen)[:20] for _ in ctx]).to(torch.int32)
+    qkv = torch.randn(len(ctx), 12 * 32, generator=gen)
+    q = qkv[:, : 8 * 32].view(len(ctx), 8, 32)  # a strided view, as in the fused QKV output
+    out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, splits, window)
+    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
+    assert torch.isfinite(out).all()
+    assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    assert out[-1].abs().max() == 0  # empty context: zeros, not NaN
+
+
+@needs_triton
+def test_fused_small_ops_match_torch_references():
+    from engine.fast_path import fused_ops as ops
+
+    gen = torch.Generator().manual_seed(1)
+    x, res = torch.randn(3, 100, generator=gen), torch.randn(3, 100, generator=gen)
+    w = torch.randn(100, generator=gen)
+    r1, r2 = res.clone(), res.clone()
+    out1, new1 = ops.add_rms_norm(x, r1, w, 1e-5)
+    out2, new2 = ops.add_rms_norm_reference(x, r2, w, 1e-5)
+    torch.testing.assert_close(out1, out2)
+    torch.testing.assert_close(r1, r2)  # residual updated in place
+    gate_up = torch.randn(3, 2 * 300, generator=gen)
+    torch.testing.assert_close(ops.silu_and_mul(gate_up), ops.silu_and_mul_reference(gate_up))
+
+    tokens, heads, kv_heads, dim = 4, 8, 2, 32
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    positions = torch.tensor([0, 5, 17, 4000])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    slots = torch.tensor([3, PAD_SLOT, 40, 7])
+    arena1, kc1, vc1 = _arena(8, 3, 16, kv_heads, dim)
+    arena2 = arena1.clone()
+    kc2, vc2 = arena2[:, 0, 1], arena2[:, 1, 1]
+    q1, q2 = q.clone(), q.clone()
+    ops.rope_and_cache(q1, k, v, positions, inv_freq, kc1, vc1, slots)
+    ops.rope_and_cache_reference(q2, k, v, positions, inv_freq, kc2, vc2, slots)
+    torch.testing.assert_close(q1, q2)
+    torch.testing.assert_close(arena1, arena2)  # only the slots' rows of layer 1 changed, in both
+    untouched = arena1.clone()
+    ops.rope_and_cache(q.clone(), k, v, positions, inv_freq, kc1, vc1, torch.full((4,), PAD_SLOT))
+    assert torch.equal(arena1, untouched)  # padded rows write nothing
+
+
+@needs_triton
+@pytest.mark.slow
+def test_fused_decode_step_matches_portable_path(tiny_model):
+    """The whole fused decode step (eager, no graphs on CPU) inside the engine."""
+    from engine.fast_path import hot_kv_layers
+    from engine.fast_path.fast_decoder import FastDecoder
+
+    expected = LLM(tiny_model, mode="fallback", block_size=8)
+    llm = LLM(tiny_model, block_size=8)
+    runner = llm.engine.runner
+    decoder = FastDecoder(runner.model, hot_kv_layers(runner))
+    graphs = DecodeGraphs(decoder, 8, 256, runner.device, num_hot_blocks=runner.kv_cache.num_blocks,
+                          use_graphs=False)
+    runner.fast_decode = graphs
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3)
+    got = llm.generate(PROMPTS, params)
+    want = expected.generate(PROMPTS, params)
+    assert graphs.num_eager == 3 and runner.mode == "fast"
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            assert lp_g.keys() == lp_w.keys()
+            for token in lp_w:
+                assert abs(lp_g[token] - lp_w[token]) < 1e-4
