@@ -1,16 +1,18 @@
 """Cost of the eBPF NUMA probes: an allocation-heavy workload with all probes loaded
 against none, and the time one collection takes.
 
-The workload maps anonymous memory without THP (the probes' worst case: one
-mm_page_alloc and one page_fault_user event per 4 KiB page), fills it with memset and
-unmaps it; this process is watched, so the per-process path is the one measured. The
+Workloads: ``touch`` maps anonymous memory without THP (the probes' worst case: one
+mm_page_alloc and one page_fault_user event per 4 KiB page and nothing else), fills it
+with memset and unmaps it; ``numpy`` allocates fresh float64 arrays, fills them with
+random numbers and sums them. This process is watched, so the per-process path is the
+one measured. The
 probes are compiled once; each round then runs the workload with their tracepoints
 detached and attached, in alternating order, and the slowdown is the median of the
 per-round ratios, in thread CPU time (the page faults' kernel time, where the probes
 run; other load on a shared machine moves it little) and in wall time. Needs root, bcc
 and kernel headers.
 
-    sudo .venv/bin/python scripts/bench_ebpf.py [--mib 128] [--loops 2] [--rounds 20] [--cpu N]
+    sudo .venv/bin/python scripts/bench_ebpf.py [--workload touch|numpy] [--mib 128] [--loops 2] [--rounds 20] [--cpu N]
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+
 from exporters.ebpf_numa import EbpfNumaCollector  # noqa: E402
 
 
@@ -40,6 +44,22 @@ def touch_pages(num_bytes: int, loops: int) -> tuple[float, float]:
         del view
         buf.close()
     return time.thread_time() - cpu, time.perf_counter() - wall
+
+
+def numpy_churn(num_bytes: int, loops: int) -> tuple[float, float]:
+    """(thread CPU s, wall s) to allocate, fill with random numbers and reduce a fresh
+    float64 array of num_bytes, loops times: allocation-heavy numeric work (glibc maps
+    arrays this large fresh and unmaps them on free)."""
+    rng = np.random.default_rng(0)
+    cpu, wall = time.thread_time(), time.perf_counter()
+    for _ in range(loops):
+        values = rng.standard_normal(num_bytes // 8)
+        values.sum()
+        del values
+    return time.thread_time() - cpu, time.perf_counter() - wall
+
+
+WORKLOADS = {"touch": touch_pages, "numpy": numpy_churn}
 
 
 def set_attached(collector: EbpfNumaCollector, attached: bool) -> None:
@@ -65,6 +85,8 @@ def main() -> int:
     parser.add_argument("--loops", type=int, default=2, help="map/fill/unmap loops per timed run")
     parser.add_argument("--rounds", type=int, default=20, help="rounds, each timing both sides")
     parser.add_argument("--collections", type=int, default=200, help="collections to time")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="touch",
+                        help="touch: map+memset+unmap (worst case); numpy: random arrays allocated and reduced")
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU to pin the workload to")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -81,12 +103,13 @@ def main() -> int:
     reasons = collector.probe_reasons
     sides: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     try:
-        touch_pages(num_bytes, 1)  # warm the allocator's per-CPU lists
+        workload = WORKLOADS[args.workload]
+        workload(num_bytes, 1)  # warm the allocator's per-CPU lists
         for round_index in range(args.rounds):
             order = (False, True) if round_index % 2 == 0 else (True, False)
             for attached in order:
                 set_attached(collector, attached)
-                sides[attached].append(touch_pages(num_bytes, args.loops))
+                sides[attached].append(workload(num_bytes, args.loops))
         set_attached(collector, True)
         collection_times = time_collections(collector, args.collections)
     finally:
@@ -98,6 +121,7 @@ def main() -> int:
 
     median = lambda side, index: statistics.median(run[index] for run in sides[side])  # noqa: E731
     result = {
+        "workload": args.workload,
         "pages_per_run": pages_per_run,
         "cpu": args.cpu,
         "rounds": args.rounds,

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from ebpf.node_map import FrameRange, merge_ranges, parse_zoneinfo, read_cpu_nodes, read_frame_ranges
 from ebpf.probes import PROBES, bpf_permission_problem, parse_cap_eff
 from ebpf.tracefs import find_tracefs, parse_print_symbolic
@@ -194,6 +195,95 @@ def test_without_capabilities_every_probe_is_down_with_its_reason(tmp_path, capl
         assert samples[("inferd_ebpf_probe_up", (("probe", probe),))] == 0.0
         assert f"ebpf probe {probe} down: not permitted to load BPF" in caplog.text
     assert not any(name.startswith("inferd_ebpf_page") for name, _ in samples)
+
+
+class FakeProbe:
+    """Stands in for a LoadedProbe: fixed map contents, records what the collector asks."""
+
+    attach = "tracepoint"
+
+    def __init__(self, rows: dict[tuple[int, ...], int], is_per_process: bool = True):
+        self.rows = rows
+        self.is_per_process = is_per_process
+        self.watched: tuple[set[int], tuple[str, ...]] | None = None
+        self.forgotten: set[int] = set()
+
+    def read(self) -> dict[tuple[int, ...], int]:
+        return {key: n for key, n in self.rows.items() if key[0] not in self.forgotten or not self.is_per_process}
+
+    def set_watched(self, pids, comms) -> None:
+        self.watched = (set(pids), tuple(comms))
+
+    def forget(self, tgids) -> None:
+        self.forgotten |= set(tgids)
+
+    def close(self) -> None:
+        pass
+
+
+def _fake_collector(tmp_path: Path, balancing: str) -> tuple[EbpfNumaCollector, dict[str, FakeProbe]]:
+    proc = _fake_proc(tmp_path / "proc", {4242: "engine", 77: "tokenizer"})
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "sys/kernel/numa_balancing").write_text(balancing + "\n")
+    collector = EbpfNumaCollector(procfs_root=proc, watch_pids_fn=lambda: 4242, watch_comms=["tokenizer"])
+    probes = {
+        "page_allocs": FakeProbe({(0, 0, 0): 100, (0, 1, 1): 7, (4242, 0, 0): 50, (4242, 1, 1): 5, (77, 0, 0): 3}),
+        "numa_hint_faults": FakeProbe({(4242, 0): 9, (4242, 1): 2}),
+        "page_migrations": FakeProbe({(3,): 12, (40,): 1}, is_per_process=False),
+        "task_numa_moves": FakeProbe({(4242, 1): 4}),
+        "page_faults": FakeProbe({(0,): 1000, (4242,): 60}),
+    }
+    collector._started = True  # as if start() had loaded these
+    collector._probes = dict(probes)
+    collector._migration_reasons = {3: "syscall_or_cpuset", 5: "numa_misplaced"}
+    return collector, probes
+
+
+def _exposition(collector) -> list[str]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return [line for line in generate_latest(registry).decode().splitlines() if not line.startswith("#")]
+
+
+def test_collector_labels_watched_processes_and_sums_the_rest_as_other(tmp_path):
+    collector, probes = _fake_collector(tmp_path, balancing="1")
+    assert _exposition(collector) == [
+        'inferd_ebpf_probe_up{probe="page_allocs"} 1.0',
+        'inferd_ebpf_probe_up{probe="numa_hint_faults"} 1.0',
+        'inferd_ebpf_probe_up{probe="page_migrations"} 1.0',
+        'inferd_ebpf_probe_up{probe="task_numa_moves"} 1.0',
+        'inferd_ebpf_probe_up{probe="page_faults"} 1.0',
+        'inferd_ebpf_page_allocs_total{comm="other",locality="local",node="0",pid=""} 100.0',
+        'inferd_ebpf_page_allocs_total{comm="other",locality="remote",node="1",pid=""} 7.0',
+        'inferd_ebpf_page_allocs_total{comm="tokenizer",locality="local",node="0",pid="77"} 3.0',
+        'inferd_ebpf_page_allocs_total{comm="engine",locality="local",node="0",pid="4242"} 50.0',
+        'inferd_ebpf_page_allocs_total{comm="engine",locality="remote",node="1",pid="4242"} 5.0',
+        'inferd_ebpf_numa_hint_faults_total{comm="engine",locality="local",pid="4242"} 9.0',
+        'inferd_ebpf_numa_hint_faults_total{comm="engine",locality="remote",pid="4242"} 2.0',
+        'inferd_ebpf_page_migrations_total{reason="syscall_or_cpuset"} 12.0',
+        'inferd_ebpf_page_migrations_total{reason="numa_misplaced"} 0.0',
+        'inferd_ebpf_page_migrations_total{reason="40"} 1.0',
+        'inferd_ebpf_task_numa_moves_total{comm="engine",kind="swap",pid="4242"} 4.0',
+        'inferd_ebpf_page_faults_total{comm="other",pid=""} 1000.0',
+        'inferd_ebpf_page_faults_total{comm="engine",pid="4242"} 60.0',
+    ]
+    assert probes["page_allocs"].watched == ({4242, 77}, ("tokenizer",))
+
+
+def test_exited_engine_moves_to_other_and_balancing_off_hides_hint_faults(tmp_path):
+    collector, probes = _fake_collector(tmp_path, balancing="0")
+    _exposition(collector)
+    shutil.rmtree(tmp_path / "proc/4242")  # the engine exited
+    lines = _exposition(collector)
+    assert not any('pid="4242"' in line for line in lines)
+    assert 'inferd_ebpf_page_allocs_total{comm="other",locality="local",node="0",pid=""} 150.0' in lines
+    assert 'inferd_ebpf_page_allocs_total{comm="other",locality="remote",node="1",pid=""} 12.0' in lines
+    assert 'inferd_ebpf_page_faults_total{comm="other",pid=""} 1060.0' in lines
+    assert 4242 in probes["page_allocs"].forgotten
+    assert not any(line.startswith("inferd_ebpf_numa_hint_faults") for line in lines)
+    assert not any(line.startswith("inferd_numa_balancing_enabled") for line in lines)  # the NUMA collector's
+    collector.export_numa_balancing = True
+    assert "inferd_numa_balancing_enabled 0.0" in _exposition(collector)
 
 
 def test_unknown_probe_name_is_refused():
