@@ -170,3 +170,20 @@ def test_alertmanager_sends_to_the_agent_with_a_token_file():
     assert hook["send_resolved"] is True
     assert hook["http_config"]["authorization"]["credentials_file"]
     assert config["route"]["routes"][0]["repeat_interval"] == "12h"
+
+
+def test_every_metric_in_the_rules_is_in_the_contract():
+    contract = (ROOT / "docs" / "METRICS.md").read_text()
+    dcgm_fixture = ROOT / "tests" / "fixtures" / "gpu" / "eight_h200.prom"
+    dcgm = set(re.findall(r"^(DCGM_FI_\w+)\{", dcgm_fixture.read_text(), re.M)) if dcgm_fixture.exists() else set()
+    used = {name for rule in _rules().values() for name in re.findall(r"([A-Za-z_:][\w:]*)\{", rule["expr"])}
+    assert used
+    for name in sorted(used):
+        if name == "up":
+            continue
+        if name.startswith("DCGM_FI_"):
+            if dcgm:
+                assert name in dcgm, f"{name} is not exported by the GPU collector (fixture {dcgm_fixture.name})"
+            continue
+        base = re.sub(r"_bucket$", "", name)
+        assert f"`{base}`" in contract or f"`{base.removesuffix('_total')}`" in contract, f"{name} is not in docs/METRICS.md"
