@@ -27,12 +27,13 @@ nodes = Row(
         Panel(
             "Miss share",
             "Misses over hits plus misses per node: the share of allocations that could not be placed on the "
-            "preferred node (memory pressure on that node or a too-strict policy).",
+            "preferred node (memory pressure on that node or a too-strict policy); 0 while nothing is allocated.",
             "percentunit",
             (
                 Query(
                     f'sum by (node) (rate(inferd_numa_stat_pages_total{{{H}, stat="miss"}}[$__rate_interval]))'
-                    f' / (sum by (node) (rate(inferd_numa_stat_pages_total{{{H}, stat=~"hit|miss"}}[$__rate_interval])) > 0)',
+                    # clamp: a node with no allocations in the interval shows 0, not a gap
+                    f' / clamp_min(sum by (node) (rate(inferd_numa_stat_pages_total{{{H}, stat=~"hit|miss"}}[$__rate_interval])), 1e-9)',
                     "node {{node}}",
                 ),
             ),
