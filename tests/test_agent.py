@@ -180,3 +180,38 @@ def test_real_engine_is_supervised(tiny_model):
         assert agent.stop() == 0
     with pytest.raises(ProcessLookupError):
         os.kill(second, 0)
+
+
+def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
+    from prometheus_client import CollectorRegistry, Counter, Enum, Histogram, Info, Summary, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from agent.server import render_exposition
+    from exporters.gpu import GpuCollector
+    from exporters.gpu_backends import ReplayBackend
+    from exporters.numa import NumaCollector
+    from exporters.pcie import PcieCollector
+
+    families = [
+        f
+        for c in (GpuCollector(ReplayBackend(EIGHT_GPUS)), PcieCollector(fixture_host.sysfs),
+                  NumaCollector(fixture_host.sysfs, fixture_host.procfs))
+        for f in c.collect()
+    ]
+    registry = CollectorRegistry()
+    Counter("odd", 'help with \\ and\nnewline', ["a"], registry=registry).labels('v"\\\n').inc()
+    Histogram("latency_seconds", "doc", registry=registry).observe(0.3)
+    Summary("size_bytes", "doc", registry=registry).observe(2)
+    Info("build", "doc", registry=registry).info({"version": "1"})
+    Enum("state", "doc", states=["a", "b"], registry=registry)
+    utf8 = GaugeMetricFamily("dotted.name", "needs UTF-8 escaping", labels=["x"])
+    utf8.add_metric(["1"], 1e21)
+    families += [*registry.collect(), utf8]
+
+    class Fixed:
+        def collect(self):
+            return families
+
+    reference = CollectorRegistry()
+    reference.register(Fixed())
+    assert render_exposition(families) == generate_latest(reference)
