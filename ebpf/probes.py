@@ -174,6 +174,7 @@ class LoadedProbe:
         self._bpf = bpf
         self._comm_key_type = bpf[b"watched_comms"].Key
         self._comms_loaded: tuple[str, ...] | None = None
+        self._generation = 0
 
     @property
     def name(self) -> str:
@@ -200,6 +201,8 @@ class LoadedProbe:
                 comm_table[key] = comm_table.Leaf(1)
         config = self._bpf[b"watch_config"]
         config[config.Key(0)] = config.Leaf(len(comms))
+        self._generation += 1  # empties the kernel's per-CPU watch caches
+        config[config.Key(1)] = config.Leaf(self._generation)
 
     def read(self) -> dict[tuple[int, ...], int]:
         """Counts summed over CPUs, keyed as described in the module docstring."""
@@ -240,6 +243,9 @@ class LoadedProbe:
         for tgid in gone:
             with contextlib.suppress(KeyError):
                 del watched[watched.Key(tgid)]
+        config = self._bpf[b"watch_config"]
+        self._generation += 1
+        config[config.Key(1)] = config.Leaf(self._generation)
 
     def load_node_maps(self, ranges: list[FrameRange], cpu_nodes: dict[int, int]) -> None:
         """Load the frame-range and CPU-node maps (page_allocs only)."""
