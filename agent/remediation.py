@@ -515,7 +515,7 @@ class RemediationPolicy:
         self._fallback_owner = None
         self.last_action_ts["restore_fast"] = self._clock()
         self._count("InferdEngineFastPathFailing", "restore_fast", "applied")
-        self.audit.append("restored", id=owner, action="restore_fast", mode="fast")
+        self.audit.append("restored", id=owner, alert="InferdEngineFastPathFailing", action="restore_fast", mode="fast")
         log.info("engine switched back to the fast path")
 
     def start(self, interval_s: float = 0.5) -> None:
