@@ -399,6 +399,7 @@ def live():
 
 @needs_bpf
 @pytest.mark.root
+@pytest.mark.slow  # shares the `live` fixture, which compiles five programs (4-10 s on 2 busy cores)
 def test_every_probe_loads_or_says_why(live):
     reasons = live.probe_reasons
     assert reasons["page_allocs"] is None, reasons["page_allocs"]
@@ -414,6 +415,7 @@ def test_every_probe_loads_or_says_why(live):
 
 @needs_bpf
 @pytest.mark.root
+@pytest.mark.slow  # shares the `live` fixture, which compiles five programs (4-10 s on 2 busy cores)
 def test_child_touching_fresh_pages_shows_that_many_local_allocs(live):
     num_pages = 20_000
     child = Toucher(num_pages)
@@ -440,6 +442,7 @@ def test_child_touching_fresh_pages_shows_that_many_local_allocs(live):
 
 @needs_bpf
 @pytest.mark.root
+@pytest.mark.slow  # shares the `live` fixture, which compiles five programs (4-10 s on 2 busy cores)
 def test_watch_comm_gives_a_process_its_own_labels_and_exit_folds_it_into_other(live):
     child = Toucher(5_000, comm="inferd-touch")
     try:
@@ -459,6 +462,7 @@ def test_watch_comm_gives_a_process_its_own_labels_and_exit_folds_it_into_other(
 
 @needs_bpf
 @pytest.mark.root
+@pytest.mark.slow  # shares the `live` fixture, which compiles five programs (4-10 s on 2 busy cores)
 def test_synthetic_two_node_map_predicts_remote_share(live):
     """Split the real frame ranges at a pfn and the CPUs in two; pin the child to CPU 0.
 
@@ -515,6 +519,7 @@ def _split_in_two(ranges: list[FrameRange], split_pfn: int) -> list[FrameRange]:
 
 @needs_bpf
 @pytest.mark.root
+@pytest.mark.slow  # shares the `live` fixture, which compiles five programs (4-10 s on 2 busy cores)
 def test_forced_migration_shows_under_its_reason(live):
     nodes = sorted(set(read_cpu_nodes().values()))
     if len(nodes) < 2:

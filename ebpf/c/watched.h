@@ -4,7 +4,9 @@
  * User space fills watched_pids (engine pid, --watch-pid, /proc scan for --watch-comm),
  * watched_comms (--watch-comm) and watch_config; a task whose comm matches is added to
  * watched_pids from here so a new engine is counted from its first event. */
-#include <linux/sched.h>
+#ifndef TASK_COMM_LEN
+#define TASK_COMM_LEN 16  /* include/linux/sched.h: comm is char[16], a stable ABI */
+#endif
 
 #define MAX_WATCHED 1024
 #define MAX_KEYS 10240
