@@ -146,6 +146,11 @@ def _explain(exc: Exception, stderr: list[str]) -> str:
     detail = next((line for line in stderr if "error:" in line), None)
     detail = detail or next((line for line in stderr if "failed" in line.lower()), "")
     message = str(exc).strip() or type(exc).__name__
+    if message.startswith("Need super-user privileges"):
+        # bcc says this for any EPERM; load_probe runs only once capabilities were checked,
+        # so here it is the kernel refusing this kind of program (e.g. fentry without
+        # dynamic ftrace), not a missing privilege.
+        message = "the kernel refused to load it"
     return f"{message} ({detail.strip()})" if detail else message
 
 
