@@ -30,7 +30,7 @@ REMEDIATION_ANNOTATIONS = (
         f"sum by (action) (increase(inferd_remediation_rollbacks_total{{{H}}}[$__interval])) > 0",
         "rollback: {{action}}",
         "red",
-        requires="remediation",
+        requires="rollback",
     ),
     Annotation(
         "Firing alerts",

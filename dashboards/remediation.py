@@ -60,7 +60,7 @@ actions = Row(
                 ),
             ),
             thresholds=(Threshold(None, "green"), Threshold(1, "red")),
-            requires="remediation",
+            requires="rollback",
         ),
         Panel(
             "Actions in range by result",

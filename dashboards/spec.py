@@ -24,6 +24,7 @@ REQUIREMENT_NOTES = {
     "numa-balancing": "Needs automatic NUMA balancing on (kernel.numa_balancing = 1).",
     "fastpath": "Empty until the engine's fast path has failed once.",
     "remediation": "Empty until the remediation loop has acted on an alert.",
+    "rollback": "Empty until the remediation loop has rolled an action back.",
     "alert": "Empty while no inferd alert fires.",
     "alert-pending": "Empty while no inferd alert is pending.",
 }

@@ -204,6 +204,32 @@ def _load(stop: threading.Event, errors: list[str]) -> None:
         i += 1
 
 
+def _post_alert(name: str) -> None:
+    """A firing alert as Alertmanager would send it, so the remediation panels have an action to show."""
+    import datetime
+    import uuid
+
+    from agent.stack import token_file
+
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    labels = {"alertname": name, "severity": "warning", "remediate": "true", "job": "inferd-engine"}
+    payload = {
+        "version": "4", "groupKey": f'{{}}:{{alertname="{name}"}}', "truncatedAlerts": 0, "status": "firing",
+        "receiver": "inferd-agent", "groupLabels": {"alertname": name}, "commonLabels": labels,
+        "commonAnnotations": {}, "externalURL": "http://localhost:9093",
+        "alerts": [{
+            "status": "firing", "labels": labels, "annotations": {"description": "test"}, "startsAt": now,
+            "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": uuid.uuid4().hex[:16],
+        }],
+    }
+    request = urllib.request.Request(
+        "http://localhost:9400/v1/alerts", data=_json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token_file().read_text().strip()}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
 @pytest.fixture(scope="module")
 def live_stack(tmp_path_factory):
     for binary in ("prometheus", "prometheus-alertmanager"):
@@ -222,13 +248,18 @@ def live_stack(tmp_path_factory):
 
     roots = write_host(tmp_path_factory.mktemp("host"))
     cmd = [sys.executable, "-m", "agent.cli", "stack"]
-    agent_args = [f"--agent-arg=--gpu-backend=replay:{REPLAY}", f"--agent-arg=--sysfs-root={roots.sysfs}"]
+    agent_args = [
+        f"--agent-arg=--gpu-backend=replay:{REPLAY}",
+        f"--agent-arg=--sysfs-root={roots.sysfs}",
+        f"--agent-arg=--audit-log={run_dir / 'audit.jsonl'}",  # not the user's log and cooldowns
+    ]
     up = subprocess.run(
         [*cmd, "up", "--run-dir", str(run_dir), "--timeout", "240", *agent_args],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
+        _post_alert("InferdKVFragmentationHigh")
         stop, errors = threading.Event(), []
         workers = [threading.Thread(target=_load, args=(stop, errors)) for _ in range(4)]
         start = time.time()
@@ -267,6 +298,7 @@ def _requirements_met(window: dict) -> dict[str, bool]:
         "numa-balancing": _present("inferd_numa_balancing_enabled == 1", window),
         "fastpath": _present("inferd_engine_fastpath_failures_total", window),
         "remediation": _present("inferd_remediation_actions_total", window),
+        "rollback": _present("inferd_remediation_rollbacks_total", window),
         "alert": _present('ALERTS{alertstate="firing", alertname=~"Inferd.*"}', window),
         "alert-pending": _present('ALERTS{alertstate="pending", alertname=~"Inferd.*"}', window),
     }
@@ -295,6 +327,7 @@ def test_every_board_expression_returns_data(live_stack):
     met = _requirements_met(live_stack)
     assert met["gpu"], "the replay GPU back end must make the GPU panels return data"
     assert met["pcie-sysfs"] and met["aer"], "the fixture sysfs tree must make the PCIe panels return data"
+    assert met["remediation"], "the alert posted to the webhook must have led to an action"
     empty, skipped = [], []
     for where, expr, requirement in _board_expressions():
         if requirement and not met[requirement]:

@@ -122,7 +122,7 @@ def get(url: str) -> tuple[int, bytes]:
 def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
     live_preconditions()
     run_dir = tmp_path / "run"
-    started = cli("up", "--run-dir", str(run_dir), "--timeout", "240", timeout=300)
+    started = cli("up", "--run-dir", str(run_dir), "--timeout", "240", f"--agent-arg=--audit-log={tmp_path / 'audit.jsonl'}", timeout=300)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         state = json.loads((run_dir / stack.STATE_FILE).read_text())
