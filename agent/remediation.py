@@ -7,8 +7,8 @@ lower or higher is better. The flow for a firing alert:
 
     duplicate?  -> ignored (idempotent on fingerprint + startsAt + status)
     no rule?    -> ignored, with a log line
-    a change of the same kind still being verified?  -> skipped_verifying
-    cooldown of this rule not over?                  -> skipped_cooldown
+    a change of the same kind still being verified?  -> skipped_verifying  } deferred: acted on
+    cooldown of this rule not over?                  -> skipped_cooldown   } once clear, if still firing
     plan from the engine's config; nothing left within bounds -> at_limit
     --dry-run   -> dry_run (recorded, engine untouched)
     audit "decision" (fsynced)  ->  engine change  ->  audit "applied" / "failed"
@@ -18,7 +18,7 @@ lower or higher is better. The flow for a firing alert:
 The fast-path rule is special: the engine is put in `fallback`, and once Alertmanager
 reports the alert resolved and restore_after_s passes without a new firing, the
 policy switches it back to `fast`. State (cooldowns, de-duplication keys, running
-verifications, a pending restore) is rebuilt from the audit log on start.
+verifications, deferred alerts, a pending restore) is rebuilt from the audit log on start.
 """
 from __future__ import annotations
 
@@ -328,6 +328,7 @@ class RemediationPolicy:
         self._seen: set[str] = set()
         self._last_applied: dict[str, float] = {}
         self._verifying: dict[str, Verification] = {}
+        self._deferred: dict[str, Alert] = {}  # fingerprint -> firing alert skipped for now
         self._fallback_owner: str | None = None
         self._restore_due: float | None = None
         self.actions_total: dict[tuple[str, str, str], int] = {}
@@ -354,6 +355,7 @@ class RemediationPolicy:
                 log.info("no remediation rule for alert %r (%s); ignored", alert.name, alert.status)
                 return {"alert": alert.name, "status": alert.status, "result": "ignored"}
             if alert.status == "resolved":
+                self._deferred.pop(alert.fingerprint, None)
                 return self._on_resolved(alert, rule)
             if rule.restores_fast:
                 self._restore_due = None  # a new firing cancels a pending restore
@@ -361,17 +363,26 @@ class RemediationPolicy:
 
     # -- decisions --
 
-    def _act(self, alert: Alert, rule: Rule) -> dict[str, Any]:
-        now = self._clock()
+    def _blocker(self, rule: Rule, now: float) -> tuple[str, str] | None:
+        """Why this rule may not act now (result, detail), or None."""
         busy = [v for v in self._verifying.values()
                 if v.rule_action == rule.action or (rule.kind == "config" and v.plan.kind == "config")]
         if busy:
-            return self._decide(alert, rule, rule.action, "skipped_verifying",
-                                detail=f"{busy[0].plan.action} (id {busy[0].action_id}) is being verified")
+            return "skipped_verifying", f"{busy[0].plan.action} (id {busy[0].action_id}) is being verified"
         last = self._last_applied.get(rule.action)
         if last is not None and now - last < self.config.cooldown_s:
-            return self._decide(alert, rule, rule.action, "skipped_cooldown",
-                                detail=f"last {rule.action} {now - last:.0f}s ago, cooldown {self.config.cooldown_s:g}s")
+            return "skipped_cooldown", f"last {rule.action} {now - last:.0f}s ago, cooldown {self.config.cooldown_s:g}s"
+        return None
+
+    def _act(self, alert: Alert, rule: Rule) -> dict[str, Any]:
+        now = self._clock()
+        blocker = self._blocker(rule, now)
+        if blocker is not None:
+            # Not dropped: Alertmanager will not send this incident again, so it waits
+            # (while it keeps firing) until the blocker clears; see tick().
+            self._deferred[alert.fingerprint] = alert
+            result, detail = blocker
+            return self._decide(alert, rule, rule.action, result, detail=f"{detail}; deferred while it fires")
         plan = self._plan(alert, rule)
         if isinstance(plan, dict):
             return plan
@@ -478,6 +489,13 @@ class RemediationPolicy:
                 self._verify(verification)
             if self._restore_due is not None and now >= self._restore_due:
                 self._restore_fast()
+            for fingerprint, alert in list(self._deferred.items()):
+                rule = self.rules.get(alert.name)
+                if rule is None or self._blocker(rule, self._clock()) is None:
+                    del self._deferred[fingerprint]
+                    if rule is not None:
+                        log.info("acting on deferred alert %s (fingerprint %s)", alert.name, fingerprint)
+                        self._act(alert, rule)
 
     def _verify(self, v: Verification) -> None:
         after = self.metrics.value(v.query) if self.metrics else None
@@ -545,16 +563,34 @@ class RemediationPolicy:
             return sorted(self._verifying)
 
     @property
+    def deferred(self) -> list[str]:
+        with self._lock:
+            return list(self._deferred)
+
+    @property
     def restore_due(self) -> float | None:
         return self._restore_due
 
     # -- restart: rebuild the state from the audit log --
 
     def _reload(self, records: list[dict[str, Any]]) -> None:
+        alerts: dict[str, Alert] = {}
         for r in records:
             event = r["event"]
+            fingerprint = r.get("fingerprint", "")
+            if event == "decision":
+                if r.get("result") in ("skipped_verifying", "skipped_cooldown") and fingerprint in alerts:
+                    self._deferred[fingerprint] = alerts[fingerprint]
+                else:
+                    self._deferred.pop(fingerprint, None)
             if event == "alert":
                 self._seen.add(f"{r.get('fingerprint')}|{r.get('starts_at')}|{r.get('status')}")
+                if r.get("status") == "firing":
+                    alerts[fingerprint] = Alert("firing", r.get("labels") or {"alertname": r.get("alert", "")},
+                                                {"description": r.get("description") or ""}, r.get("starts_at", ""),
+                                                fingerprint)
+                else:
+                    self._deferred.pop(fingerprint, None)
                 rule = self.rules.get(r.get("alert", ""))
                 if rule is not None and rule.restores_fast:
                     if r.get("status") == "resolved" and self._fallback_owner is not None:

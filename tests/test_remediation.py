@@ -137,7 +137,7 @@ def test_unknown_alert_is_ignored_with_a_log_line(engine, prom, audit_path, cloc
     assert engine.changes == []
 
 
-def test_no_repeat_while_verifying_then_cooldown(engine, prom, audit_path, clock):
+def test_no_repeat_while_verifying_and_skipped_alerts_wait_for_their_turn(engine, prom, audit_path, clock):
     prom.series["inferd_kv_page_faults_total"] = [12.0, 3.0]
     policy = make_policy(engine, prom, audit_path, clock, cooldown_s=300, verify_window_s=60)
     policy.handle(firing(fingerprint="a1"))
@@ -145,14 +145,24 @@ def test_no_repeat_while_verifying_then_cooldown(engine, prom, audit_path, clock
     assert policy.handle(firing(fingerprint="a2"))["result"] == "skipped_verifying"
     # Another config change is also held back while this one is verified.
     assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t1"))["result"] == "skipped_verifying"
+    assert policy.deferred == ["a2", "t1"]
     clock.advance(31)
-    policy.tick()
-    assert policy.verifying == []
-    assert policy.handle(firing(fingerprint="a3"))["result"] == "skipped_cooldown"
+    policy.tick()  # a1 verified; t1 may go now, a2 waits for the thrashing rule's cooldown
+    assert engine.config["max_num_batched_tokens"] == 1536
+    assert engine.config["max_num_seqs"] == 48
+    assert policy.deferred == ["a2"]
     clock.advance(300)
-    assert policy.handle(firing(fingerprint="a4"))["result"] == "applied"
+    policy.tick()
     assert engine.config["max_num_seqs"] == 36
-    assert [c["body"] for c in engine.changes] == [{"max_num_seqs": 48}, {"max_num_seqs": 36}]
+    assert policy.deferred == []
+    assert [c["body"] for c in engine.changes] == [
+        {"max_num_seqs": 48}, {"max_num_batched_tokens": 1536}, {"max_num_seqs": 36}]
+    # A deferred alert that resolves is dropped.
+    assert policy.handle(firing(fingerprint="a3"))["result"] == "skipped_verifying"
+    policy.handle(firing(fingerprint="a3", status="resolved"))
+    clock.advance(1000)
+    policy.tick()
+    assert len(engine.changes) == 3
 
 
 def test_verification_that_sees_the_metric_worsen_rolls_back(engine, prom, audit_path, clock):
@@ -294,10 +304,17 @@ def test_state_survives_a_restart(engine, prom, audit_path, clock):
     second.tick()
     assert engine.config["max_num_seqs"] == 64  # the resumed verification rolled it back
     assert second.handle(firing(fingerprint="a3"))["result"] == "skipped_cooldown"
+    second.handle(firing(fingerprint="a3", status="resolved"))
     third = make_policy(engine, prom, audit_path, clock)
     assert third.rollbacks_total == {"lower_max_num_seqs": 1}
     assert third.actions_total[("InferdKVCacheThrashing", "lower_max_num_seqs", "applied")] == 1
+    assert third.deferred == ["a2"]  # still firing, skipped while a1 was verified
     assert third.handle(firing(fingerprint="a4"))["result"] == "skipped_cooldown"
+    clock.advance(300)
+    third.tick()  # the cooldown is over: a2 gets its one action, a4 waits for its verification
+    assert [c["body"] for c in engine.changes][-1] == {"max_num_seqs": 48}
+    assert len(engine.changes) == 3
+    assert third.deferred == ["a4"]
 
 
 def test_pending_restore_survives_a_restart(engine, prom, audit_path, clock):
