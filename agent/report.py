@@ -10,6 +10,7 @@ import argparse
 import datetime as dt
 import html
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -101,7 +102,7 @@ def plot(panel: Panel, series: list[Series], path: Path) -> None:
 
 
 def slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def write_report(config: ReportConfig, boards: tuple[Board, ...], now: float | None = None) -> Path:
