@@ -31,6 +31,11 @@ class AttentionMetadata:
     max_query_len: int
     max_context_len: int
     sliding_window: int | None = None
+    # Set only when some block in the batch is cold (quantized): per table entry, the
+    # kind (0 hot, 1 int8, 2 int4) and the slot within its page. block_tables then
+    # holds each entry's page.
+    block_kinds: torch.Tensor | None = None
+    block_slots: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -38,9 +43,12 @@ class AttentionMetadata:
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
+    """Store this step's K/V at their slots (page * block_size + offset). New tokens
+    always land in hot blocks. The caches are strided views of the page arena."""
+    block_size = k_cache.shape[1]
+    pages, offsets = slots // block_size, slots % block_size
+    k_cache[pages, offsets] = k.to(k_cache.dtype)
+    v_cache[pages, offsets] = v.to(v_cache.dtype)
 
 
 def _padded_queries(q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -90,16 +98,24 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    cold=None,
 ) -> torch.Tensor:
-    """q: [T, H, D] (keys/values of this step already written). Returns [T, H, D]."""
+    """q: [T, H, D] (keys/values of this step already written). Returns [T, H, D].
+    `cold` (a kv_cache.ColdLayer) is given when the batch has quantized blocks: they are
+    dequantized as they are gathered, never written back in full precision."""
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     heads = q.shape[1]
     ctx_blocks = (meta.max_context_len + block_size - 1) // block_size
     tables = meta.block_tables[:, :ctx_blocks]
     batch = meta.num_seqs
     # [B, blocks, bs, kvH, D] -> [B, kvH, ctx, D]: the sequence's context, through its table.
-    k = k_cache[tables].reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
-    v = v_cache[tables].reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
+    k_blocks, v_blocks = k_cache[tables], v_cache[tables]
+    if cold is not None and meta.block_kinds is not None:
+        kinds, slots = meta.block_kinds[:, :ctx_blocks], meta.block_slots[:, :ctx_blocks]
+        k_blocks = cold.gather(0, kinds, tables, slots, k_blocks, q.dtype)
+        v_blocks = cold.gather(1, kinds, tables, slots, v_blocks, q.dtype)
+    k = k_blocks.reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
+    v = v_blocks.reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
     k = k.transpose(1, 2).to(q.dtype)
     v = v.transpose(1, 2).to(q.dtype)
     qp = _padded_queries(q, meta)
@@ -107,3 +123,4 @@ def paged_attention(
     # enable_gqa lets each K/V head serve its group of query heads without a copy.
     out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
     return _unpad(out, meta)
+paged_attention.supports_cold_kv = True  # the portable path dequantizes cold blocks itself

@@ -2,13 +2,15 @@
 
 Check-then-act pairs keep the scheduler's preemption loop readable:
 `can_allocate`/`allocate` (admission, with prefix-cache hits), `can_append`/`append_slots`
-(growth), `can_swap_in`/`swap_in`, and `swap_out`/`free`.
+(growth), `can_swap_out`/`swap_out`, `can_swap_in`/`swap_in`, and `free`.
+New tokens always go to hot blocks; `cool_blocks` moves a sequence's full blocks that
+have left the hot window to cold (quantized) blocks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .block_pool import BlockPool, HostBlockPool, block_hash
+from .block_pool import HOT, BlockPool, HostBlockPool, block_hash
 from .sequence import Sequence
 
 
@@ -24,10 +26,11 @@ def cdiv(a: int, b: int) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, num_host_blocks: int, block_size: int,
-                 enable_prefix_caching: bool, watermark: float):
+                 enable_prefix_caching: bool, watermark: float, slots_per_page: dict[str, int] | None = None):
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
-        self.host_pool = HostBlockPool(num_host_blocks)
+        self.slots_per_page = slots_per_page or {}
+        self.pool = BlockPool(num_blocks, self.slots_per_page)
+        self.host_pool = HostBlockPool(num_host_blocks, self.slots_per_page)
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
         self.prefix = PrefixCacheCounters()
@@ -51,21 +54,26 @@ class BlockManager:
             parent = h
         return hits
 
-    def num_blocks_to_admit(self, seq: Sequence) -> int:
-        """Free blocks admitting `seq` would consume (new blocks + cached free hits)."""
+    def num_blocks_to_admit(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Free pages admitting `seq` and computing `num_new_tokens` of it would take."""
         hits = self._prefix_hits(seq)
         idle_hits = sum(1 for b in hits if self.pool.blocks[b].ref_count == 0)
-        return cdiv(seq.num_tokens, self.block_size) - len(hits) + idle_hits
+        hit_tokens = len(hits) * self.block_size
+        total = min(seq.num_tokens, hit_tokens + num_new_tokens)
+        return cdiv(total, self.block_size) - len(hits) + idle_hits
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self.pool.num_free_blocks - self.num_blocks_to_admit(seq) >= self.watermark_blocks
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        needed = self.num_blocks_to_admit(seq, num_new_tokens)
+        return self.pool.num_free_blocks - needed >= self.watermark_blocks
 
     def allocate(self, seq: Sequence) -> None:
+        """Admit: take the cached prefix blocks. Blocks for the tokens to compute come
+        from `append_slots`, chunk by chunk, as the prompt is prefilled."""
         assert not seq.block_table
         hits = self._prefix_hits(seq)
         for block_id in hits:
             self.pool.touch(block_id)
-        seq.block_table = hits + [self.pool.take() for _ in range(cdiv(seq.num_tokens, self.block_size) - len(hits))]
+        seq.block_table = hits
         seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_hashed_blocks = len(hits)
         self.prefix.queries += seq.num_tokens
@@ -97,6 +105,34 @@ class BlockManager:
             parent = h
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
+    def cool_blocks(self, seq: Sequence, hot_window: int, kind: str) -> list[tuple[int, int]]:
+        """Replace the sequence's hot blocks whose tokens are all older than the hot
+        window by cold blocks of `kind`. Returns (hot, cold) pairs to quantize. A block
+        is never quantized twice: a shared block already quantized for another
+        sequence is found by its hash and shared again."""
+        pairs: list[tuple[int, int]] = []
+        num_old = max(0, seq.num_computed_tokens - hot_window) // self.block_size
+        for i in range(num_old):
+            hot = seq.block_table[i]
+            if self.pool.is_cold(hot):
+                continue
+            block = self.pool.blocks[hot]
+            existing = (self.pool.lookup(block.content_hash, block.token_ids)
+                        if block.content_hash is not None else None)
+            if existing is not None and self.pool.is_cold(existing):
+                self.pool.touch(existing)
+                cold = existing
+            elif self.pool.can_take_cold(kind):
+                cold = self.pool.take_cold(kind)
+                if block.content_hash is not None:
+                    self.pool.register(cold, block.content_hash, block.token_ids, prefer=True)
+                pairs.append((hot, cold))
+            else:
+                break  # no memory for a cold block now; try again next step
+            seq.block_table[i] = cold
+            self.pool.release(hot)
+        return pairs
+
     # --- release and swap -------------------------------------------------------
     def free(self, seq: Sequence) -> None:
         # Tail blocks first, so they sit nearer the head of the LRU queue than the
@@ -106,27 +142,39 @@ class BlockManager:
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
-    def can_swap_out(self, seq: Sequence) -> bool:
-        return len(seq.block_table) <= self.host_pool.num_free_blocks
+    def _kinds(self, pool, block_ids: list[int]) -> list[str]:
+        return [pool.pages.locate(b)[0] for b in block_ids]
 
-    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Moves the sequence's KV to host blocks; returns (device, host) pairs to copy."""
-        host = self.host_pool.take(len(seq.block_table))
-        pairs = list(zip(seq.block_table, host))
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return self.host_pool.can_take(self._kinds(self.pool, seq.block_table))
+
+    def swap_out(self, seq: Sequence) -> list[tuple[tuple, tuple]]:
+        """Moves the sequence's KV to host blocks of the same kinds (cold blocks keep their
+        compact form); returns ((kind, page, slot) device, (kind, page, slot) host) pairs."""
+        host = [self.host_pool.take(kind) for kind in self._kinds(self.pool, seq.block_table)]
+        pairs = [(self.pool.pages.locate(d), self.host_pool.pages.locate(h)) for d, h in zip(seq.block_table, host)]
         self.free(seq)
         seq.host_block_table = host
         return pairs
 
+    def _pages_for(self, kinds: list[str]) -> int:
+        pages = 0
+        for kind in set(kinds):
+            n = kinds.count(kind)
+            pages += n if kind == HOT else cdiv(n, self.slots_per_page[kind])
+        return pages
+
     def can_swap_in(self, seq: Sequence) -> bool:
-        needed = cdiv(seq.num_tokens, self.block_size)
+        needed = self._pages_for(self._kinds(self.host_pool, seq.host_block_table))
         return self.pool.num_free_blocks - needed >= self.watermark_blocks
 
-    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Brings the sequence back; returns (host, device) pairs to copy. The host
-        blocks are released at once: the copy runs before anything can reuse them."""
-        device = [self.pool.take() for _ in seq.host_block_table]
-        device += [self.pool.take() for _ in range(cdiv(seq.num_tokens, self.block_size) - len(device))]
-        pairs = list(zip(seq.host_block_table, device))
+    def swap_in(self, seq: Sequence) -> list[tuple[tuple, tuple]]:
+        """Brings the sequence back; returns ((kind, page, slot) host, device) pairs to
+        copy. The host blocks are released at once: the copy runs before anything can
+        reuse them."""
+        kinds = self._kinds(self.host_pool, seq.host_block_table)
+        device = [self.pool.take() if kind == HOT else self.pool.take_cold(kind) for kind in kinds]
+        pairs = [(self.host_pool.pages.locate(h), self.pool.pages.locate(d)) for h, d in zip(seq.host_block_table, device)]
         self.host_pool.release(seq.host_block_table)
         seq.host_block_table = []
         seq.block_table = device
@@ -145,3 +193,11 @@ class BlockManager:
 
     def usage(self) -> float:
         return self.num_used_blocks / self.pool.num_blocks
+
+    def blocks_by_kind(self) -> dict[str, int]:
+        """Live blocks (referenced by some sequence) per kind: hot, int8, int4."""
+        counts = {HOT: 0, **{k: 0 for k in self.slots_per_page}}
+        for block_id, block in self.pool.blocks.items():
+            if block.ref_count > 0:
+                counts[self.pool.pages.locate(block_id)[0]] += 1
+        return counts

@@ -1,79 +1,237 @@
-"""KV storage: the device pool, the host swap pool, and the copies between them.
+"""KV storage: the device pool, the host swap pool, quantization and the copies between.
 
-Layout: one tensor ``[2 (k, v), num_layers, num_blocks, block_size, num_kv_heads,
-head_dim]`` per pool; each layer's K and V are views of it, so swapping a block moves
-all its layers in one indexed copy. On CUDA the host pool is pinned and copies run
-on their own stream; the compute stream waits on it before the next forward pass.
+Layout. Memory is an arena of equal pages, ``uint8 [num_pages, page_bytes]``, one page
+per hot block: viewed as ``[num_pages, 2 (k, v), num_layers, block_size, num_kv_heads,
+head_dim]`` in the model's dtype, so a block holds all layers and one page copy moves
+it whole. A page can instead hold `slots_per_page` cold blocks of one kind:
+- int8: ``[slots, 2, layers, block_size, kv_heads, head_dim]`` int8, scales
+  ``[pages, slots, 2, layers, kv_heads]`` float32 (one per block and kv head);
+- int4: ``[slots, 2, layers, block_size, kv_heads, head_dim / 2]`` packed nibbles,
+  scales ``[pages, slots, 2, layers, block_size, kv_heads, head_dim / group]`` float16.
+The scale tables live beside the arena; when the engine starts with cold KV on they
+are paid for out of the same budget. The host pool has the same format, so swapping
+moves cold blocks in their compact form. On CUDA the host pool is pinned and copies
+run on their own stream, which the compute stream waits on before the next forward.
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import torch
 
+from .block_pool import HOT, MAX_SLOTS
+from .kv_quant import dequantize_int4, dequantize_int8, int4_group_size, quantize_int4, quantize_int8
 from .numa_memory import empty_on_node
+
+log = logging.getLogger(__name__)
+
+COLD_KINDS = ("int8", "int4")
+KIND_CODE = {HOT: 0, "int8": 1, "int4": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class KVShape:
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def elt(self) -> int:
+        return torch.tensor([], dtype=self.dtype).element_size()
+
+    @property
+    def page_bytes(self) -> int:
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.elt
+
+    @property
+    def tokens_elems(self) -> int:
+        """Values of one block: 2 x layers x block_size x kv_heads x head_dim."""
+        return self.page_bytes // self.elt
+
+    def slots_per_page(self) -> dict[str, int]:
+        return {"int8": min(MAX_SLOTS, self.elt), "int4": min(MAX_SLOTS, 2 * self.elt)}
+
+    def scale_bytes_per_page(self) -> int:
+        slots = self.slots_per_page()
+        s8 = 2 * self.num_layers * self.num_kv_heads * 4
+        s4 = 2 * self.num_layers * self.block_size * self.num_kv_heads * (self.head_dim // int4_group_size(self.head_dim)) * 2
+        return slots["int8"] * s8 + slots["int4"] * s4
 
 
 def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return KVShape(num_layers, block_size, num_kv_heads, head_dim, dtype).page_bytes
+
+
+class _Arena:
+    """One pool of pages (device or host) with its typed views."""
+
+    def __init__(self, shape: KVShape, num_pages: int, device: torch.device, numa_node: int | None, with_scales: bool):
+        self.shape = shape
+        self.num_pages = num_pages
+        self.device = device
+        s = shape
+        if device.type == "cpu":
+            self.bytes = empty_on_node((num_pages, s.page_bytes), torch.uint8, numa_node, pin=torch.cuda.is_available())
+        else:
+            self.bytes = torch.zeros((num_pages, s.page_bytes), dtype=torch.uint8, device=device)
+        self.hot = self.bytes.view(s.dtype).view(num_pages, 2, s.num_layers, s.block_size, s.num_kv_heads, s.head_dim)
+        slots = s.slots_per_page()
+        tail = (2, s.num_layers, s.block_size, s.num_kv_heads)
+        d8 = s.tokens_elems
+        self.int8 = self.bytes[:, : slots["int8"] * d8].view(torch.int8).view(num_pages, slots["int8"], *tail, s.head_dim)
+        d4 = s.tokens_elems // 2
+        self.int4 = self.bytes[:, : slots["int4"] * d4].view(num_pages, slots["int4"], *tail, s.head_dim // 2)
+        self.scales8: torch.Tensor | None = None
+        self.scales4: torch.Tensor | None = None
+        if with_scales:
+            self.add_scales()
+
+    def add_scales(self) -> None:
+        s, slots = self.shape, self.shape.slots_per_page()
+        groups = s.head_dim // int4_group_size(s.head_dim)
+        self.scales8 = torch.zeros((self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
+                                   dtype=torch.float32, device=self.device)
+        self.scales4 = torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.block_size, s.num_kv_heads, groups),
+                                   dtype=torch.float16, device=self.device)
+
+    @property
+    def has_scales(self) -> bool:
+        return self.scales8 is not None
+
+
+@dataclass(slots=True)
+class ColdLayer:
+    """One layer's cold views, for attention to dequantize on the fly."""
+
+    int8_k: torch.Tensor
+    int8_v: torch.Tensor
+    scales8_k: torch.Tensor
+    scales8_v: torch.Tensor
+    int4_k: torch.Tensor
+    int4_v: torch.Tensor
+    scales4_k: torch.Tensor
+    scales4_v: torch.Tensor
+
+    def gather(self, which: int, kind: torch.Tensor, page: torch.Tensor, slot: torch.Tensor,
+               hot: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Blocks of [B, nb] entries, hot ones from `hot` ([B, nb, bs, kvh, hd]) and cold
+        ones dequantized; returns [B, nb, bs, kvh, hd]."""
+        out = hot
+        data8, sc8, data4, sc4 = ((self.int8_k, self.scales8_k, self.int4_k, self.scales4_k) if which == 0
+                                  else (self.int8_v, self.scales8_v, self.int4_v, self.scales4_v))
+        mask = lambda code: (kind == code)[..., None, None, None]  # noqa: E731
+        if bool((kind == 1).any()):
+            out = torch.where(mask(1), dequantize_int8(data8[page, slot], sc8[page, slot], dtype), out)
+        if bool((kind == 2).any()):
+            out = torch.where(mask(2), dequantize_int4(data4[page, slot], sc4[page, slot], dtype), out)
+        return out
 
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, num_host_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 host_numa_node: int | None):
-        self.shape_tail = (block_size, num_kv_heads, head_dim)
+                 host_numa_node: int | None, with_cold: bool = False):
+        self.shape = KVShape(num_layers, block_size, num_kv_heads, head_dim, dtype)
         self.dtype = dtype
         self.device = device
         self.host_numa_node = host_numa_node
-        self.block_bytes = block_bytes(num_layers, block_size, num_kv_heads, head_dim, dtype)
-        self.device_kv = torch.zeros((2, num_layers, num_blocks, *self.shape_tail), dtype=dtype, device=device)
-        self.host_kv = self._host_pool(num_host_blocks)
+        self.block_bytes = self.shape.page_bytes
+        self.device_pool = _Arena(self.shape, num_blocks, device, host_numa_node, with_cold)
+        self.host_pool = _Arena(self.shape, num_host_blocks, torch.device("cpu"), host_numa_node, with_cold)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    def _host_pool(self, num_blocks: int) -> torch.Tensor:
-        shape = (2, self.device_kv.shape[1], num_blocks, *self.shape_tail)
-        return empty_on_node(shape, self.dtype, self.host_numa_node, pin=self.device.type == "cuda")
-
-    @property
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(self.device_kv[0, i], self.device_kv[1, i]) for i in range(self.device_kv.shape[1])]
 
     @property
     def num_blocks(self) -> int:
-        return self.device_kv.shape[2]
+        return self.device_pool.num_pages
 
     @property
     def num_host_blocks(self) -> int:
-        return self.host_kv.shape[2]
+        return self.host_pool.num_pages
 
-    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """Copy out first (device->host), then in (host->device): a block freed by a
-        swap-out may be the destination of a swap-in in the same step."""
+    @property
+    def has_cold(self) -> bool:
+        return self.device_pool.has_scales
+
+    def enable_cold(self) -> None:
+        """Allocate the scale tables (run-time switch from none; outside the budget)."""
+        if not self.has_cold:
+            extra = self.shape.scale_bytes_per_page() * (self.num_blocks + self.num_host_blocks)
+            log.info("cold KV switched on at run time: %d MiB of scale tables beside the KV budget", extra >> 20)
+            self.device_pool.add_scales()
+            self.host_pool.add_scales()
+
+    def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, ColdLayer | None]:
+        d = self.device_pool
+        k, v = d.hot[:, 0, layer], d.hot[:, 1, layer]
+        if not d.has_scales:
+            return k, v, None
+        cold = ColdLayer(d.int8[:, :, 0, layer], d.int8[:, :, 1, layer], d.scales8[:, :, 0, layer], d.scales8[:, :, 1, layer],
+                         d.int4[:, :, 0, layer], d.int4[:, :, 1, layer], d.scales4[:, :, 0, layer], d.scales4[:, :, 1, layer])
+        return k, v, cold
+
+    # --- quantization ---------------------------------------------------------
+    def quantize(self, pairs: list[tuple[int, tuple[str, int, int]]]) -> None:
+        """pairs: (hot page, (kind, cold page, slot)). Reads each hot block once."""
+        d = self.device_pool
+        for kind in COLD_KINDS:
+            sel = [(h, p, s) for h, (k, p, s) in pairs if k == kind]
+            if not sel:
+                continue
+            hot = d.hot[torch.tensor([h for h, _, _ in sel], device=self.device)]
+            pages = torch.tensor([p for _, p, _ in sel], device=self.device)
+            slots = torch.tensor([s for _, _, s in sel], device=self.device)
+            if kind == "int8":
+                q, scale = quantize_int8(hot)
+                d.int8[pages, slots] = q
+                d.scales8[pages, slots] = scale
+            else:
+                q, scale = quantize_int4(hot)
+                d.int4[pages, slots] = q
+                d.scales4[pages, slots] = scale
+
+    # --- swap -------------------------------------------------------------------
+    def swap(self, swap_out: list[tuple[tuple, tuple]], swap_in: list[tuple[tuple, tuple]]) -> None:
+        """Each pair is ((kind, page, slot) source, (kind, page, slot) destination). Copies
+        out first (device->host), then in: a page freed by a swap-out may be the
+        destination of a swap-in in the same step."""
         if not swap_out and not swap_in:
             return
         stream = self.copy_stream
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-            if swap_out:
-                dev = torch.tensor([d for d, _ in swap_out], device=self.device)
-                host = torch.tensor([h for _, h in swap_out])
-                self.host_kv[:, :, host] = self.device_kv[:, :, dev].to("cpu", non_blocking=stream is not None)
-            if swap_in:
-                host = torch.tensor([h for h, _ in swap_in])
-                dev = torch.tensor([d for _, d in swap_in], device=self.device)
-                self.device_kv[:, :, dev] = self.host_kv[:, :, host].to(self.device, non_blocking=stream is not None)
+        ctx = torch.cuda.stream(stream) if stream is not None else _nullcontext()
+        with ctx:
+            self._copy(self.device_pool, self.host_pool, swap_out, stream is not None)
+            self._copy(self.host_pool, self.device_pool, swap_in, stream is not None)
         if stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            stream.synchronize()  # host blocks may be reused by the next scheduling pass
+            stream.synchronize()  # host pages may be reused by the next scheduling pass
 
-    def resize_host(self, num_blocks: int, keep: dict[int, int]) -> None:
-        """New host pool of `num_blocks`; `keep` maps old host block -> new block to copy."""
-        new = self._host_pool(num_blocks)
-        if keep:
-            old_ids = torch.tensor(list(keep))
-            new_ids = torch.tensor(list(keep.values()))
-            new[:, :, new_ids] = self.host_kv[:, :, old_ids]
-        self.host_kv = new
+    @staticmethod
+    def _copy(src: _Arena, dst: _Arena, pairs, non_blocking: bool) -> None:
+        for kind in (HOT, *COLD_KINDS):
+            sel = [(s, d) for s, d in pairs if s[0] == kind]
+            if not sel:
+                continue
+            sp = torch.tensor([s[1] for s, _ in sel], device=src.device)
+            dp = torch.tensor([d[1] for _, d in sel], device=dst.device)
+            if kind == HOT:
+                dst.bytes[dp] = src.bytes[sp].to(dst.device, non_blocking=non_blocking)
+                continue
+            ss = torch.tensor([s[2] for s, _ in sel], device=src.device)
+            ds = torch.tensor([d[2] for _, d in sel], device=dst.device)
+            data, scales = ("int8", "scales8") if kind == "int8" else ("int4", "scales4")
+            getattr(dst, data)[dp, ds] = getattr(src, data)[sp, ss].to(dst.device, non_blocking=non_blocking)
+            getattr(dst, scales)[dp, ds] = getattr(src, scales)[sp, ss].to(dst.device, non_blocking=non_blocking)
+
+    def resize_host(self, num_blocks: int, keep: dict[tuple, tuple]) -> None:
+        """New host pool of `num_blocks` pages; `keep` maps old (kind, page, slot) -> new."""
+        new = _Arena(self.shape, num_blocks, torch.device("cpu"), self.host_numa_node, self.host_pool.has_scales)
+        self._copy(self.host_pool, new, list(keep.items()), non_blocking=False)
+        self.host_pool = new
 
 
 class _nullcontext:

@@ -15,7 +15,7 @@ import torch
 
 from .block_manager import BlockManager, cdiv
 from .config import EngineConfig, validate_tunable
-from .kv_cache import KVCache, block_bytes
+from .kv_cache import KVCache, KVShape
 from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
 from .numa_memory import device_numa_node
@@ -62,8 +62,6 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         if not config.model:
             raise ValueError("EngineConfig.model must name a checkpoint directory")
-        if config.kv_cold_dtype != "none":
-            raise ValueError(f"kv_cold_dtype={config.kv_cold_dtype!r} is not supported by this engine yet; use none")
         self.config = config
         self.device = resolve_device(config.device)
         from .model_config import ModelConfig
@@ -76,18 +74,25 @@ class LLMEngine:
         self.model_name = config.model
 
         mc = self.model_config
-        self.block_bytes = block_bytes(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
-        num_blocks = self._kv_budget() // self.block_bytes
+        shape = KVShape(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
+        self.kv_shape = shape
+        self.block_bytes = shape.page_bytes
+        # With cold KV on from the start, its scale tables come out of the same budget.
+        with_cold = config.kv_cold_dtype != "none"
+        page_cost = shape.page_bytes + (shape.scale_bytes_per_page() if with_cold else 0)
+        num_blocks = self._kv_budget() // page_cost
         if num_blocks < 2:
-            raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {self.block_bytes} bytes; need at least 2")
-        num_host_blocks = config.swap_space_bytes // self.block_bytes
+            raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {page_cost} bytes; need at least 2")
+        num_host_blocks = config.swap_space_bytes // page_cost
         self.host_numa_node = device_numa_node(self.device)
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
-                                mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node)
+                                mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
+                                with_cold=with_cold)
         self.block_manager = BlockManager(num_blocks, num_host_blocks, config.block_size,
-                                          config.enable_prefix_caching, config.watermark)
+                                          config.enable_prefix_caching, config.watermark, shape.slots_per_page())
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode)
+        self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
+                                  locate=self.block_manager.pool.pages.locate)
         self.runner.on_fastpath_failure = self._on_fastpath_failure
         self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -193,6 +198,7 @@ class LLMEngine:
                     seq.times.first_scheduled = now
                 seq.num_computed_tokens += item.num_tokens
                 self.block_manager.commit_full_blocks(seq)
+            self._cool(item.seq for item in sched.scheduled)
             if sampling:
                 tokens, logprobs = greedy_on_device(logits, sampling), [None] * len(sampling)
                 if tokens is None:
@@ -211,6 +217,23 @@ class LLMEngine:
         stats.duration = time.perf_counter() - start
         self.last_step = stats
         return outputs
+
+    def _cool(self, seqs) -> None:
+        """Quantize full blocks that left the hot window (not in fallback: no quantized
+        KV is written there, though existing cold blocks are still read)."""
+        kind = self.config.kv_cold_dtype
+        if kind == "none" or self.config.mode == "fallback":
+            return
+        start = time.perf_counter()
+        pairs = []
+        for seq in seqs:
+            if seq.status is SequenceStatus.RUNNING:
+                pairs += self.block_manager.cool_blocks(seq, self.config.kv_hot_window, kind)
+        if pairs:
+            locate = self.block_manager.pool.pages.locate
+            self.kv_cache.quantize([(hot, locate(cold)) for hot, cold in pairs])
+            self.counters.quantized_blocks[kind] += len(pairs)
+            self.counters.quantize_seconds += time.perf_counter() - start
 
     def _count_paging(self, sched) -> None:
         c = self.counters
@@ -298,8 +321,9 @@ class LLMEngine:
         validated before any is applied. Returns the new configuration."""
         for name, value in changes.items():
             validate_tunable(name, value)
-        if changes.get("kv_cold_dtype", "none") != "none":
-            raise ValueError("kv_cold_dtype: cold-KV quantization is not supported by this engine yet; allowed: none")
+        if changes.get("kv_cold_dtype", "none") != "none" and not self.kv_cache.has_cold:
+            self.kv_cache.enable_cold()
+            self.runner.refresh_kv_views()
         if "swap_space_bytes" in changes:
             self._check_swap_resize(changes["swap_space_bytes"])
         new = self.config.replace(**changes)
@@ -317,17 +341,22 @@ class LLMEngine:
     def _check_swap_resize(self, nbytes: int) -> None:
         in_use = self.block_manager.host_pool.num_blocks - self.block_manager.host_pool.num_free_blocks
         if nbytes // self.block_bytes < in_use:
-            raise ValueError(f"swap_space_bytes={nbytes} holds {nbytes // self.block_bytes} blocks; "
-                             f"{in_use} host blocks are in use by swapped-out sequences")
+            raise ValueError(f"swap_space_bytes={nbytes} holds {nbytes // self.block_bytes} host pages; "
+                             f"{in_use} are in use by swapped-out sequences")
 
     def _resize_swap(self, nbytes: int) -> None:
         from .block_pool import HostBlockPool
 
-        new_pool = HostBlockPool(nbytes // self.block_bytes)
-        remap: dict[int, int] = {}
+        old_pool = self.block_manager.host_pool
+        new_pool = HostBlockPool(nbytes // self.block_bytes, self.kv_shape.slots_per_page())
+        remap: dict[tuple, tuple] = {}
         for seq in self.scheduler.swapped:
-            new_ids = new_pool.take(len(seq.host_block_table))
-            remap.update(zip(seq.host_block_table, new_ids))
+            new_ids = []
+            for block_id in seq.host_block_table:
+                kind = old_pool.pages.locate(block_id)[0]
+                new_id = new_pool.take(kind)
+                remap[old_pool.pages.locate(block_id)] = new_pool.pages.locate(new_id)
+                new_ids.append(new_id)
             seq.host_block_table = new_ids
         self.kv_cache.resize_host(new_pool.num_blocks, remap)
         self.block_manager.host_pool = new_pool
@@ -351,6 +380,7 @@ class LLMEngine:
             if free_blocks - smallest < bm.watermark_blocks:
                 unusable += free_blocks * bs
         free_slots = free_blocks * bs + tail_slack
+        by_kind = bm.blocks_by_kind()
         return KVSnapshot(
             num_blocks=bm.pool.num_blocks,
             num_used=bm.num_used_blocks,
@@ -359,4 +389,7 @@ class LLMEngine:
             fragmentation_ratio=unusable / free_slots if free_slots else 0.0,
             num_host_blocks=bm.host_pool.num_blocks,
             num_host_free=bm.host_pool.num_free_blocks,
+            blocks_by_dtype=by_kind,
+            bytes_saved=sum(n * (self.block_bytes - self.block_bytes // bm.slots_per_page[k])
+                            for k, n in by_kind.items() if k != "hot"),
         )

@@ -84,14 +84,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata, attention_fn):
+    def forward(self, x, cos, sin, kv, meta: AttentionMetadata, attention_fn):
+        k_cache, v_cache, cold = kv
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        out = attention_fn(q, k_cache, v_cache, meta, self.scale)
+        if meta.block_kinds is not None:
+            out = attention_fn(q, k_cache, v_cache, meta, self.scale, cold=cold)
+        else:
+            out = attention_fn(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -114,8 +118,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta, attention_fn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta, attention_fn)
+    def forward(self, x, cos, sin, kv, meta, attention_fn):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, meta, attention_fn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -137,14 +141,14 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         meta: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[tuple],
         attention_fn=paged_attention,
     ) -> torch.Tensor:
         """Returns the final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, k_cache, v_cache, meta, attention_fn)
+        for layer, kv in zip(self.layers, kv_caches):  # kv: (k_cache, v_cache, cold views or None)
+            x = layer(x, cos, sin, kv, meta, attention_fn)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

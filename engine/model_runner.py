@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .attention import AttentionMetadata, paged_attention
-from .kv_cache import KVCache
+from .kv_cache import KIND_CODE, KVCache
 from .model import LlamaModel
 from .scheduler import ScheduledSeq
 
@@ -30,9 +30,11 @@ class FastPathError(RuntimeError):
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, mode: str,
-                 fast_attention: Callable | None = None):
+                 fast_attention: Callable | None = None, locate: Callable[[int], tuple[str, int, int]] | None = None):
         self.model = model
         self.kv_cache = kv_cache
+        self.locate = locate  # block id -> (kind, page, slot); None when every block is hot
+        self.refresh_kv_views()
         self.block_size = block_size
         self.device = kv_cache.device
         self.mode = mode
@@ -44,6 +46,10 @@ class ModelRunner:
         # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
         # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
         self.fast_decode = None
+
+    def refresh_kv_views(self) -> None:
+        """Per-layer (k, v, cold) views of the arena; call again after cold KV is enabled."""
+        self.kv_layers = [self.kv_cache.layer_views(i) for i in range(self.model.config.num_hidden_layers)]
 
     def inject_fastpath_failure(self, reason: str) -> None:
         """Make the next fast-path step fail with `reason` (fault injection for tests)."""
@@ -72,8 +78,19 @@ class ModelRunner:
                 sample_rows.append(len(input_ids) - 1)
         max_blocks = max(len(item.seq.block_table) for item in batch)
         tables = torch.zeros(len(batch), max_blocks, dtype=torch.long)
+        kinds = slots_in_page = None
+        num_pages = self.kv_cache.num_blocks
+        if any(b >= num_pages for item in batch for b in item.seq.block_table):
+            kinds = torch.zeros(len(batch), max_blocks, dtype=torch.long)
+            slots_in_page = torch.zeros(len(batch), max_blocks, dtype=torch.long)
         for i, item in enumerate(batch):
-            tables[i, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.long)
+            table = item.seq.block_table
+            if kinds is None:
+                tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+                continue
+            for j, block_id in enumerate(table):
+                kind, page, slot = self.locate(block_id)
+                tables[i, j], kinds[i, j], slots_in_page[i, j] = page, KIND_CODE[kind], slot
         dev = self.device
         meta = AttentionMetadata(
             query_start=query_start,
@@ -85,6 +102,8 @@ class ModelRunner:
             max_query_len=max(query_lens),
             max_context_len=max(context_lens),
             sliding_window=self.model.config.sliding_window,
+            block_kinds=kinds.to(dev) if kinds is not None else None,
+            block_slots=slots_in_page.to(dev) if slots_in_page is not None else None,
         )
         return torch.tensor(input_ids, dtype=torch.long, device=dev), meta, sample_rows
 
@@ -97,7 +116,8 @@ class ModelRunner:
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
                 self._switch_to_fallback(exc)
         input_ids, meta, sample_rows = self.prepare(batch)
-        if self.mode == "fast":
+        fast_handles_batch = meta.block_kinds is None or getattr(self.fast_attention, "supports_cold_kv", False)
+        if self.mode == "fast" and fast_handles_batch:
             try:
                 return self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
             except Exception as exc:  # any fast-path failure: fall back, keep serving
@@ -129,7 +149,7 @@ class ModelRunner:
         return self.fast_attention(*args, **kwargs)
 
     def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
-        hidden = self.model(input_ids, meta, self.kv_cache.layers, attention_fn)
+        hidden = self.model(input_ids, meta, self.kv_layers, attention_fn)
         logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 0)
         if check and logits.numel() and not torch.isfinite(logits).all():
             raise FastPathError("non_finite_logits", "non-finite logits on the fast path")

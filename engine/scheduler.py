@@ -37,8 +37,8 @@ class ScheduledSeq:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host)
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device)
+    swap_out: list[tuple[tuple, tuple]] = field(default_factory=list)  # (device, host) (kind, page, slot)
+    swap_in: list[tuple[tuple, tuple]] = field(default_factory=list)  # (host, device)
     preempted: list[Sequence] = field(default_factory=list)
     num_swapped_in: int = 0
     num_recompute_faults: int = 0
@@ -132,10 +132,12 @@ class Scheduler:
             self.swapped.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            num = min(seq.num_uncomputed_tokens, token_budget)
-            out.scheduled.append(ScheduledSeq(seq, num))
             out.num_swapped_in += 1
-            token_budget -= num
+            num = min(seq.num_uncomputed_tokens, token_budget)
+            if bm.can_append(seq, seq.num_computed_tokens + num):  # else it grows next step
+                bm.append_slots(seq, seq.num_computed_tokens + num)
+                out.scheduled.append(ScheduledSeq(seq, num))
+                token_budget -= num
 
     def _admit(self, out: SchedulerOutput, token_budget: int) -> None:
         bm = self.block_manager
@@ -144,16 +146,17 @@ class Scheduler:
                 break
             if seq.index > 0 and self._first_sibling_prefilling(seq):
                 continue  # wait for the prompt's blocks to be cached, then share them
-            if not bm.can_allocate(seq):
+            if not bm.can_allocate(seq, token_budget):
                 break
             bm.allocate(seq)
+            num = min(seq.num_uncomputed_tokens, token_budget)
+            bm.append_slots(seq, seq.num_computed_tokens + num)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             if seq.needs_recompute_fault:
                 out.num_recompute_faults += 1
                 seq.needs_recompute_fault = False
-            num = min(seq.num_uncomputed_tokens, token_budget)
             out.scheduled.append(ScheduledSeq(seq, num))
             token_budget -= num
 

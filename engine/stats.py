@@ -50,6 +50,8 @@ class EngineCounters:
     prefix_hits: int = 0
     requests_finished: Counter = field(default_factory=Counter)  # finish_reason -> count
     fastpath_failures: Counter = field(default_factory=Counter)  # reason -> count
+    quantized_blocks: Counter = field(default_factory=Counter)  # cold dtype -> blocks quantized
+    quantize_seconds: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +63,8 @@ class KVSnapshot:
     fragmentation_ratio: float
     num_host_blocks: int
     num_host_free: int
+    blocks_by_dtype: dict = field(default_factory=dict)  # live blocks: hot, int8, int4
+    bytes_saved: int = 0  # KV bytes the live cold blocks save against full precision
 
     @property
     def usage(self) -> float:

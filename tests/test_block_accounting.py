@@ -11,11 +11,13 @@ from engine.sequence import SequenceStatus
 
 @pytest.fixture(scope="module")
 def engine_factory(tiny_model):
-    def build(mode: str, caching: bool) -> LLMEngine:
-        probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=1 << 20))
+    probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=1 << 20))
+
+    def build(mode: str, caching: bool, cold: str) -> LLMEngine:
         return LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=20 * probe.block_bytes,
                                       swap_space_bytes=12 * probe.block_bytes, preemption_mode=mode,
-                                      enable_prefix_caching=caching, max_num_batched_tokens=32, watermark=0.0))
+                                      enable_prefix_caching=caching, max_num_batched_tokens=32, watermark=0.0,
+                                      kv_cold_dtype=cold, kv_hot_window=8))
     return build
 
 
@@ -28,10 +30,21 @@ def check_invariants(engine: LLMEngine) -> None:
             holders[b] = holders.get(b, 0) + 1
         if s.status is SequenceStatus.SWAPPED:
             assert not s.block_table and s.host_block_table
-    for block in pool.blocks:
+    pages = pool.pages
+    cold_slots_per_page: dict[int, int] = {}
+    for block_id, block in pool.blocks.items():
         assert block.ref_count >= 0
-        assert block.ref_count == holders.get(block.block_id, 0)
-        assert (block.ref_count == 0) == (block.block_id in pool.free_queue)
+        assert block.ref_count == holders.get(block_id, 0)
+        if pool.is_cold(block_id):
+            assert block.ref_count > 0  # cold blocks are freed with their last reference
+            kind, page, _ = pages.locate(block_id)
+            cold_slots_per_page[page] = cold_slots_per_page.get(page, 0) + 1
+    for page in range(pages.num_pages):
+        in_free = page in pages.free_queue
+        if page in cold_slots_per_page:
+            assert not in_free and pages.page_used_slots[page] == cold_slots_per_page[page]
+        else:
+            assert in_free == (pool.blocks[page].ref_count == 0)
     # a block in two tables must hold a full, hashed (prefix-shared) block
     for b, n in holders.items():
         if n > 1:
@@ -47,11 +60,11 @@ action = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=st.lists(action, min_size=5, max_size=40), mode=st.sampled_from(["swap", "recompute"]),
-       caching=st.booleans())
-def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, caching):
-    engine = engine_factory(mode, caching)
+       caching=st.booleans(), cold=st.sampled_from(["none", "int8", "int4"]))
+def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, caching, cold):
+    engine = engine_factory(mode, caching, cold)
     ids = []
     for act in actions:
         if act[0] == "add":

@@ -43,40 +43,71 @@ def test_touch_removes_from_free_queue_and_release_below_zero_raises():
         pool.release(1)
 
 
+def admit(bm, s):
+    bm.allocate(s)
+    bm.append_slots(s, s.num_tokens)
+
+
 def test_prefix_hit_shares_blocks_and_keeps_last_token_uncached():
     bm = BlockManager(num_blocks=8, num_host_blocks=0, block_size=4, enable_prefix_caching=True, watermark=0.0)
     a = seq(list(range(10)), "a")
-    bm.allocate(a)
+    admit(bm, a)
     assert a.block_table == [0, 1, 2] and a.num_computed_tokens == 0
     a.num_computed_tokens = 10
     bm.commit_full_blocks(a)
     b = seq(list(range(8)) + [99], "b")
-    bm.allocate(b)
-    assert b.block_table[:2] == [0, 1] and b.num_computed_tokens == 8
+    admit(bm, b)
+    assert b.block_table == [0, 1, 3] and b.num_computed_tokens == 8
     assert bm.pool.blocks[0].ref_count == 2
     # all 8 tokens cached, but the last must be computed: only one block is a hit
     c = seq(list(range(8)), "c")
-    bm.allocate(c)
-    assert c.num_computed_tokens == 4 and c.block_table[0] == 0 and c.block_table[1] != 1
+    admit(bm, c)
+    assert c.num_computed_tokens == 4 and c.block_table == [0, 4]
     for s in (a, b, c):
         bm.free(s)
     assert bm.pool.num_free_blocks == 8
-    assert all(blk.ref_count == 0 for blk in bm.pool.blocks)
+    assert all(blk.ref_count == 0 for blk in bm.pool.blocks.values())
 
 
 def test_watermark_blocks_admission():
     bm = BlockManager(num_blocks=10, num_host_blocks=0, block_size=4, enable_prefix_caching=False, watermark=0.2)
-    assert bm.can_allocate(seq(list(range(32))))  # 8 blocks, leaves 2 = watermark
-    assert not bm.can_allocate(seq(list(range(33))))  # 9 blocks
+    assert bm.can_allocate(seq(list(range(40))), 32)  # first chunk of 32 tokens: 8 blocks, leaves 2 = watermark
+    assert not bm.can_allocate(seq(list(range(40))), 33)  # 9 blocks
 
 
 def test_swap_out_and_in_round_trip_ids():
     bm = BlockManager(num_blocks=4, num_host_blocks=4, block_size=4, enable_prefix_caching=False, watermark=0.0)
     s = seq(list(range(7)))
-    bm.allocate(s)
+    admit(bm, s)
     assert s.block_table == [0, 1]
     pairs = bm.swap_out(s)
-    assert pairs == [(0, 0), (1, 1)] and s.block_table == [] and bm.pool.num_free_blocks == 4
+    assert pairs == [(("hot", 0, 0), ("hot", 0, 0)), (("hot", 1, 0), ("hot", 1, 0))]
+    assert s.block_table == [] and bm.pool.num_free_blocks == 4
     back = bm.swap_in(s)
-    assert [h for h, _ in back] == [0, 1] and len(s.block_table) == 2
+    assert [h for h, _ in back] == [("hot", 0, 0), ("hot", 1, 0)] and len(s.block_table) == 2
     assert bm.host_pool.num_free_blocks == 4
+
+
+def test_cold_slots_share_a_page_and_return_it_when_empty():
+    bm = BlockManager(num_blocks=6, num_host_blocks=4, block_size=4, enable_prefix_caching=True, watermark=0.0,
+                      slots_per_page={"int8": 2, "int4": 4})
+    s = seq(list(range(17)))
+    admit(bm, s)
+    assert s.block_table == [0, 1, 2, 3, 4]
+    s.num_computed_tokens = 17
+    bm.commit_full_blocks(s)
+    pairs = bm.cool_blocks(s, hot_window=4, kind="int8")  # blocks 0-2 hold only tokens older than 13
+    assert [hot for hot, _ in pairs] == [0, 1, 2]
+    colds = [c for _, c in pairs]
+    # page 5 splits into two int8 slots; freed hot pages go to the head of the queue
+    assert [bm.pool.pages.locate(c) for c in colds] == [("int8", 5, 0), ("int8", 5, 1), ("int8", 1, 0)]
+    assert s.block_table[:3] == colds
+    # the quantized copy now answers prefix lookups: a new request shares it, no second quantization
+    t = seq(list(range(9)), "t")
+    bm.allocate(t)
+    assert t.block_table == colds[:2]
+    assert bm.cool_blocks(t, hot_window=0, kind="int8") == []
+    bm.free(t)
+    bm.free(s)
+    assert bm.pool.num_free_blocks == 6
+    assert all(b.ref_count == 0 for b in bm.pool.blocks.values())
