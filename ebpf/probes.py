@@ -127,7 +127,11 @@ def _import_bcc():
 
 @contextlib.contextmanager
 def _captured_stderr() -> Iterator[list[str]]:
-    """bcc and libbpf print the compiler and verifier's reasons to fd 2; keep them."""
+    """bcc and libbpf print the compiler's and verifier's reasons to fd 2; keep a copy.
+
+    Whatever reached fd 2 meanwhile (from bcc or any other thread) is written back to it
+    afterwards, so nothing is lost from the log.
+    """
     lines: list[str] = []
     with tempfile.TemporaryFile(mode="w+b") as sink:
         saved = os.dup(2)
@@ -138,7 +142,10 @@ def _captured_stderr() -> Iterator[list[str]]:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            lines.extend(line for line in sink.read().decode(errors="replace").splitlines() if line.strip())
+            captured = sink.read()
+            if captured:
+                os.write(2, captured)
+            lines.extend(line for line in captured.decode(errors="replace").splitlines() if line.strip())
 
 
 def _explain(exc: Exception, stderr: list[str]) -> str:
@@ -324,7 +331,11 @@ def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Pat
     if not kprobes_offered(sysfs_root, tracefs):
         attempts.append("kernel offers no kprobes (no kprobe PMU, no kprobe_events)")
         raise ProbeUnavailable("; ".join(attempts))
-    bpf = _compile(bcc, program_text(spec, ["numa_hint_faults_kprobe.c"]))
+    try:
+        bpf = _compile(bcc, program_text(spec, ["numa_hint_faults_kprobe.c"]))
+    except ProbeUnavailable as exc:
+        attempts.append(f"kprobe program failed: {exc}")
+        raise ProbeUnavailable("; ".join(attempts)) from None
     failure = None
     with _captured_stderr() as stderr:
         try:

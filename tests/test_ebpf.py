@@ -415,6 +415,21 @@ def test_every_probe_loads_or_says_why(live):
 
 @needs_bpf
 @pytest.mark.root
+def test_hint_fault_kprobe_fallback_compiles_and_verifies():
+    """The kprobe variant is used only on kernels with kprobes; check it loads everywhere."""
+    import bcc
+
+    from ebpf.probes import program_text
+
+    bpf = bcc.BPF(text=program_text(PROBES["numa_hint_faults"], ["numa_hint_faults_kprobe.c"]).encode())
+    try:
+        assert bpf.load_func(b"on_task_numa_fault", bcc.BPF.KPROBE).fd > 0
+    finally:
+        bpf.cleanup()
+
+
+@needs_bpf
+@pytest.mark.root
 @pytest.mark.slow  # shares the `live` fixture, which compiles five programs (4-10 s on 2 busy cores)
 def test_child_touching_fresh_pages_shows_that_many_local_allocs(live):
     num_pages = 20_000
