@@ -381,3 +381,13 @@ def test_reference_dashboards_queries_return_data(live_stack, source):
         if not _has_data(query, live_stack):
             empty.append(query)
     assert not empty, f"{len(empty)} reference queries return no data:\n" + "\n".join(empty)
+
+
+def test_generated_boards_parse_back_through_the_sdk_models():
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    for name, board in load_boards().items():
+        parsed = Dashboard.from_json(board)
+        assert parsed.uid == name
+        assert len(parsed.panels) == len(board["panels"])
+        assert [v.name for v in parsed.templating.list_val] == [v["name"] for v in board["templating"]["list"]]

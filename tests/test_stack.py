@@ -161,3 +161,26 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
     assert stack.marked_pids(run_dir) == []
     assert not [p for p in pids if stack.is_running(p)]
     assert not [p for p in PORTS if stack.port_in_use(p)]
+
+
+def test_grafana_is_started_with_the_repository_provisioning_where_installed(tmp_path, monkeypatch):
+    if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
+        pytest.skip("prometheus / prometheus-alertmanager not installed (Debian packages)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "grafana"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    wanted, notes = stack.components(stack.StackConfig(run_dir=tmp_path / "run"))
+    grafana = {c.name: c for c in wanted}["grafana"]
+    assert grafana.argv[:2] == (str(fake), "server")
+    env = dict(grafana.env)
+    assert env["GF_PATHS_PROVISIONING"] == str(ROOT / "dashboards" / "provisioning")
+    assert env["INFERD_DASHBOARDS_DIR"] == str(ROOT / "dashboards" / "generated")
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert env["GF_PATHS_DATA"].startswith(str(tmp_path / "run"))
+    assert grafana.health_url == "http://localhost:3000/api/health"
+    assert not notes
+    without, notes = stack.components(stack.StackConfig(run_dir=tmp_path / "run", with_grafana=False))
+    assert "grafana" not in {c.name for c in without}
