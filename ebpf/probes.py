@@ -300,6 +300,10 @@ class LoadedProbe:
             else:
                 self._bpf.detach_tracepoint(tracepoint.encode())
 
+    def program_fds(self) -> dict[str, int]:
+        """Loaded program name -> fd (its /proc/self/fdinfo has run counts with bpf_stats)."""
+        return {name.decode(): fn.fd for name, fn in self._bpf.funcs.items()}
+
     def close(self) -> None:
         self._bpf.cleanup()
 

@@ -4,8 +4,9 @@ against none, and the time one collection takes.
 Workloads: ``touch`` maps anonymous memory without THP (the probes' worst case: one
 mm_page_alloc and one page_fault_user event per 4 KiB page and nothing else), fills it
 with memset and unmaps it; ``numpy`` allocates fresh float64 arrays, fills them with
-random numbers and sums them. This process is watched, so the per-process path is the
-one measured. The
+random numbers and sums them. This process is watched (the per-process path) unless
+--unwatched (the "other" path). The kernel's own per-program run time
+(kernel.bpf_stats_enabled) is reported too: it does not depend on other load. The
 probes are compiled once; each round then runs the workload with their tracepoints
 detached and attached, in alternating order, and the slowdown is the median of the
 per-round ratios, in thread CPU time (the page faults' kernel time, where the probes
@@ -69,6 +70,40 @@ def set_attached(collector: EbpfNumaCollector, attached: bool) -> None:
             probe.set_attached(attached)
 
 
+def program_run_ns(collector: EbpfNumaCollector, workload, num_bytes: int, loops: int) -> dict[str, float]:
+    """Mean in-kernel run time of each attached program over one workload run, from the
+    kernel's own accounting (kernel.bpf_stats_enabled; /proc/self/fdinfo run_time_ns)."""
+    stats = Path("/proc/sys/kernel/bpf_stats_enabled")
+    before = stats.read_text().strip()
+    stats.write_text("1")
+    try:
+        start = {name: _run_stats(fd) for name, fd in _program_fds(collector).items()}
+        workload(num_bytes, loops)
+        end = {name: _run_stats(fd) for name, fd in _program_fds(collector).items()}
+    finally:
+        stats.write_text(before)
+    means = {}
+    for name, (ns, runs) in end.items():
+        d_ns, d_runs = ns - start[name][0], runs - start[name][1]
+        if d_runs:
+            means[name] = round(d_ns / d_runs, 1)
+    return means
+
+
+def _program_fds(collector: EbpfNumaCollector) -> dict[str, int]:
+    fds = {}
+    for name in collector.probe_names:
+        probe = collector.probe(name)
+        if probe is not None:
+            fds.update(probe.program_fds())
+    return fds
+
+
+def _run_stats(fd: int) -> tuple[int, int]:
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
+    return int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0))
+
+
 def time_collections(collector: EbpfNumaCollector, count: int) -> list[float]:
     times = []
     for _ in range(count):
@@ -87,6 +122,8 @@ def main() -> int:
     parser.add_argument("--collections", type=int, default=200, help="collections to time")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="touch",
                         help="touch: map+memset+unmap (worst case); numpy: random arrays allocated and reduced")
+    parser.add_argument("--unwatched", action="store_true",
+                        help="do not watch the workload (the 'other' path most processes take)")
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU to pin the workload to")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -96,7 +133,7 @@ def main() -> int:
 
     num_bytes = args.mib << 20
     pages_per_run = num_bytes // mmap.PAGESIZE * args.loops
-    collector = EbpfNumaCollector(watch_pids=(os.getpid(),))
+    collector = EbpfNumaCollector(watch_pids=() if args.unwatched else (os.getpid(),))
     start = time.perf_counter()
     collector.start()
     load_seconds = time.perf_counter() - start
@@ -111,6 +148,7 @@ def main() -> int:
                 set_attached(collector, attached)
                 sides[attached].append(workload(num_bytes, args.loops))
         set_attached(collector, True)
+        run_ns = program_run_ns(collector, workload, num_bytes, args.loops)
         collection_times = time_collections(collector, args.collections)
     finally:
         collector.close()
@@ -122,6 +160,7 @@ def main() -> int:
     median = lambda side, index: statistics.median(run[index] for run in sides[side])  # noqa: E731
     result = {
         "workload": args.workload,
+        "watched": not args.unwatched,
         "pages_per_run": pages_per_run,
         "cpu": args.cpu,
         "rounds": args.rounds,
@@ -134,6 +173,7 @@ def main() -> int:
         "baseline_pages_per_cpu_s": pages_per_run / median(False, 0),
         "probed_pages_per_cpu_s": pages_per_run / median(True, 0),
         "extra_ns_per_page": 1e9 * (median(True, 0) - median(False, 0)) / pages_per_run,
+        "program_ns_per_run": run_ns,
         "load_s": load_seconds,
         "collection_ms_median": 1000 * statistics.median(collection_times),
         "collection_ms_p99": 1000 * sorted(collection_times)[int(0.99 * (len(collection_times) - 1))],
