@@ -207,9 +207,11 @@ def run(args: argparse.Namespace) -> int:
 
     # uvicorn re-raises a captured SIGTERM/SIGINT after shutting down; a no-op handler
     # lets run() go on to stop the engine instead of dying with the child left behind.
-    received: list[int] = []
+    def on_signal(signum, frame) -> None:  # also covers a signal before uvicorn installs its own
+        server.should_exit = True
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: received.append(signum))
+        signal.signal(sig, on_signal)
 
     log.info("agent on http://%s:%d (engine node %s, cpus %s)", args.host, args.port, node, cpus)
     try:

@@ -82,23 +82,30 @@ def bound_command(config: SupervisorConfig) -> tuple[list[str], str]:
     """The command that starts the engine with its binding, and a description of it."""
     if config.cpus is None and config.mem_node is None:
         return list(config.command), "unbound"
+    cpus = config.cpus
+    if cpus is not None:
+        # a container's cpuset can be narrower than the node's CPU list
+        allowed = set(cpus) & os.sched_getaffinity(0)
+        if not allowed:
+            log.warning("none of the engine node's CPUs %s is available to the agent; CPU affinity not set", format_cpus(cpus))
+        cpus = tuple(sorted(allowed)) or None
     numactl = shutil.which("numactl") if config.use_numactl else None
     if numactl:
         prefix = [numactl]
-        if config.cpus is not None:
-            prefix.append(f"--physcpubind={format_cpus(config.cpus)}")
+        if cpus is not None:
+            prefix.append(f"--physcpubind={format_cpus(cpus)}")
         if config.mem_node is not None:
             prefix.append(f"--membind={config.mem_node}")
         how = "numactl"
     else:
         prefix = [sys.executable, "-m", "agent.supervisor"]
-        if config.cpus is not None:
-            prefix += ["--cpus", format_cpus(config.cpus)]
+        if cpus is not None:
+            prefix += ["--cpus", format_cpus(cpus)]
         if config.mem_node is not None:
             prefix += ["--membind", str(config.mem_node)]
         prefix.append("--")
         how = "sched_setaffinity + set_mempolicy launcher"
-    description = f"cpus={format_cpus(config.cpus) if config.cpus else 'any'} mem_node={config.mem_node} via {how}"
+    description = f"cpus={format_cpus(cpus) if cpus else 'any'} mem_node={config.mem_node} via {how}"
     return prefix + list(config.command), description
 
 

@@ -72,9 +72,9 @@ class Agent:
     def metrics(self) -> str:
         return get(f"{self.url}/metrics")[1]
 
-    def stop(self) -> int:
+    def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(sig)
         return self.process.wait(timeout=60)
 
 
@@ -153,6 +153,18 @@ def test_killed_engine_is_restarted_and_stopping_the_agent_stops_the_engine():
         assert agent.stop() == 0
     with pytest.raises(ProcessLookupError):
         os.kill(second, 0)
+
+
+def test_sigint_stops_agent_and_engine():
+    agent = Agent("--engine-command", f'{sys.executable} -c "import time; time.sleep(600)"',
+                  "--gpu-backend", f"replay:{EIGHT_GPUS}")
+    try:
+        agent.wait_ready()
+        engine = wait_for(lambda: agent.health()["engine"]["pid"])
+    finally:
+        assert agent.stop(signal.SIGINT) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine, 0)
 
 
 @pytest.mark.slow
