@@ -362,7 +362,6 @@ NOT_APPLICABLE = {
     "vllm:mm_cache": "no multimodal inputs",
     'source="external_kv_transfer"': "no external KV connector",
     'finished_reason="error"': "no request has failed in the load (vLLM has no series either until one does)",
-    'status="5xx"': "no server error in the load",
 }
 
 
