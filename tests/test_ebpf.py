@@ -286,6 +286,16 @@ def test_exited_engine_moves_to_other_and_balancing_off_hides_hint_faults(tmp_pa
     assert "inferd_numa_balancing_enabled 0.0" in _exposition(collector)
 
 
+def test_collect_while_probes_load_reports_the_collector_unavailable(tmp_path):
+    from exporters.registry import CollectorSet, CollectorUnavailable
+
+    collector = EbpfNumaCollector(procfs_root=tmp_path)
+    with collector._start_lock:  # what start() holds while compiling in the agent's thread
+        with pytest.raises(CollectorUnavailable, match="still loading"):
+            list(collector.collect())
+        assert 'inferd_collector_up{collector="ebpf"} 0.0' in _exposition(CollectorSet([collector]))
+
+
 def test_unknown_probe_name_is_refused():
     with pytest.raises(ValueError, match="unknown eBPF probe"):
         EbpfNumaCollector(probes=["page_allocs", "nonsense"])
