@@ -101,7 +101,10 @@ class OtlpPusher:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
             exporter = OTLPMetricExporter(endpoint=config.endpoint, timeout=config.timeout_s)
+            # it logs an ERROR per failed batch; the agent logs changes and counts drops instead
+            logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
         self.exporter = exporter
+        self._receiver_ok: bool | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=config.queue_size)
         self._dropped = {"queue_full": 0, "export_failed": 0}
         self._sent = 0
@@ -173,11 +176,19 @@ class OtlpPusher:
         except Exception as exc:
             log.debug("OTLP export raised: %s", exc)
             result = MetricExportResult.FAILURE
+        ok = result == MetricExportResult.SUCCESS
         with self._lock:
-            if result == MetricExportResult.SUCCESS:
+            if ok:
                 self._sent += 1
             else:
                 self._dropped["export_failed"] += 1
+        if ok != self._receiver_ok:
+            self._receiver_ok = ok
+            if ok:
+                log.info("OTLP receiver %s accepts metrics", self.config.endpoint)
+            else:
+                log.warning("OTLP receiver %s does not accept metrics; dropping batches "
+                            "(inferd_otlp_dropped_total{reason=\"export_failed\"})", self.config.endpoint)
         return True
 
     def _collect_loop(self) -> None:
