@@ -79,7 +79,7 @@ def workload(device_index: int, seconds: float, results: "mp.Queue") -> None:
             torch.mm(a, b, out=c)
 
     timed("matmul", matmul, per_step_flops=mm_per_step * 2.0 * n**3)
-    del a, b, c
+    a = b = c = None  # free 384 MiB before the copies
 
     size = 2 << 30  # 2 GiB
     src = torch.empty(size, dtype=torch.uint8, device=dev).fill_(1)
@@ -92,7 +92,7 @@ def workload(device_index: int, seconds: float, results: "mp.Queue") -> None:
 
     timed("copy_d2d", d2d, per_step_bytes=copies * 2.0 * size)  # read + write
     timed("copy_d2d_half", d2d, per_step_bytes=copies * 2.0 * size, duty=0.5)
-    del src, dst
+    src = dst = None
 
     size = 1 << 30  # 1 GiB pinned
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True).fill_(1)
@@ -257,7 +257,7 @@ def main() -> int:
     (args.out / "groundtruth.json").write_text(json.dumps(summary, indent=1) + "\n")
     gb.write_replay(args.out / "groundtruth_snapshots.json", snapshots, {"phases": phases, "recorded_by": "scripts/gpu_groundtruth.py"})
 
-    print(f"| check | collector | workload | error | within 5% |\n|---|---|---|---|---|")
+    print("| check | collector | workload | error | within 5% |\n|---|---|---|---|---|")
     for c in checks:
         err = c["error"]
         err_text = "n/a" if err is None else (f"{err:+.3f} abs" if c.get("absolute") else f"{err:+.1%}")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gzip
 import http.server
-import os
 import socket
 import subprocess
 import sys
