@@ -204,3 +204,17 @@ def test_gpu_record_writes_a_file_the_replay_backend_reads(tmp_path):
     replay = gb.ReplayBackend(tmp_path / "rec.json")
     assert len(replay.snapshots) == 3
     assert replay.read().gpus[0].name == "NVIDIA H200"
+
+
+def test_scrape_does_not_wait_for_a_gpm_window():
+    # a 60 s window: a read that waited for GPM would hang this test; instead the
+    # first reads carry no GPM result and the PROF families are simply empty
+    backend = gb.NvmlBackend(gpm_interval_s=60.0, nvml=FakeNvml(num_gpus=1))
+    try:
+        reading = backend.read().gpus[0]
+        got = samples(scrape(GpuCollector(backend)))
+    finally:
+        backend.close()
+    assert reading.gpm is None
+    assert "DCGM_FI_PROF_SM_ACTIVE" not in got
+    assert got["DCGM_FI_DEV_GPU_UTIL"][0].value == 97
