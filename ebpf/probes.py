@@ -1,9 +1,10 @@
 """The five NUMA probes: what each compiles, where it attaches, how its map is read.
 
-Each probe is its own BPF object, so one that cannot load (a missing tracepoint, no
-kfunc or kprobe support) leaves the others running. `load_probe` either returns a
-`LoadedProbe` or raises `ProbeUnavailable` with a reason fit for the agent log. bcc is
-imported only here, inside the load, so importing this module never needs it.
+Each probe is optional: one that cannot load (a missing tracepoint, no kfunc or kprobe
+support) leaves the others running. `load_probes` compiles the tracepoint probes into one
+BPF object and falls back to one object per probe when that fails; `load_probe` loads
+one. A probe that cannot load gets `ProbeUnavailable` with a reason fit for the agent
+log. bcc is imported only inside the load, so importing this module never needs it.
 
 Counting happens in-kernel in per-CPU maps; `LoadedProbe.read()` sums the CPUs once per
 collection. Keys are decoded to plain tuples:
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ebpf.node_map import FrameRange
-from ebpf.tracefs import has_event
+from ebpf.tracefs import function_tracing_problem, has_event
 from ebpf.watch import COMM_LEN
 
 C_DIR = Path(__file__).with_name("c")
@@ -162,12 +163,28 @@ def _explain(exc: Exception, stderr: list[str]) -> str:
 
 
 def _compile(bcc, text: str):
-    failure = None
+    """Compile, load and attach; on failure free what bcc built and say why.
+
+    bcc attaches ``*_PROBE`` programs inside its constructor, and an object whose
+    attach fails there is never cleaned up (about 25 MiB of compiler state stays). So
+    the constructor only compiles, and the attach runs here where a failure can be
+    undone.
+    """
+
+    class CompileOnly(bcc.BPF):
+        def _trace_autoload(self):
+            pass
+
+    failure, bpf = None, None
     with _captured_stderr() as stderr:
         try:
-            return bcc.BPF(text=text.encode())
+            bpf = CompileOnly(text=text.encode())
+            bcc.BPF._trace_autoload(bpf)
+            return bpf
         except Exception as exc:  # bcc raises bare Exception for compile and load errors
             failure = exc
+            if bpf is not None:
+                bpf.cleanup()
     raise ProbeUnavailable(_explain(failure, stderr))
 
 
@@ -176,25 +193,23 @@ def kprobes_offered(sysfs_root: str | Path, tracefs: Path) -> bool:
     return Path(sysfs_root, "bus/event_source/devices/kprobe").exists() or (tracefs / "kprobe_events").exists()
 
 
-class LoadedProbe:
-    """One probe's BPF object: watch-list updates, map reads, detaching."""
+class BpfObject:
+    """One compiled BPF object and the watch-list maps its programs share.
 
-    def __init__(self, spec: ProbeSpec, bpf, attach: str):
-        self.spec = spec
-        self.attach = attach  # "tracepoint", "raw_tracepoint", "kfunc" or "kprobe"
-        self.is_attached = True  # bcc attaches *_PROBE-macro programs when it loads them
-        self._bpf = bpf
+    Several probes may live in one object (compiled together to save compile time and
+    memory); it is unloaded when the last of them closes.
+    """
+
+    def __init__(self, bpf):
+        self.bpf = bpf
         self._comm_key_type = bpf[b"watched_comms"].Key
         self._comms_loaded: tuple[str, ...] | None = None
         self._generation = 0
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
+        self._users = 0
 
     def set_watched(self, pids: Iterable[int], comms: Iterable[str]) -> None:
-        """Make the kernel's watch list exactly ``pids`` (plus pids it added by comm)."""
-        table = self._bpf[b"watched_pids"]
+        """Make the kernel's watch list exactly ``pids`` (plus pids it adds by comm)."""
+        table = self.bpf[b"watched_pids"]
         wanted = {int(p) for p in pids if p and int(p) > 0}
         for key in list(table.keys()):
             if key.value not in wanted:
@@ -203,18 +218,58 @@ class LoadedProbe:
         for pid in wanted:
             table[table.Key(pid)] = table.Leaf(1)
         comms = tuple(comms)
-        comm_table = self._bpf[b"watched_comms"]
         if comms != self._comms_loaded:
             self._comms_loaded = comms
+            comm_table = self.bpf[b"watched_comms"]
             comm_table.clear()
             for comm in comms:
                 key = self._comm_key_type()
                 key.comm = comm.encode()[:COMM_LEN]  # the rest stays NUL, as in the kernel
                 comm_table[key] = comm_table.Leaf(1)
-        config = self._bpf[b"watch_config"]
+        config = self.bpf[b"watch_config"]
         config[config.Key(0)] = config.Leaf(len(comms))
-        self._generation += 1  # empties the kernel's per-CPU watch caches
+        self._bump_generation()
+
+    def unwatch(self, tgids: Iterable[int]) -> None:
+        watched = self.bpf[b"watched_pids"]
+        for tgid in tgids:
+            with contextlib.suppress(KeyError):
+                del watched[watched.Key(tgid)]
+        self._bump_generation()
+
+    def _bump_generation(self) -> None:
+        """Empties the kernel's per-CPU watch caches (watched.h)."""
+        self._generation += 1
+        config = self.bpf[b"watch_config"]
         config[config.Key(1)] = config.Leaf(self._generation)
+
+    def acquire(self) -> "BpfObject":
+        self._users += 1
+        return self
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self.bpf.cleanup()
+
+
+class LoadedProbe:
+    """One probe's programs and maps: map reads, forgetting exited processes, detaching."""
+
+    def __init__(self, spec: ProbeSpec, bpf_object: BpfObject, attach: str):
+        self.spec = spec
+        self.attach = attach  # "tracepoint", "raw_tracepoint", "kfunc" or "kprobe"
+        self.is_attached = True  # bcc attaches *_PROBE-macro programs when it loads them
+        self.bpf_object = bpf_object.acquire()
+        self._bpf = bpf_object.bpf
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def set_watched(self, pids: Iterable[int], comms: Iterable[str]) -> None:
+        """Set the watch list of this probe's BPF object (shared with probes compiled with it)."""
+        self.bpf_object.set_watched(pids, comms)
 
     def read(self) -> dict[tuple[int, ...], int]:
         """Counts summed over CPUs, keyed as described in the module docstring."""
@@ -251,13 +306,7 @@ class LoadedProbe:
             if self._decode(key)[0] in gone:
                 with contextlib.suppress(KeyError):
                     del table[key]
-        watched = self._bpf[b"watched_pids"]
-        for tgid in gone:
-            with contextlib.suppress(KeyError):
-                del watched[watched.Key(tgid)]
-        config = self._bpf[b"watch_config"]
-        self._generation += 1
-        config[config.Key(1)] = config.Leaf(self._generation)
+        self.bpf_object.unwatch(gone)
 
     def load_node_maps(self, ranges: list[FrameRange], cpu_nodes: dict[int, int]) -> None:
         """Load the frame-range and CPU-node maps (page_allocs only)."""
@@ -288,46 +337,102 @@ class LoadedProbe:
             return
         self.is_attached = attached
         for tracepoint in self.spec.tracepoints:
+            program = self._program_name(tracepoint).encode()
             if self.spec.raw_tracepoint:
-                event = tracepoint.partition(":")[2]
+                event = tracepoint.partition(":")[2].encode()
                 if attached:
-                    self._bpf.attach_raw_tracepoint(tp=event.encode(), fn_name=f"raw_tracepoint__{event}".encode())
+                    self._bpf.attach_raw_tracepoint(tp=event, fn_name=program)
                 else:
-                    self._bpf.detach_raw_tracepoint(tp=event.encode())
+                    self._bpf.detach_raw_tracepoint(tp=event)
             elif attached:
-                category, _, event = tracepoint.partition(":")
-                self._bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=f"tracepoint__{category}__{event}".encode())
+                self._bpf.attach_tracepoint(tp=tracepoint.encode(), fn_name=program)
             else:
                 self._bpf.detach_tracepoint(tracepoint.encode())
 
     def program_fds(self) -> dict[str, int]:
-        """Loaded program name -> fd (its /proc/self/fdinfo has run counts with bpf_stats)."""
-        return {name.decode(): fn.fd for name, fn in self._bpf.funcs.items()}
+        """This probe's program name -> fd (its /proc/self/fdinfo has run counts with bpf_stats)."""
+        mine = {self._program_name(tp) for tp in self.spec.tracepoints} or None
+        return {name.decode(): fn.fd for name, fn in self._bpf.funcs.items() if mine is None or name.decode() in mine}
+
+    def _program_name(self, tracepoint: str) -> str:
+        category, _, event = tracepoint.partition(":")
+        return f"raw_tracepoint__{event}" if self.spec.raw_tracepoint else f"tracepoint__{category}__{event}"
 
     def close(self) -> None:
-        self._bpf.cleanup()
+        if self.bpf_object is not None:
+            self.bpf_object.release()
+            self.bpf_object = None
 
 
-def load_probe(spec: ProbeSpec, *, tracefs: Path | None, sysfs_root: str | Path = "/sys") -> LoadedProbe:
-    """Compile and attach one probe, or raise ProbeUnavailable saying why."""
+def _check_loadable(spec: ProbeSpec, tracefs: Path | None):
+    """bcc, once the probe's tracepoints are known to exist; else ProbeUnavailable."""
     if tracefs is None:
         raise ProbeUnavailable("tracefs is not mounted (tried /sys/kernel/tracing, /sys/kernel/debug/tracing)")
     missing = [tp for tp in spec.tracepoints if not has_event(tracefs, tp)]
     if missing:
         raise ProbeUnavailable(f"kernel has no tracepoint {', '.join(missing)}")
-    bcc = _import_bcc()
+    return _import_bcc()
+
+
+def _attach_kind(spec: ProbeSpec) -> str:
+    return "raw_tracepoint" if spec.raw_tracepoint else "tracepoint"
+
+
+def load_probe(spec: ProbeSpec, *, tracefs: Path | None, sysfs_root: str | Path = "/sys") -> LoadedProbe:
+    """Compile and attach one probe on its own, or raise ProbeUnavailable saying why."""
+    bcc = _check_loadable(spec, tracefs)
     if spec.name == NUMA_HINT_FAULTS:
         return _load_hint_faults(bcc, spec, tracefs, sysfs_root)
-    attach = "raw_tracepoint" if spec.raw_tracepoint else "tracepoint"
-    return LoadedProbe(spec, _compile(bcc, program_text(spec)), attach)
+    return LoadedProbe(spec, BpfObject(_compile(bcc, program_text(spec))), _attach_kind(spec))
+
+
+def load_probes(
+    specs: Iterable[ProbeSpec], *, tracefs: Path | None, sysfs_root: str | Path = "/sys"
+) -> tuple[dict[str, LoadedProbe], dict[str, str]]:
+    """Load several probes: (loaded by name, reason by name for those that are not).
+
+    The tracepoint probes are compiled into one BPF object first (one compiler run, one
+    set of maps for the watch list); if that fails, each is compiled on its own so one
+    broken probe cannot take the others down, and its own reason is reported.
+    """
+    loaded: dict[str, LoadedProbe] = {}
+    down: dict[str, str] = {}
+    together: list[ProbeSpec] = []
+    for spec in specs:
+        try:
+            bcc = _check_loadable(spec, tracefs)
+            if spec.name == NUMA_HINT_FAULTS:  # kfunc/kprobe attach can fail on its own
+                loaded[spec.name] = _load_hint_faults(bcc, spec, tracefs, sysfs_root)
+            else:
+                together.append(spec)
+        except ProbeUnavailable as exc:
+            down[spec.name] = str(exc)
+    if len(together) > 1:
+        sources = [source for spec in together for source in spec.sources]
+        text = "\n".join((C_DIR / part).read_text() for part in ["watched.h", *sources])
+        try:
+            shared = BpfObject(_compile(_import_bcc(), text))
+        except ProbeUnavailable:
+            pass  # fall through to one object per probe, to find which one fails and why
+        else:
+            return {**loaded, **{spec.name: LoadedProbe(spec, shared, _attach_kind(spec)) for spec in together}}, down
+    for spec in together:
+        try:
+            loaded[spec.name] = load_probe(spec, tracefs=tracefs, sysfs_root=sysfs_root)
+        except ProbeUnavailable as exc:
+            down[spec.name] = str(exc)
+    return loaded, down
 
 
 def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Path) -> LoadedProbe:
     """task_numa_fault has no tracepoint: try a kfunc (fentry), then a kprobe."""
     attempts: list[str] = []
-    if bcc.BPF.support_kfunc():
+    not_traceable = function_tracing_problem(tracefs, "task_numa_fault")
+    if not_traceable:
+        attempts.append(f"no kfunc: {not_traceable}")
+    elif bcc.BPF.support_kfunc():
         try:
-            return LoadedProbe(spec, _compile(bcc, program_text(spec, ["numa_hint_faults_kfunc.c"])), "kfunc")
+            return LoadedProbe(spec, BpfObject(_compile(bcc, program_text(spec, ["numa_hint_faults_kfunc.c"]))), "kfunc")
         except ProbeUnavailable as exc:
             attempts.append(f"kfunc task_numa_fault failed: {exc}")
     else:
@@ -347,7 +452,7 @@ def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Pat
         except Exception as exc:
             failure = exc
     if failure is None:
-        return LoadedProbe(spec, bpf, "kprobe")
+        return LoadedProbe(spec, BpfObject(bpf), "kprobe")
     bpf.cleanup()
     attempts.append(f"kprobe task_numa_fault failed: {_explain(failure, stderr)}")
     raise ProbeUnavailable("; ".join(attempts))

@@ -61,3 +61,22 @@ def parse_print_symbolic(format_text: str, field: str) -> dict[int, str]:
 
 def read_symbolic_field(tracefs: Path, event: str, field: str) -> dict[int, str]:
     return parse_print_symbolic(event_format_path(tracefs, event).read_text(), field)
+
+
+def function_tracing_problem(tracefs: Path, function: str) -> str | None:
+    """Why ``function`` cannot take a function-entry (fentry/kfunc) probe, if tracefs says.
+
+    None when it is listed as traceable, or when the kernel has no list to ask (then
+    only trying can tell). Kernels in lockdown refuse to show the list at all.
+    """
+    listing = tracefs / "available_filter_functions"
+    try:
+        with listing.open() as lines:
+            for line in lines:
+                if line.split(" ", 1)[0].strip() == function:
+                    return None
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        return f"the kernel does not permit function tracing (reading {listing}: {exc.strerror})"
+    return f"{function} is not traceable (not in {listing})"

@@ -55,7 +55,7 @@ from ebpf.probes import (
     LoadedProbe,
     ProbeUnavailable,
     bpf_permission_problem,
-    load_probe,
+    load_probes,
 )
 from ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
 from ebpf.watch import OTHER_TGID, ExitedProcessFolder, WatchList
@@ -133,16 +133,18 @@ class EbpfNumaCollector:
         tracefs = None
         if problem is None:
             tracefs = self._tracefs or find_tracefs() or mount_tracefs()
+        if problem:
+            loaded, down = {}, {name: problem for name in self.probe_names}
+        else:
+            loaded, down = load_probes([PROBES[name] for name in self.probe_names], tracefs=tracefs,
+                                       sysfs_root=self.sysfs_root)
         for name in self.probe_names:
-            try:
-                if problem:
-                    raise ProbeUnavailable(problem)
-                self._probes[name] = load_probe(PROBES[name], tracefs=tracefs, sysfs_root=self.sysfs_root)
-            except ProbeUnavailable as exc:
-                self._down[name] = str(exc)
-                log.warning("ebpf probe %s down: %s", name, exc)
-                continue
-            log.info("ebpf probe %s loaded (%s)", name, self._probes[name].attach)
+            if name in loaded:
+                self._probes[name] = loaded[name]
+                log.info("ebpf probe %s loaded (%s)", name, loaded[name].attach)
+            else:
+                self._down[name] = down[name]
+                log.warning("ebpf probe %s down: %s", name, down[name])
         if PAGE_ALLOCS in self._probes:
             try:
                 self.load_node_maps(read_frame_ranges(self.sysfs_root, self.procfs_root), read_cpu_nodes(self.sysfs_root))
@@ -160,8 +162,9 @@ class EbpfNumaCollector:
         if not self._probes:
             return
         watched = self.watch.resolve()
-        for probe in self._probes.values():
-            probe.set_watched(watched, self.watch.comms)
+        bpf_objects = {id(probe.bpf_object): probe.bpf_object for probe in self._probes.values()}
+        for bpf_object in bpf_objects.values():  # probes compiled together share their watch list
+            bpf_object.set_watched(watched, self.watch.comms)
 
     def load_node_maps(self, ranges: list[FrameRange], cpu_nodes: dict[int, int]) -> None:
         """Replace the page-allocation probe's frame-range and CPU-node maps."""

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from ebpf.node_map import FrameRange, merge_ranges, parse_zoneinfo, read_cpu_nodes, read_frame_ranges
 from ebpf.probes import PROBES, bpf_permission_problem, parse_cap_eff
-from ebpf.tracefs import find_tracefs, parse_print_symbolic
+from ebpf.tracefs import find_tracefs, function_tracing_problem, parse_print_symbolic
 from ebpf.watch import ExitedProcessFolder, WatchList
 from exporters.ebpf_numa import EbpfNumaCollector
 
@@ -116,6 +116,19 @@ def test_frame_ranges_fall_back_to_zoneinfo_without_memory_blocks(tmp_path):
         read_frame_ranges(tmp_path / "sys", tmp_path / "proc")
 
 
+def test_function_tracing_problem_reads_the_ftrace_list(tmp_path, monkeypatch):
+    assert function_tracing_problem(tmp_path, "task_numa_fault") is None  # no list: only trying tells
+    (tmp_path / "available_filter_functions").write_text("do_numa_page\ntask_numa_fault [kvm]\n")
+    assert function_tracing_problem(tmp_path, "task_numa_fault") is None
+    assert "not traceable" in function_tracing_problem(tmp_path, "numa_migrate_prep")
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(Path, "open", refuse)
+    assert "does not permit function tracing" in function_tracing_problem(tmp_path, "task_numa_fault")
+
+
 def test_capability_check_names_what_is_missing(tmp_path):
     status = tmp_path / "self/status"
     status.parent.mkdir()
@@ -207,6 +220,7 @@ class FakeProbe:
         self.is_per_process = is_per_process
         self.watched: tuple[set[int], tuple[str, ...]] | None = None
         self.forgotten: set[int] = set()
+        self.bpf_object = self  # each fake is its own "BPF object" with its own watch list
 
     def read(self) -> dict[tuple[int, ...], int]:
         return {key: n for key, n in self.rows.items() if key[0] not in self.forgotten or not self.is_per_process}
@@ -421,6 +435,26 @@ def test_every_probe_loads_or_says_why(live):
         assert reason is None or len(reason) > 10, (probe, reason)
     if reasons["numa_hint_faults"] is not None:  # a kernel without kfunc and kprobes, like this VM
         assert "task_numa_fault" in reasons["numa_hint_faults"] or "kprobe" in reasons["numa_hint_faults"]
+
+
+@needs_bpf
+@pytest.mark.root
+def test_a_probe_that_fails_to_compile_leaves_the_others_loaded(tmp_path, monkeypatch):
+    """load_probes compiles probes together, then alone when that fails, to isolate the culprit."""
+    from ebpf import probes
+
+    for source in probes.C_DIR.iterdir():
+        shutil.copy(source, tmp_path / source.name)
+    (tmp_path / "broken.c").write_text("TRACEPOINT_PROBE(kmem, mm_page_free) { return no_such_thing; }\n")
+    monkeypatch.setattr(probes, "C_DIR", tmp_path)
+    broken = probes.ProbeSpec("broken", ("broken.c",), ("kmem:mm_page_free",), "page_faults", ("tgid",))
+    loaded, down = probes.load_probes([PROBES["page_faults"], broken], tracefs=find_tracefs())
+    try:
+        assert set(loaded) == {"page_faults"}
+        assert "no_such_thing" in down["broken"]
+    finally:
+        for probe in loaded.values():
+            probe.close()
 
 
 @needs_bpf
