@@ -116,6 +116,13 @@ def paged_attention(
         v_blocks = cold.gather(1, kinds, tables, slots, v_blocks, q.dtype)
     k = k_blocks.reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
     v = v_blocks.reshape(batch, ctx_blocks * block_size, kv_heads, head_dim)[:, : meta.max_context_len]
+    if cold is not None:
+        # With cold KV a page may last have held quantized bytes: past a sequence's
+        # context (table padding, the unwritten tail of its last block) they read as
+        # arbitrary floats, NaN included, and 0 x NaN would leak through the softmax.
+        outside = torch.arange(meta.max_context_len, device=q.device)[None, :] >= meta.context_lens.to(q.device)[:, None]
+        k = k.masked_fill(outside[:, :, None, None], 0)
+        v = v.masked_fill(outside[:, :, None, None], 0)
     k = k.transpose(1, 2).to(q.dtype)
     v = v.transpose(1, 2).to(q.dtype)
     qp = _padded_queries(q, meta)

@@ -8,8 +8,9 @@ it whole. A page can instead hold `slots_per_page` cold blocks of one kind:
   ``[pages, slots, 2, layers, kv_heads]`` float32 (one per block and kv head);
 - int4: ``[slots, 2, layers, block_size, kv_heads, head_dim / 2]`` packed nibbles,
   scales ``[pages, slots, 2, layers, block_size, kv_heads, head_dim / group]`` float16.
-The scale tables live beside the arena; when the engine starts with cold KV on they
-are paid for out of the same budget. The host pool has the same format, so swapping
+The scale tables live beside the arena, one per cold kind in use; the kind the engine
+starts with is paid for out of the same budget, one switched on at run time is
+allocated beside it (and logged). The host pool has the same format, so swapping
 moves cold blocks in their compact form. On CUDA the host pool is pinned and copies
 run on their own stream, which the compute stream waits on before the next forward.
 """
@@ -54,11 +55,16 @@ class KVShape:
     def slots_per_page(self) -> dict[str, int]:
         return {"int8": min(MAX_SLOTS, self.elt), "int4": min(MAX_SLOTS, 2 * self.elt)}
 
-    def scale_bytes_per_page(self) -> int:
-        slots = self.slots_per_page()
-        s8 = 2 * self.num_layers * self.num_kv_heads * 4
-        s4 = 2 * self.num_layers * self.block_size * self.num_kv_heads * (self.head_dim // int4_group_size(self.head_dim)) * 2
-        return slots["int8"] * s8 + slots["int4"] * s4
+    def scale_bytes_per_page(self, kind: str) -> int:
+        slots = self.slots_per_page()[kind]
+        if kind == "int8":
+            return slots * 2 * self.num_layers * self.num_kv_heads * 4
+        groups = self.head_dim // int4_group_size(self.head_dim)
+        return slots * 2 * self.num_layers * self.block_size * self.num_kv_heads * groups * 2
+
+    def cold_block_bytes(self, kind: str) -> int:
+        """Bytes one cold block of `kind` occupies, its scales included."""
+        return self.page_bytes // self.slots_per_page()[kind] + self.scale_bytes_per_page(kind) // self.slots_per_page()[kind]
 
 
 def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -68,7 +74,8 @@ def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: i
 class _Arena:
     """One pool of pages (device or host) with its typed views."""
 
-    def __init__(self, shape: KVShape, num_pages: int, device: torch.device, numa_node: int | None, with_scales: bool):
+    def __init__(self, shape: KVShape, num_pages: int, device: torch.device, numa_node: int | None,
+                 cold_kinds: tuple[str, ...] = ()):
         self.shape = shape
         self.num_pages = num_pages
         self.device = device
@@ -86,20 +93,25 @@ class _Arena:
         self.int4 = self.bytes[:, : slots["int4"] * d4].view(num_pages, slots["int4"], *tail, s.head_dim // 2)
         self.scales8: torch.Tensor | None = None
         self.scales4: torch.Tensor | None = None
-        if with_scales:
-            self.add_scales()
+        for kind in cold_kinds:
+            self.add_scales(kind)
 
-    def add_scales(self) -> None:
+    def add_scales(self, kind: str) -> None:
         s, slots = self.shape, self.shape.slots_per_page()
-        groups = s.head_dim // int4_group_size(s.head_dim)
-        self.scales8 = torch.zeros((self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
-                                   dtype=torch.float32, device=self.device)
-        self.scales4 = torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.block_size, s.num_kv_heads, groups),
-                                   dtype=torch.float16, device=self.device)
+        if kind == "int8" and self.scales8 is None:
+            self.scales8 = torch.zeros((self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
+                                       dtype=torch.float32, device=self.device)
+        if kind == "int4" and self.scales4 is None:
+            groups = s.head_dim // int4_group_size(s.head_dim)
+            self.scales4 = torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.block_size, s.num_kv_heads, groups),
+                                       dtype=torch.float16, device=self.device)
+
+    def has_kind(self, kind: str) -> bool:
+        return (self.scales8 if kind == "int8" else self.scales4) is not None
 
     @property
     def has_scales(self) -> bool:
-        return self.scales8 is not None
+        return self.scales8 is not None or self.scales4 is not None
 
 
 @dataclass(slots=True)
@@ -108,12 +120,12 @@ class ColdLayer:
 
     int8_k: torch.Tensor
     int8_v: torch.Tensor
-    scales8_k: torch.Tensor
-    scales8_v: torch.Tensor
+    scales8_k: torch.Tensor | None
+    scales8_v: torch.Tensor | None
     int4_k: torch.Tensor
     int4_v: torch.Tensor
-    scales4_k: torch.Tensor
-    scales4_v: torch.Tensor
+    scales4_k: torch.Tensor | None
+    scales4_v: torch.Tensor | None
 
     def gather(self, which: int, kind: torch.Tensor, page: torch.Tensor, slot: torch.Tensor,
                hot: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -123,24 +135,28 @@ class ColdLayer:
         data8, sc8, data4, sc4 = ((self.int8_k, self.scales8_k, self.int4_k, self.scales4_k) if which == 0
                                   else (self.int8_v, self.scales8_v, self.int4_v, self.scales4_v))
         mask = lambda code: (kind == code)[..., None, None, None]  # noqa: E731
+        # Every entry is read through every view and the wrong kinds masked out after;
+        # slots are clamped so an int4 page's slot 7 stays inside the int8 view.
         if bool((kind == 1).any()):
-            out = torch.where(mask(1), dequantize_int8(data8[page, slot], sc8[page, slot], dtype), out)
+            s8 = slot.clamp(max=data8.shape[1] - 1)
+            out = torch.where(mask(1), dequantize_int8(data8[page, s8], sc8[page, s8], dtype), out)
         if bool((kind == 2).any()):
-            out = torch.where(mask(2), dequantize_int4(data4[page, slot], sc4[page, slot], dtype), out)
+            s4 = slot.clamp(max=data4.shape[1] - 1)
+            out = torch.where(mask(2), dequantize_int4(data4[page, s4], sc4[page, s4], dtype), out)
         return out
 
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, num_host_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 host_numa_node: int | None, with_cold: bool = False):
+                 host_numa_node: int | None, cold_kinds: tuple[str, ...] = ()):
         self.shape = KVShape(num_layers, block_size, num_kv_heads, head_dim, dtype)
         self.dtype = dtype
         self.device = device
         self.host_numa_node = host_numa_node
         self.block_bytes = self.shape.page_bytes
-        self.device_pool = _Arena(self.shape, num_blocks, device, host_numa_node, with_cold)
-        self.host_pool = _Arena(self.shape, num_host_blocks, torch.device("cpu"), host_numa_node, with_cold)
+        self.device_pool = _Arena(self.shape, num_blocks, device, host_numa_node, cold_kinds)
+        self.host_pool = _Arena(self.shape, num_host_blocks, torch.device("cpu"), host_numa_node, cold_kinds)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     @property
@@ -151,25 +167,29 @@ class KVCache:
     def num_host_blocks(self) -> int:
         return self.host_pool.num_pages
 
-    @property
-    def has_cold(self) -> bool:
-        return self.device_pool.has_scales
+    def has_kind(self, kind: str) -> bool:
+        return self.device_pool.has_kind(kind)
 
-    def enable_cold(self) -> None:
-        """Allocate the scale tables (run-time switch from none; outside the budget)."""
-        if not self.has_cold:
-            extra = self.shape.scale_bytes_per_page() * (self.num_blocks + self.num_host_blocks)
-            log.info("cold KV switched on at run time: %d MiB of scale tables beside the KV budget", extra >> 20)
-            self.device_pool.add_scales()
-            self.host_pool.add_scales()
+    def enable_kind(self, kind: str) -> None:
+        """Allocate a cold kind's scale tables at run time (beside the budget)."""
+        if not self.has_kind(kind):
+            extra = self.shape.scale_bytes_per_page(kind) * (self.num_blocks + self.num_host_blocks)
+            log.info("cold KV %s switched on at run time: %.1f MiB of scale tables beside the KV budget",
+                     kind, extra / 2**20)
+            self.device_pool.add_scales(kind)
+            self.host_pool.add_scales(kind)
 
     def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, ColdLayer | None]:
         d = self.device_pool
         k, v = d.hot[:, 0, layer], d.hot[:, 1, layer]
         if not d.has_scales:
             return k, v, None
-        cold = ColdLayer(d.int8[:, :, 0, layer], d.int8[:, :, 1, layer], d.scales8[:, :, 0, layer], d.scales8[:, :, 1, layer],
-                         d.int4[:, :, 0, layer], d.int4[:, :, 1, layer], d.scales4[:, :, 0, layer], d.scales4[:, :, 1, layer])
+
+        def scales(t, which):
+            return None if t is None else t[:, :, which, layer]
+
+        cold = ColdLayer(d.int8[:, :, 0, layer], d.int8[:, :, 1, layer], scales(d.scales8, 0), scales(d.scales8, 1),
+                         d.int4[:, :, 0, layer], d.int4[:, :, 1, layer], scales(d.scales4, 0), scales(d.scales4, 1))
         return k, v, cold
 
     # --- quantization ---------------------------------------------------------
@@ -229,7 +249,8 @@ class KVCache:
 
     def resize_host(self, num_blocks: int, keep: dict[tuple, tuple]) -> None:
         """New host pool of `num_blocks` pages; `keep` maps old (kind, page, slot) -> new."""
-        new = _Arena(self.shape, num_blocks, torch.device("cpu"), self.host_numa_node, self.host_pool.has_scales)
+        kinds = tuple(k for k in COLD_KINDS if self.host_pool.has_kind(k))
+        new = _Arena(self.shape, num_blocks, torch.device("cpu"), self.host_numa_node, kinds)
         self._copy(self.host_pool, new, list(keep.items()), non_blocking=False)
         self.host_pool = new
 

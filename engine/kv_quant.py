@@ -3,8 +3,9 @@
 Both are symmetric (zero maps to zero, no offsets to store):
 - int8: q = round(x / s), s = max|x| / 127 over one block's tokens and head dims of
   one kv head; |x - q s| <= s / 2.
-- int4: groups of INT4_GROUP_SIZE consecutive head dimensions of one token and head
-  share a float16 scale s = max|x| / 7; q in [-7, 7] is stored offset by 8 as a nibble,
+- int4: groups of INT4_GROUP_SIZE (128, or the whole head when head_dim is smaller or
+  not a multiple) consecutive head dimensions of one token and head share a float16
+  scale s = max|x| / 7 (for head_dim 128: 2 bytes of scale per 64 bytes of data); q in [-7, 7] is stored offset by 8 as a nibble,
   two per byte (even dimension in the low nibble). |x - q s| <= s / 2 (plus the
   float16 rounding of s).
 Dequantization is elementwise and runs on the gathered blocks inside attention; the
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-INT4_GROUP_SIZE = 32
+INT4_GROUP_SIZE = 128
 
 
 def int4_group_size(head_dim: int) -> int:

@@ -78,8 +78,8 @@ class LLMEngine:
         self.kv_shape = shape
         self.block_bytes = shape.page_bytes
         # With cold KV on from the start, its scale tables come out of the same budget.
-        with_cold = config.kv_cold_dtype != "none"
-        page_cost = shape.page_bytes + (shape.scale_bytes_per_page() if with_cold else 0)
+        cold_kinds = (config.kv_cold_dtype,) if config.kv_cold_dtype != "none" else ()
+        page_cost = shape.page_bytes + sum(shape.scale_bytes_per_page(k) for k in cold_kinds)
         num_blocks = self._kv_budget() // page_cost
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {page_cost} bytes; need at least 2")
@@ -87,7 +87,7 @@ class LLMEngine:
         self.host_numa_node = device_numa_node(self.device)
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
                                 mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
-                                with_cold=with_cold)
+                                cold_kinds=cold_kinds)
         self.block_manager = BlockManager(num_blocks, num_host_blocks, config.block_size,
                                           config.enable_prefix_caching, config.watermark, shape.slots_per_page())
         self.scheduler = Scheduler(config, self.block_manager)
@@ -240,10 +240,13 @@ class LLMEngine:
         c.num_preemptions += len(sched.preempted)
         c.swap_in_faults += sched.num_swapped_in
         c.recompute_faults += sched.num_recompute_faults
-        c.swap_out_bytes += len(sched.swap_out) * self.block_bytes
-        c.swap_in_bytes += len(sched.swap_in) * self.block_bytes
+        c.swap_out_bytes += sum(self._block_bytes_of(kind) for (kind, _, _), _ in sched.swap_out)
+        c.swap_in_bytes += sum(self._block_bytes_of(kind) for (kind, _, _), _ in sched.swap_in)
         c.prefix_queries = self.block_manager.prefix.queries
         c.prefix_hits = self.block_manager.prefix.hits
+
+    def _block_bytes_of(self, kind: str) -> int:
+        return self.block_bytes if kind == "hot" else self.kv_shape.cold_block_bytes(kind)
 
     def _append(self, seq: Sequence, token: int, logprob: dict | None, now: float, stats: StepStats) -> None:
         req = self.requests[seq.request_id]
@@ -321,8 +324,9 @@ class LLMEngine:
         validated before any is applied. Returns the new configuration."""
         for name, value in changes.items():
             validate_tunable(name, value)
-        if changes.get("kv_cold_dtype", "none") != "none" and not self.kv_cache.has_cold:
-            self.kv_cache.enable_cold()
+        cold = changes.get("kv_cold_dtype", "none")
+        if cold != "none" and not self.kv_cache.has_kind(cold):
+            self.kv_cache.enable_kind(cold)
             self.runner.refresh_kv_views()
         if "swap_space_bytes" in changes:
             self._check_swap_resize(changes["swap_space_bytes"])
@@ -390,6 +394,6 @@ class LLMEngine:
             num_host_blocks=bm.host_pool.num_blocks,
             num_host_free=bm.host_pool.num_free_blocks,
             blocks_by_dtype=by_kind,
-            bytes_saved=sum(n * (self.block_bytes - self.block_bytes // bm.slots_per_page[k])
+            bytes_saved=sum(n * (self.block_bytes - self.kv_shape.cold_block_bytes(k))
                             for k, n in by_kind.items() if k != "hot"),
         )

@@ -92,7 +92,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.block_kinds is not None:
+        if cold is not None:  # the arena holds cold pages: attention must know
             out = attention_fn(q, k_cache, v_cache, meta, self.scale, cold=cold)
         else:
             out = attention_fn(q, k_cache, v_cache, meta, self.scale)

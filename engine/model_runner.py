@@ -116,7 +116,8 @@ class ModelRunner:
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
                 self._switch_to_fallback(exc)
         input_ids, meta, sample_rows = self.prepare(batch)
-        fast_handles_batch = meta.block_kinds is None or getattr(self.fast_attention, "supports_cold_kv", False)
+        has_cold = self.kv_layers[0][2] is not None
+        fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
         if self.mode == "fast" and fast_handles_batch:
             try:
                 return self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
