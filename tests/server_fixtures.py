@@ -9,6 +9,7 @@ import time
 from typing import Iterator
 
 import httpx
+import pytest
 import uvicorn
 
 from engine.config import EngineConfig
@@ -92,3 +93,15 @@ def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> 
 
 def admin_headers(token: str = ADMIN_TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def one_torch_thread():
+    """On two shared cores torch's second intra-op thread spin-waits for a busy core; one
+    thread runs the tiny model's steps several times faster. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
-from server_fixtures import MODEL_NAME, admin_headers, metric_value, running_server, scrape
+from server_fixtures import MODEL_NAME, admin_headers, metric_value, one_torch_thread, running_server, scrape  # noqa: F401
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 NUM_REQUESTS = 200
 CONCURRENCY = 32
@@ -56,18 +56,6 @@ def make_jobs(seed: int) -> list[Job]:
             stream=rng.random() < 0.5,
         ))
     return jobs
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # On two shared cores torch's second intra-op thread spin-waits for a busy core:
-    # one thread runs these tiny steps about ten times faster.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def alone(model_dir: str, jobs: list[Job]) -> dict[int, str]:

@@ -1,0 +1,115 @@
+"""Traces: one span per request with queued/scheduled/first_token/preempted/finished
+events, exported over OTLP/HTTP to a receiver on loopback; a collector that never
+answers does not hold up serving."""
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+
+import openai
+import pytest
+from server_fixtures import MODEL_NAME, one_torch_thread, running_server  # noqa: F401
+
+from engine.server.tracing import RequestTracer, make_tracer, otlp_traces_url
+
+trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+                                    reason="opentelemetry-proto is missing")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver: stores every span it is sent."""
+
+    def __init__(self):
+        self.spans = []
+        self.paths = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.paths.append(self.path)
+                request = trace_service.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for rs in request.resource_spans:
+                    for ss in rs.scope_spans:
+                        receiver.spans.extend(ss.spans)
+                out = trace_service.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_otlp_traces_url():
+    assert otlp_traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
+    assert otlp_traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
+    assert otlp_traces_url("https://c/custom/path") == "https://c/custom/path"
+    with pytest.raises(ValueError, match="http"):
+        otlp_traces_url("collector:4318")
+
+
+def test_spans_with_events_reach_the_collector(tiny_model):
+    receiver = Receiver()
+    tracer, provider = make_tracer(receiver.url)
+    try:
+        # A pool of 12 blocks for 6 concurrent requests of ~5 blocks each forces preemption.
+        with running_server(tiny_model, tracer=RequestTracer(tracer), kv_cache_bytes=12 * 8192,
+                            swap_space_bytes=0) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+            import concurrent.futures
+
+            prompts = [f"The scheduler preempts the newest sequence number {i} " * 3 for i in range(6)]
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                results = list(pool.map(lambda p: client.completions.create(
+                    model=MODEL_NAME, prompt=p, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}),
+                    prompts))
+            assert all(r.choices[0].finish_reason == "length" for r in results)
+        assert provider.force_flush(30_000)
+    finally:
+        provider.shutdown()
+        receiver.close()
+    assert receiver.paths and set(receiver.paths) == {"/v1/traces"}
+    spans = [s for s in receiver.spans if s.name == "llm_request"]
+    assert len(spans) == 6
+    for span in spans:
+        names = [e.name for e in span.events]
+        assert names[0] == "queued" and names[-1] == "finished"
+        for needed in ("scheduled", "first_token"):
+            assert needed in names
+        assert names.index("queued") < names.index("scheduled") <= names.index("first_token")
+        attrs = {a.key: a.value for a in span.attributes}
+        assert attrs["gen_ai.usage.completion_tokens"].int_value == 30
+        assert attrs["gen_ai.response.finish_reason"].string_value == "length"
+    assert any("preempted" in [e.name for e in s.events] for s in spans), "no span recorded a preemption"
+
+
+def test_unresponsive_collector_does_not_block_serving(tiny_model):
+    # A listening socket that never accepts: every export hangs until its timeout.
+    sink = socket.socket()
+    sink.bind(("127.0.0.1", 0))
+    sink.listen(0)
+    tracer, provider = make_tracer(f"http://127.0.0.1:{sink.getsockname()[1]}")
+    try:
+        with running_server(tiny_model, tracer=RequestTracer(tracer)) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+            for i in range(20):
+                r = client.completions.create(model=MODEL_NAME, prompt=f"request {i}", max_tokens=4, temperature=0)
+                assert r.choices[0].finish_reason in ("length", "stop")
+    finally:
+        sink.close()
+        provider.shutdown()
