@@ -27,7 +27,7 @@ import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import httpx
@@ -35,84 +35,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agent.audit import AuditLog
 from agent.engine_client import EngineError
+from agent.remediation_rules import DEFAULT_RULES, Bounds, Plan, PolicyConfig, Rule, judge  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 RESULTS = ("applied", "dry_run", "failed", "skipped_cooldown", "skipped_verifying", "at_limit", "unsupported")
-
-
-# ---- configuration -------------------------------------------------------------------
-
-@dataclass(slots=True)
-class Bounds:
-    """Where the agent may move an integer tunable, and by how much per action."""
-
-    minimum: int
-    maximum: int
-    max_step: int
-
-    def __post_init__(self) -> None:
-        for name in ("minimum", "maximum", "max_step"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"bounds {name} must be an integer, got {value!r}")
-        if self.minimum < 0 or self.minimum > self.maximum:
-            raise ValueError(f"bounds need 0 <= minimum <= maximum, got [{self.minimum}, {self.maximum}]")
-        if self.max_step < 1:
-            raise ValueError(f"bounds max_step must be >= 1, got {self.max_step}")
-
-    def step(self, value: int, fraction: float) -> int:
-        return min(self.max_step, max(1, math.ceil(value * fraction)))
-
-    def lower(self, value: int, fraction: float) -> int:
-        value = min(value, self.maximum)
-        return max(self.minimum, value - self.step(value, fraction))
-
-    def higher(self, value: int, fraction: float) -> int:
-        value = max(value, self.minimum)
-        return min(self.maximum, value + self.step(value, fraction))
-
-
-@dataclass(slots=True)
-class PolicyConfig:
-    max_num_seqs: Bounds = field(default_factory=lambda: Bounds(4, 512, 16))
-    max_num_batched_tokens: Bounds = field(default_factory=lambda: Bounds(256, 65536, 2048))
-    step_fraction: float = 0.25
-    """One step moves a parameter by this share of its value, at most max_step."""
-    cooldown_s: float = 600.0
-    """Least time between two actions of the same rule."""
-    verify_window_s: float = 120.0
-    worse_tolerance: float = 0.1
-    """The target counts as worse when it moved the wrong way by more than this share."""
-    restore_after_s: float = 600.0
-    """How long the fast-path alert must stay resolved before going back to fast."""
-    engine_selector: str = 'job="inferd-engine"'
-    """PromQL matchers for the engine's series where the alert's labels do not name them."""
-    dry_run: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, dict):
-                setattr(self, name, Bounds(**value))
-            elif not isinstance(value, Bounds):
-                raise ValueError(f"{name} must be bounds (minimum, maximum, max_step), got {value!r}")
-        if not 0 < self.step_fraction <= 1:
-            raise ValueError(f"step_fraction must be in (0, 1], got {self.step_fraction}")
-        for name in ("cooldown_s", "verify_window_s", "restore_after_s", "worse_tolerance"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if self.verify_window_s <= 0:
-            raise ValueError("verify_window_s must be > 0")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "PolicyConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown remediation setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**values)
 
 
 # ---- what crosses the boundaries ------------------------------------------------------
@@ -134,14 +61,6 @@ class Alert:
     @property
     def key(self) -> str:
         return f"{self.fingerprint}|{self.starts_at}|{self.status}"
-
-
-@dataclass(slots=True, frozen=True)
-class Plan:
-    action: str
-    kind: str  # config | mode | restart | rebind
-    new: dict[str, Any]
-    old: dict[str, Any]
 
 
 class EngineHost(Protocol):
@@ -187,93 +106,6 @@ class PrometheusQuery:
         return max(values) if values else None
 
 
-# ---- the rules -----------------------------------------------------------------------
-
-Planner = Callable[[dict[str, Any], PolicyConfig], "Plan | str"]
-
-
-@dataclass(slots=True, frozen=True)
-class Rule:
-    alert: str
-    action: str
-    """Name of the action family: the cooldown key and the metric label before planning."""
-    kind: str
-    planner: Planner | None = None
-    target: str | None = None
-    """PromQL; {sel} is the alert's job/instance matchers, {engine} the engine's, {window} the window."""
-    better: str = "lower"
-    reversible: bool = True
-    restores_fast: bool = False
-
-
-def _lower_seqs_or_cold_kv(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
-    seqs = int(config["max_num_seqs"])
-    new = pc.max_num_seqs.lower(seqs, pc.step_fraction)
-    if new < seqs:
-        return Plan("lower_max_num_seqs", "config", {"max_num_seqs": new}, {"max_num_seqs": seqs})
-    if config.get("kv_cold_dtype", "none") == "none":
-        return Plan("enable_cold_kv_int8", "config", {"kv_cold_dtype": "int8"}, {"kv_cold_dtype": "none"})
-    return f"max_num_seqs at its minimum {pc.max_num_seqs.minimum} and cold KV already {config.get('kv_cold_dtype')}"
-
-
-def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
-    tokens = int(config["max_num_batched_tokens"])
-    new = pc.max_num_batched_tokens.lower(tokens, pc.step_fraction)
-    if new < tokens:
-        return Plan("lower_max_num_batched_tokens", "config", {"max_num_batched_tokens": new}, {"max_num_batched_tokens": tokens})
-    return f"max_num_batched_tokens at its minimum {pc.max_num_batched_tokens.minimum}"
-
-
-def _raise_batch(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
-    old = {"max_num_seqs": int(config["max_num_seqs"]), "max_num_batched_tokens": int(config["max_num_batched_tokens"])}
-    new = {
-        "max_num_seqs": pc.max_num_seqs.higher(old["max_num_seqs"], pc.step_fraction),
-        "max_num_batched_tokens": pc.max_num_batched_tokens.higher(old["max_num_batched_tokens"], pc.step_fraction),
-    }
-    changed = {k: v for k, v in new.items() if v != old[k]}
-    if not changed:
-        return "max_num_seqs and max_num_batched_tokens at their maximum"
-    return Plan("raise_batch", "config", changed, {k: old[k] for k in changed})
-
-
-def _recompute(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
-    mode = config.get("preemption_mode")
-    if mode == "recompute":
-        return "preemption_mode is already recompute"
-    return Plan("preempt_by_recompute", "config", {"preemption_mode": "recompute"}, {"preemption_mode": mode})
-
-
-def _fallback(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
-    # Applied even when the engine already fell back on its own: the policy then owns
-    # the way back to fast.
-    return Plan("fallback", "mode", {"mode": "fallback"}, {"mode": config.get("mode", "fast")})
-
-
-_FAULTS = "sum(rate(inferd_kv_page_faults_total{{{sel}}}[{window}]))"
-_SWAP = "sum(rate(inferd_kv_swap_bytes_total{{{engine}}}[{window}]))"
-
-DEFAULT_RULES: dict[str, Rule] = {
-    r.alert: r
-    for r in (
-        Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", _lower_seqs_or_cold_kv, _FAULTS),
-        Rule("InferdKVFragmentationHigh", "lower_max_num_batched_tokens", "config", _lower_batched_tokens,
-             "max(avg_over_time(inferd_kv_fragmentation_ratio{{{sel}}}[{window}]))"),
-        Rule("InferdTTFTSLOBreach", "lower_max_num_batched_tokens", "config", _lower_batched_tokens,
-             "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{window}])))"),
-        Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", _raise_batch,
-             "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))", better="higher"),
-        Rule("InferdNUMARemoteMemoryHigh", "rebind_numa", "rebind", None,
-             "max(inferd_numa_process_remote_ratio{{{sel}}})", reversible=False),
-        Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", _recompute, _SWAP),
-        Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", _recompute, _SWAP),
-        Rule("InferdEngineFastPathFailing", "fallback", "mode", _fallback,
-             "sum(increase(inferd_engine_fastpath_failures_total{{{sel}}}[{window}]))", reversible=False, restores_fast=True),
-        Rule("InferdEngineDown", "restart_engine", "restart", None, "min(up{{{engine}}})",
-             better="higher", reversible=False),
-    )
-}
-
-
 @dataclass(slots=True)
 class Verification:
     action_id: str
@@ -289,19 +121,6 @@ class Verification:
     def to_record(self) -> dict[str, Any]:
         return {"query": self.query, "baseline": self.baseline, "deadline": round(self.deadline, 3),
                 "better": self.better, "reversible": self.reversible}
-
-
-def judge(baseline: float | None, after: float | None, better: str, tolerance: float) -> str:
-    """improved | unchanged | worse | no_data"""
-    if baseline is None or after is None:
-        return "no_data"
-    change = after - baseline if better == "lower" else baseline - after  # > 0 is bad
-    margin = tolerance * abs(baseline) + 1e-9
-    if change > margin:
-        return "worse"
-    if change < -margin:
-        return "improved"
-    return "unchanged"
 
 
 # ---- the policy ----------------------------------------------------------------------
@@ -649,13 +468,13 @@ class RemediationCollector:
                                         labels=["action"])
         last = GaugeMetricFamily("inferd_remediation_last_action_timestamp_seconds",
                                  "Unix time of the last applied change of each action", labels=["action"])
-        with self.policy._lock:
-            for (alert, action, result), count in sorted(self.policy.actions_total.items()):
-                actions.add_metric([alert, action, result], count)
-            for action, count in sorted(self.policy.rollbacks_total.items()):
-                rollbacks.add_metric([action], count)
-            for action, ts in sorted(self.policy.last_action_ts.items()):
-                last.add_metric([action], ts)
+        # Copies, not the policy's lock: a scrape must not wait for an engine call.
+        for (alert, action, result), count in sorted(dict(self.policy.actions_total).items()):
+            actions.add_metric([alert, action, result], count)
+        for action, count in sorted(dict(self.policy.rollbacks_total).items()):
+            rollbacks.add_metric([action], count)
+        for action, ts in sorted(dict(self.policy.last_action_ts).items()):
+            last.add_metric([action], ts)
         yield actions
         yield rollbacks
         yield last

@@ -156,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
                        help="Prometheus that verification queries (default http://127.0.0.1:9090)")
     group.add_argument("--remediation-config", type=Path,
-                       help="YAML of remediation settings (bounds, cooldown_s, verify_window_s, ...; see agent/remediation.py)")
+                       help="YAML of remediation settings (bounds, cooldown_s, verify_window_s, ...; see agent/remediation_rules.py)")
     group.add_argument("--admin-token-file", type=Path,
                        help="engine admin token (else INFERD_ADMIN_TOKEN; else one is generated for the supervised engine)")
 
