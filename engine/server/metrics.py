@@ -205,6 +205,21 @@ class SnapshotCollector(Collector):
             failures.add_metric([reason], count)
         yield failures
 
+        by_dtype = GaugeMetricFamily("inferd_kv_blocks_by_dtype", "Live KV blocks by storage: hot (full precision) "
+                                     "or cold (int8, int4).", labels=["dtype"])
+        for dtype in ("hot", "int8", "int4"):
+            by_dtype.add_metric([dtype], s.kv.blocks_by_dtype.get(dtype, 0))
+        yield by_dtype
+        yield GaugeMetricFamily("inferd_kv_cold_bytes_saved", "KV bytes the live cold blocks save against full "
+                                "precision.", value=s.kv.bytes_saved)
+        quantized = CounterMetricFamily("inferd_kv_quantized_blocks", "KV blocks quantized when they left the hot "
+                                        "window.", labels=["dtype"])
+        for dtype in ("int8", "int4"):
+            quantized.add_metric([dtype], c.quantized_blocks.get(dtype, 0))
+        yield quantized
+        yield CounterMetricFamily("inferd_kv_quantize_seconds", "Time spent quantizing KV blocks.",
+                                  value=c.quantize_seconds)
+
         tunable = GaugeMetricFamily("inferd_engine_tunable", "Current value of each numeric tunable engine parameter.",
                                     labels=["param"])
         for name, value in s.tunables.items():
