@@ -47,5 +47,5 @@ def render_chat(messages: list[dict], chat_template: str | None, bos_token: str 
                                add_generation_prompt=add_generation_prompt)
     except ChatTemplateError:
         raise
-    except jinja2.TemplateError as exc:
-        raise ChatTemplateError(f"chat template failed: {exc}") from exc
+    except Exception as exc:  # the template runs on client messages: any failure is theirs to fix
+        raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,170 @@
+"""Server pieces without a server: stream text hold-back, chat templates, settings,
+CLI options, the default model location, bucket layout, and the engine thread's
+handling of a failing step."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from engine.server.app import ServerSettings
+from engine.server.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
+from engine.server.cli import add_arguments, default_model_dir, engine_config_from_args, ensure_default_model
+from engine.server.metrics import build_1_2_5_buckets
+from engine.server.serving import streamable_text
+
+
+@pytest.mark.parametrize("text, finished, holdback, expected", [
+    ("hello", False, 0, "hello"),
+    ("hello\ufffd", False, 0, "hello"),  # partial UTF-8 waits for its next byte
+    ("hello\ufffd\ufffd", False, 0, "hello"),
+    ("hello\ufffd", True, 0, "hello\ufffd"),  # at the end it is what it is
+    ("hello wor", False, 3, "hello "),  # a stop string of 4 chars may still start in "wor"
+    ("hi", False, 5, ""),
+    ("hello wor", True, 3, "hello wor"),
+    ("a\ufffdb", False, 0, "a\ufffdb"),  # only a trailing one is held
+])
+def test_streamable_text(text, finished, holdback, expected):
+    assert streamable_text(text, finished, holdback) == expected
+
+
+def test_chat_template_from_checkpoint(tiny_model):
+    from engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_model)
+    assert tok.chat_template
+    text = render_chat([{"role": "user", "content": "Hi"}], tok.chat_template, tok.bos_token, tok.eos_token)
+    assert text.startswith(tok.bos_token)
+    assert "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>" in text
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    no_prompt = render_chat([{"role": "user", "content": "Hi"}], tok.chat_template, tok.bos_token, tok.eos_token,
+                            add_generation_prompt=False)
+    assert no_prompt.endswith("<|eot_id|>")
+
+
+def test_default_chat_template():
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    assert render_chat(messages, None) == "system: You are terse.\nuser: Hi\nassistant:"
+    assert render_chat(messages, DEFAULT_CHAT_TEMPLATE, add_generation_prompt=False) == \
+        "system: You are terse.\nuser: Hi\n"
+
+
+def test_chat_template_errors_are_client_errors():
+    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}"
+    with pytest.raises(ChatTemplateError, match="first message must be from the user"):
+        render_chat([{"role": "assistant", "content": "x"}], template)
+    with pytest.raises(ChatTemplateError, match="chat template failed"):
+        render_chat([{"role": "user", "content": "x"}], "{{ 1 / 0 }}")
+    with pytest.raises(ChatTemplateError, match="chat template failed"):
+        render_chat([{"role": "user", "content": "x"}], "{{ messages.__class__.__subclasses__() }}")
+
+
+def test_server_settings_validation():
+    ServerSettings(served_model_name="m")
+    with pytest.raises(ValueError, match="served_model_name"):
+        ServerSettings(served_model_name="")
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        ServerSettings(served_model_name="m", max_body_bytes=10)
+    with pytest.raises(ValueError, match="admin_token"):
+        ServerSettings(served_model_name="m", admin_token="   ")
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log-level", default="INFO")
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_cli_options_cover_every_engine_field():
+    args = parse("--model", "/m", "--max-num-seqs", "8", "--no-enable-prefix-caching", "--preemption-mode",
+                 "recompute", "--gpu-memory-utilization", "0.5", "--kv-cache-bytes", "1048576")
+    config = engine_config_from_args(args, "/m")
+    assert config == EngineConfig(model="/m", max_num_seqs=8, enable_prefix_caching=False,
+                                  preemption_mode="recompute", gpu_memory_utilization=0.5, kv_cache_bytes=1 << 20)
+    defaults = parse()
+    assert (defaults.host, defaults.port) == ("127.0.0.1", 8000)
+    assert engine_config_from_args(defaults, "/m") == EngineConfig(model="/m")
+    with pytest.raises(ValueError, match="max_num_seqs must be in"):
+        engine_config_from_args(parse("--max-num-seqs", "0"), "/m")
+
+
+def test_default_model_dir(tmp_path, monkeypatch):
+    assert default_model_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "inferd" / "models" / "tiny"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_model_dir({}) == tmp_path / "home" / ".cache" / "inferd" / "models" / "tiny"
+
+
+def test_default_model_is_created_once(tmp_path):
+    target = tmp_path / "inferd" / "models" / "tiny"
+    assert ensure_default_model(target) == target
+    assert (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file()
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    ensure_default_model(target)
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp
+    assert [p.name for p in target.parent.iterdir()] == ["tiny"]  # no temporary leftovers
+
+
+def test_token_buckets_like_vllm():
+    assert build_1_2_5_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert build_1_2_5_buckets(2048)[-1] == 2000
+
+
+def test_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_model):
+    from engine.llm_engine import LLMEngine
+    from engine.server.async_engine import AsyncEngine, RequestFailed
+
+    engine = LLMEngine(EngineConfig(model=tiny_model, kv_cache_bytes=4 << 20))
+    real_step = engine.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real_step()
+
+    engine.step = flaky_step
+    params = SamplingParams(max_tokens=4, temperature=0)
+
+    async def scenario():
+        aengine = AsyncEngine(engine)
+        aengine.start()
+        try:
+            ids = engine.validate_request("hello", params)
+            with pytest.raises(RequestFailed, match="boom"):
+                async for _ in aengine.generate("r1", "hello", ids, params):
+                    pass
+            outs = [o async for o in aengine.generate("r2", "hello", ids, params)]
+            assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4
+            snap = aengine.snapshot()
+            assert snap.kv.num_used == 0 and snap.num_running == 0
+            assert snap.counters.requests_finished["abort"] == 1
+            assert aengine.is_alive
+        finally:
+            aengine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_percentile_and_knee():
+    from engine.bench.serve import BenchConfig, find_knee, percentile
+
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile([0, 10], 99) == pytest.approx(9.9)
+    assert math.isnan(percentile([], 50))
+    # Throughput grows linearly to 8 req/s, then flattens: the knee is at 8.
+    loads = [1, 2, 4, 8, 16, 32]
+    assert find_knee(loads, [10, 20, 40, 80, 84, 85]) == 3
+    assert find_knee(loads, [10, 20, 40, 80, 160, 320]) is None  # never bends
+    assert find_knee([1, 2], [1, 2]) is None
+    with pytest.raises(ValueError, match="loads"):
+        find_knee([1, 2, 3], [1, 2])
+    with pytest.raises(ValueError, match="rise"):
+        BenchConfig(rates=[4, 2])
+    with pytest.raises(ValueError, match="max_tokens"):
+        BenchConfig(rates=[1], max_tokens=1)
