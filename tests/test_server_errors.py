@@ -57,6 +57,7 @@ LONG_PROMPT = "hello " * 400  # far more than MAX_MODEL_LEN tokens
     (completion(frobnicate=1), ["Unrecognized request argument supplied: frobnicate"], "frobnicate"),
     (completion(logit_bias={"5": 1.0}), ["logit_bias is not supported"], "logit_bias"),
     (completion(echo=True), ["echo is not supported"], "echo"),
+    (completion(repetition_penalty=1e-300), ["repetition_penalty must be in [0.01, 100.0]"], "repetition_penalty"),
 ])
 def test_completion_400(server, body, fragments, param):
     assert_error(post(server, "/v1/completions", body), 400, *fragments, param=param)
@@ -107,6 +108,8 @@ def test_body_too_large_413(server):
     (b'{"model": "tiny", "prompt": {"a": 1}}', ["prompt"]),
     (b'{"model": "tiny", "prompt": "hi", "stream": "yes"}', ["stream"]),
     (b'[1, 2, 3]', []),
+    (b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', ["temperature", "finite"]),
+    (b'{"model": "tiny", "prompt": "hi", "top_p": Infinity}', ["top_p", "finite"]),
 ])
 def test_malformed_422(server, content, fragments):
     assert_error(post(server, "/v1/completions", content=content), 422, *fragments)
@@ -124,6 +127,12 @@ def test_openai_client_raises_its_usual_errors(server):
         client.completions.create(model=MODEL_NAME, prompt="hi", temperature=-2)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="nope", prompt="hi")
+
+
+def test_tiny_temperature_is_raised_not_fatal(server):
+    r = post(server, "/v1/completions", completion(temperature=1e-300, max_tokens=4))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
 
 
 def test_mistakes_never_5xx_and_never_disturb_others(server):

@@ -3,7 +3,8 @@
 Types are checked here (a wrong type is a malformed request: 422); values are
 checked by `SamplingParams` (a bad value: 400 naming the parameter). Unknown fields
 are refused with 400, as OpenAI's API does ("Unrecognized request argument"), so a
-typo never silently changes nothing. Besides OpenAI's fields, vLLM's sampling
+typo never silently changes nothing. Non-finite numbers are malformed (422); a
+temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides OpenAI's fields, vLLM's sampling
 extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
 skip_special_tokens) and `priority` are accepted.
 """
@@ -17,9 +18,14 @@ from ..sampling_params import SamplingParams
 from .errors import ApiError, bad_request
 
 
+MIN_TEMPERATURE = 0.01
+# Dividing logits by a tiny penalty overflows them to inf, which breaks the whole batch's draw.
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+
+
 class _Lenient(BaseModel):
     # extra="allow" keeps unknown fields in model_extra, so the handler can name them.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     def reject_unknown_fields(self) -> None:
         extra = sorted(self.model_extra or {})
@@ -67,11 +73,19 @@ class _SamplingFields(_Lenient):
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        temperature = 1.0 if self.temperature is None else self.temperature
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            # As vLLM does: logits / 1e-300 overflow to inf and the draw fails for the whole batch.
+            temperature = MIN_TEMPERATURE
+        if self.repetition_penalty is not None and not (
+                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise bad_request(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], "
+                              f"got {self.repetition_penalty!r}", "repetition_penalty")
         values: dict[str, Any] = dict(
             n=1 if self.n is None else self.n,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if self.top_k is None else self.top_k,
             min_p=0.0 if self.min_p is None else self.min_p,
