@@ -16,7 +16,6 @@ from engine import LLM, SamplingParams
 from engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, has_triton, unavailable_reason
 from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
 from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
-from engine.scheduler import ScheduledSeq
 
 needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
                                   reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")

@@ -1,0 +1,436 @@
+"""GPU decode benchmarks of issue 8 (run on the H200; see BENCHMARKS.md).
+
+`python -m engine.bench.gpu_decode --out DIR` with the `llama3-8b-shape` preset in bf16:
+1. ceilings: device-to-device copy bandwidth, bf16 matmul rate, pinned host<->device;
+2. batch-1 decode on the fast path: tokens/s and model bandwidth utilisation (weight +
+   KV bytes per token over the copy bandwidth), from the engine and from bare graph
+   replays;
+3. throughput: 256 requests of 512 prompt + 256 output tokens submitted at once, against
+   the roofline bound (per step max(bytes / bandwidth, FLOPs / matmul rate), summed);
+4. side by side: our fallback path and transformers `generate` (eager; static cache +
+   torch.compile when time allows) at batch 1 and 32, each as a ratio to the fast path;
+5. prefix caching: time to first token with a 2,048-token shared prefix, cold and warm;
+6. swap: host<->device KV block copies against the pinned copy bandwidth.
+Every figure goes to DIR/results.json; a table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..model_config import ModelConfig
+from ..sampling_params import SamplingParams
+
+
+# --- the two numbers ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    """Bytes and FLOPs of the Llama-family model per step, from its config."""
+
+    cfg: ModelConfig
+    dtype_bytes: int = 2
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters every token multiplies through (all but the embedding table)."""
+        c = self.cfg
+        attn = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+        mlp = 3 * c.hidden_size * c.intermediate_size
+        return c.num_hidden_layers * (attn + mlp) + c.vocab_size * c.hidden_size
+
+    @property
+    def weight_bytes_read(self) -> int:
+        """Per step: every matmul weight once, the norms; one embedding row per token is noise."""
+        c = self.cfg
+        norms = (2 * c.num_hidden_layers + 1) * c.hidden_size
+        return (self.matmul_params + norms) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        c = self.cfg
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * self.dtype_bytes
+
+    def step(self, items: list[tuple[int, int]]) -> tuple[float, float]:
+        """(bytes, FLOPs) of one step; items: (new tokens, context after the step) per sequence.
+        Bytes: weights once, each sequence's context K/V read once, new K/V written.
+        FLOPs: 2 per parameter per token, plus QK^T and PV over each token's context."""
+        c = self.cfg
+        tokens = sum(n for n, _ in items)
+        kv_read = sum(ctx for _, ctx in items) * self.kv_bytes_per_token
+        nbytes = self.weight_bytes_read + kv_read + tokens * self.kv_bytes_per_token
+        attn_per_key = 4 * c.num_attention_heads * c.head_dim * c.num_hidden_layers
+        keys = sum(sum(ctx - n + 1 + i for i in range(n)) for n, ctx in items)
+        return float(nbytes), float(2 * self.matmul_params * tokens + attn_per_key * keys)
+
+
+def roofline_seconds(cost: ModelCost, steps: list[list[tuple[int, int]]], bandwidth: float, flops_rate: float) -> float:
+    return sum(max(b / bandwidth, f / flops_rate) for b, f in (cost.step(s) for s in steps))
+
+
+# --- ceilings ------------------------------------------------------------------------------
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _time_cuda(fn, repeat: int = 10, warmup: int = 3) -> float:
+    """Median seconds of fn() measured with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def measure_ceilings(device: torch.device) -> dict:
+    n = 1 << 30  # 2 GiB of bf16 per buffer
+    bufs = [torch.randn(n, dtype=torch.bfloat16, device=device), torch.empty(n, dtype=torch.bfloat16, device=device)]
+    copy_s = _time_cuda(lambda: bufs[1].copy_(bufs[0]))
+    mats = [torch.randn(8192, 8192, dtype=torch.bfloat16, device=device) for _ in range(2)]
+    mm_s = _time_cuda(lambda: mats[0] @ mats[1])
+    bufs.clear()
+    mats.clear()
+    host = torch.randn(1 << 28, dtype=torch.bfloat16).pin_memory()  # 512 MiB
+    dev = torch.empty_like(host, device=device)
+    h2d_s = _time_cuda(lambda: dev.copy_(host, non_blocking=True), repeat=5)
+    d2h_s = _time_cuda(lambda: host.copy_(dev, non_blocking=True), repeat=5)
+    nbytes = host.numel() * 2
+    return {"copy_bytes_per_s": 2 * n * 2 / copy_s, "matmul_flops_per_s": 2 * 8192**3 / mm_s,
+            "h2d_pinned_bytes_per_s": nbytes / h2d_s, "d2h_pinned_bytes_per_s": nbytes / d2h_s}
+
+
+def environment() -> dict:
+    import triton
+
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        driver = f"nvidia-smi failed: {exc}"
+    try:
+        import transformers
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
+            "nvidia_smi": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": triton.__version__, "transformers": tf_version, "python": platform.python_version()}
+
+
+# --- engine set-up ---------------------------------------------------------------------------
+def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda"):
+    """(checkpoint dir, model on `device`) for the preset, weights drawn on the device.
+    device="cpu" (a tiny preset, float32) is the dry run of the scripts' Python code."""
+    from .random_model import random_model_on_device, write_checkpoint_stub
+
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    model_dir = tempfile.mkdtemp(prefix="inferd-bench-")
+    write_checkpoint_stub(model_dir, preset=preset, dtype=dtype)
+    model = random_model_on_device(model_dir, getattr(torch, dtype), torch.device(device), seed=seed)
+    return model_dir, model
+
+
+def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **config):
+    from .random_model import make_engine
+
+    device = model.embed_tokens.weight.device
+    defaults = dict(dtype=str(model.embed_tokens.weight.dtype).removeprefix("torch."), device=device.type,
+                    mode=mode, kv_cache_bytes=int(kv_gib * (1 << 30)), max_num_seqs=256,
+                    max_num_batched_tokens=8192, swap_space_bytes=0, max_model_len=40960)
+    engine = make_engine(model_dir, model, **{**defaults, **config})
+    if device.type == "cpu":  # dry run: the fused decode without graphs (Triton's interpreter)
+        from ..fast_path import hot_kv_layers
+        from ..fast_path.cuda_graphs import DecodeGraphs
+        from ..fast_path.fast_decoder import FastDecoder
+
+        engine.runner.fast_decode = DecodeGraphs(FastDecoder(model, hot_kv_layers(engine.runner)),
+                                                 engine.config.block_size, engine.max_model_len, device,
+                                                 engine.kv_cache.num_blocks, use_graphs=False)
+        engine.fast_path_unavailable = None
+    for kv in engine.runner.kv_layers if hasattr(engine.runner, "kv_layers") else engine.kv_cache.layers:
+        kv[0].normal_()  # never time on zeros (untouched blocks are read only by padded rows anyway)
+        kv[1].normal_()
+    return engine
+
+
+def prompts(vocab: int, num: int, length: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(5, vocab, (num, length), generator=gen).tolist()
+
+
+def record_steps(engine) -> list[list[tuple[int, int]]]:
+    """Wrap the runner so each executed step's (new tokens, context) items are recorded."""
+    steps: list[list[tuple[int, int]]] = []
+    execute = engine.runner.execute
+
+    def recording(batch):
+        steps.append([(it.num_tokens, it.seq.num_computed_tokens + it.num_tokens) for it in batch])
+        return execute(batch)
+
+    engine.runner.execute = recording
+    return steps
+
+
+def run_requests(engine, batch_prompts, max_tokens: int) -> dict:
+    """Submit all at once, step to the end. Times: total, and decode-only (first token of
+    the last request to the end)."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    base = f"b{time.monotonic_ns()}-"
+    sync()
+    start = time.perf_counter()
+    for i, p in enumerate(batch_prompts):
+        engine.add_request(f"{base}{i}", p, params)
+    first_tokens: dict[str, float] = {}
+    outputs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            now = time.perf_counter()
+            first_tokens.setdefault(out.request_id, now)
+            if out.finished:
+                outputs[out.request_id] = out.outputs[0].token_ids
+    end = time.perf_counter()
+    assert all(len(t) == max_tokens for t in outputs.values()), "a request stopped early"
+    all_first = max(first_tokens.values())
+    return {"seconds": end - start, "decode_seconds": end - all_first,
+            "output_tokens": len(batch_prompts) * max_tokens,
+            "tokens": [outputs[f"{base}{i}"] for i in range(len(batch_prompts))]}
+
+
+def bench_engine_decode(engine, batch_prompts, max_tokens: int) -> dict:
+    r = run_requests(engine, batch_prompts, max_tokens)
+    decode_tokens = len(batch_prompts) * (max_tokens - 1)
+    return {"tok_s": r["output_tokens"] / r["seconds"], "decode_tok_s": decode_tokens / r["decode_seconds"],
+            "seconds": r["seconds"], "tokens": r["tokens"]}
+
+
+def bench_graph_replay(engine, size: int, context: int) -> float:
+    """Seconds per bare replay of the size-`size` decode graph, every row at `context`."""
+    from ..fast_path.cuda_graphs import DecodeInputs
+
+    graphs = engine.runner.fast_decode
+    bs = engine.config.block_size
+    nblocks = -(-context // bs)
+    gen = torch.Generator().manual_seed(size)
+    tables = [torch.randperm(engine.kv_cache.num_blocks, generator=gen)[:nblocks].tolist() for _ in range(size)]
+    rows = DecodeInputs([7] * size, [context - 1] * size, [t[-1] * bs + (context - 1) % bs for t in tables],
+                        [context] * size, tables)
+    graphs._load(rows)
+    if size not in graphs.graphs:
+        graphs._capture(size)
+    graph = graphs.graphs[size][0]
+    return _time_cuda(graph.replay, repeat=20, warmup=3)
+
+
+# --- transformers -------------------------------------------------------------------------
+def bench_hf(hf, batch_prompts, max_tokens: int, compiled: bool = False) -> dict:
+    ids = torch.tensor(batch_prompts, device=hf.device)
+    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
+                  attention_mask=torch.ones_like(ids))
+    with torch.inference_mode():
+        if compiled:  # a static cache makes generate compile the forward (same shapes: warm up in full)
+            kwargs["cache_implementation"] = "static"
+            hf.generate(ids, **kwargs)
+        else:
+            hf.generate(ids[:, :16], **{**kwargs, "attention_mask": torch.ones_like(ids[:, :16]),
+                                        "max_new_tokens": 4, "min_new_tokens": 4})
+        sync()
+        start = time.perf_counter()
+        out = hf.generate(ids, **kwargs)
+        sync()
+        elapsed = time.perf_counter() - start
+    return {"tok_s": len(batch_prompts) * max_tokens / elapsed, "seconds": elapsed,
+            "tokens": out[:, ids.shape[1]:].tolist()}
+
+
+# --- prefix caching and swap ----------------------------------------------------------------
+def time_to_first_token(engine, prompt: list[int]) -> float:
+    rid = f"ttft{time.monotonic_ns()}"
+    sync()
+    start = time.perf_counter()
+    engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        if any(o.request_id == rid for o in engine.step()):
+            break
+    return time.perf_counter() - start
+
+
+def bench_prefix(engine, vocab: int) -> dict:
+    prefix = prompts(vocab, 1, 2048, seed=11)[0]
+    a, b, c = (prompts(vocab, 1, 32, seed=s)[0] for s in (12, 13, 14))
+    time_to_first_token(engine, prompts(vocab, 1, 2080, seed=15)[0])  # warm the prefill kernels
+    cold = time_to_first_token(engine, prefix + a)
+    warm = time_to_first_token(engine, prefix + b)
+    warm2 = time_to_first_token(engine, prefix + c)
+    return {"cold_s": cold, "warm_s": min(warm, warm2), "speedup": cold / min(warm, warm2),
+            "prefix_queries": engine.block_manager.prefix.queries, "prefix_hits": engine.block_manager.prefix.hits}
+
+
+def bench_swap(engine, num_blocks: int) -> dict:
+    kv = engine.kv_cache
+    num_blocks = min(num_blocks, kv.num_host_blocks, kv.num_blocks)
+    if hasattr(kv, "device_pool"):  # page arena: pairs of (kind, page, slot)
+        out = [(("hot", i, 0), ("hot", i, 0)) for i in range(num_blocks)]
+    else:
+        out = [(i, i) for i in range(num_blocks)]
+    kv.swap(out, [])  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    kv.swap(out, [])
+    t1 = time.perf_counter()
+    kv.swap([], out)
+    sync()
+    t2 = time.perf_counter()
+    nbytes = num_blocks * kv.block_bytes
+    return {"blocks": num_blocks, "bytes": nbytes, "out_bytes_per_s": nbytes / (t1 - t0),
+            "in_bytes_per_s": nbytes / (t2 - t1)}
+
+
+# --- the run ----------------------------------------------------------------------------------
+def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> dict:
+    t_start = time.perf_counter()
+    res: dict = {"env": environment()}
+    log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731
+    dev = torch.device("cuda")
+    res["ceilings"] = ceil = measure_ceilings(dev)
+    bw, rate = ceil["copy_bytes_per_s"], ceil["matmul_flops_per_s"]
+    log(f"ceilings {json.dumps({k: f'{v:.4g}' for k, v in ceil.items()})}")
+    model_dir, model = build()
+    cfg = model.config
+    cost = ModelCost(cfg)
+    res["model"] = {"weight_bytes_read": cost.weight_bytes_read, "kv_bytes_per_token": cost.kv_bytes_per_token,
+                    "flops_per_token": 2 * cost.matmul_params}
+    log("model built")
+
+    fast = new_engine(model_dir, model, "fast", kv_gib=40, swap_space_bytes=4 << 30)
+    t = time.perf_counter()
+    fast.runner.fast_decode.capture_all()
+    res["graph_capture_s"] = time.perf_counter() - t
+    log(f"captured {len(fast.runner.fast_decode.graphs)} graphs in {res['graph_capture_s']:.1f}s")
+
+    # 1. batch-1 decode
+    p512 = prompts(cfg.vocab_size, 32, 512)
+    b1 = bench_engine_decode(fast, p512[:1], 256)
+    avg_ctx = 512 + 128
+    bytes_per_token = cost.weight_bytes_read + avg_ctx * cost.kv_bytes_per_token
+    b1["mbu"] = b1["decode_tok_s"] * bytes_per_token / bw
+    replay = bench_graph_replay(fast, 1, avg_ctx)
+    b1["graph_replay_s"] = replay
+    b1["graph_mbu"] = bytes_per_token / replay / bw
+    res["batch1_fast"] = {k: v for k, v in b1.items() if k != "tokens"}
+    log(f"batch-1 fast: {b1['decode_tok_s']:.1f} tok/s, MBU {b1['mbu']:.3f}; bare replay {replay * 1e3:.3f} ms "
+        f"(MBU {b1['graph_mbu']:.3f})")
+    res["graph_replay_ms"] = {}
+    for size in (8, 32, 64, 256):
+        s = bench_graph_replay(fast, size, avg_ctx)
+        b, f = cost.step([(1, avg_ctx)] * size)
+        res["graph_replay_ms"][size] = {"ms": s * 1e3, "roofline_ms": max(b / bw, f / rate) * 1e3}
+    log(f"graph replays: {json.dumps(res['graph_replay_ms'])}")
+    b32 = bench_engine_decode(fast, p512, 128)
+    res["batch32_fast"] = {k: v for k, v in b32.items() if k != "tokens"}
+    log(f"batch-32 fast: {b32['tok_s']:.1f} tok/s")
+
+    # 2. throughput
+    many = prompts(cfg.vocab_size, 256, 512, seed=1)
+    steps = record_steps(fast)
+    r = run_requests(fast, many, 256)
+    fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
+    bound = roofline_seconds(cost, steps, bw, rate)
+    res["throughput"] = {"tok_s": r["output_tokens"] / r["seconds"], "seconds": r["seconds"], "steps": len(steps),
+                         "roofline_s": bound, "share_of_bound": bound / r["seconds"],
+                         "graph_replays": fast.runner.fast_decode.num_replays, "mode_after": fast.runner.mode}
+    log(f"throughput: {json.dumps(res['throughput'])}")
+
+    # 3. prefix caching, swap
+    res["prefix"] = bench_prefix(fast, cfg.vocab_size)
+    log(f"prefix: {json.dumps(res['prefix'])}")
+    res["swap"] = bench_swap(fast, 1024)
+    res["swap"]["share_of_pinned_out"] = res["swap"]["out_bytes_per_s"] / ceil["d2h_pinned_bytes_per_s"]
+    res["swap"]["share_of_pinned_in"] = res["swap"]["in_bytes_per_s"] / ceil["h2d_pinned_bytes_per_s"]
+    log(f"swap: {json.dumps(res['swap'])}")
+    del fast
+    torch.cuda.empty_cache()
+
+    # 4. side by side: our fallback path, transformers
+    slow = new_engine(model_dir, model, "fallback", kv_gib=16)
+    res["batch1_fallback"] = {k: v for k, v in bench_engine_decode(slow, p512[:1], 64).items() if k != "tokens"}
+    res["batch32_fallback"] = {k: v for k, v in bench_engine_decode(slow, p512, 64).items() if k != "tokens"}
+    log(f"fallback: b1 {res['batch1_fallback']['tok_s']:.1f} tok/s, b32 {res['batch32_fallback']['tok_s']:.1f} tok/s")
+    del slow
+    torch.cuda.empty_cache()
+    from .random_model import hf_model_sharing_weights
+
+    hf = hf_model_sharing_weights(model_dir, model)
+    res["hf_eager_b1"] = {k: v for k, v in bench_hf(hf, p512[:1], 64).items() if k != "tokens"}
+    res["hf_eager_b32"] = {k: v for k, v in bench_hf(hf, p512, 64).items() if k != "tokens"}
+    log(f"hf eager: b1 {res['hf_eager_b1']['tok_s']:.1f}, b32 {res['hf_eager_b32']['tok_s']:.1f} tok/s")
+    _dump(out_dir, res)
+    if hf_compile and time.perf_counter() - t_start < budget_s - 200:
+        try:
+            res["hf_compiled_b1"] = {k: v for k, v in bench_hf(hf, p512[:1], 64, compiled=True).items()
+                                     if k != "tokens"}
+            log(f"hf static+compile: b1 {res['hf_compiled_b1']['tok_s']:.1f} tok/s")
+            if time.perf_counter() - t_start < budget_s - 90:
+                res["hf_compiled_b32"] = {k: v for k, v in bench_hf(hf, p512, 64, compiled=True).items()
+                                          if k != "tokens"}
+                log(f"hf static+compile: b32 {res['hf_compiled_b32']['tok_s']:.1f} tok/s")
+        except Exception as exc:  # report, do not lose the rest
+            res["hf_compiled_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            log(res["hf_compiled_error"])
+    else:
+        res["hf_compiled_error"] = "skipped: not enough time left in the device call"
+    fast_b1, fast_b32 = res["batch1_fast"]["tok_s"], res["batch32_fast"]["tok_s"]
+    res["ratios_to_fast"] = {k: (res[k]["tok_s"] / (fast_b1 if k.endswith("b1") or "batch1" in k else fast_b32))
+                             for k in ("batch1_fallback", "batch32_fallback", "hf_eager_b1", "hf_eager_b32",
+                                       "hf_compiled_b1", "hf_compiled_b32") if k in res}
+    _dump(out_dir, res)
+    print_table(res)
+    return res
+
+
+def _dump(out_dir: str, res: dict) -> None:
+    with open(f"{out_dir}/results.json", "w") as f:
+        json.dump(res, f, indent=2, default=str)
+
+
+def print_table(res: dict) -> None:
+    c = res["ceilings"]
+    print(f"\ncopy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul {c['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
+          f"pinned h2d {c['h2d_pinned_bytes_per_s'] / 1e9:.1f} GB/s, d2h {c['d2h_pinned_bytes_per_s'] / 1e9:.1f} GB/s")
+    b1 = res["batch1_fast"]
+    print(f"batch-1 fast      {b1['decode_tok_s']:8.1f} tok/s  MBU {b1['mbu']:.3f} (bare graph {b1['graph_mbu']:.3f})")
+    t = res["throughput"]
+    print(f"throughput        {t['tok_s']:8.1f} tok/s  {t['share_of_bound']:.3f} of roofline ({t['roofline_s']:.2f}s)")
+    for k, ratio in res.get("ratios_to_fast", {}).items():
+        print(f"{k:18s}{res[k]['tok_s']:8.1f} tok/s  {ratio:.3f}x fast")
+    p = res["prefix"]
+    print(f"prefix TTFT cold {p['cold_s'] * 1e3:.1f} ms, warm {p['warm_s'] * 1e3:.1f} ms")
+    s = res["swap"]
+    print(f"swap out {s['out_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_out']:.2f}), "
+          f"in {s['in_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_in']:.2f})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--no-hf-compile", action="store_true")
+    args = parser.parse_args()
+    run_all(args.out, args.budget_s, hf_compile=not args.no_hf_compile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""A random `make-model` checkpoint built straight on the GPU, for benchmarks.
+
+Writing the `llama3-8b-shape` preset's 16 GB of weights to disk and reading them back
+costs minutes; here the checkpoint directory gets everything but the weights
+(config.json, tokenizer files: what the engine and transformers read), and the
+weights are drawn on the device with make_model's initialisation (unit-variance
+embeddings, 1/sqrt(fan_in) projections, norms near 1, LM head scaled to a logit std of
+LOGIT_STD). The engine and a transformers model then share that one set of tensors.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from .. import make_model as mm
+from ..model import LlamaModel, rope_inv_freq
+from ..model_config import ModelConfig
+
+
+def write_checkpoint_stub(out_dir: str | Path, preset: str = "llama3-8b-shape", dtype: str = "bfloat16") -> Path:
+    """make_model's directory without the weights file."""
+    with mock.patch.object(mm, "random_weights", lambda *a, **k: {}), \
+            mock.patch.object(mm, "save_weights", lambda *a, **k: None):
+        return mm.make_model(out_dir, mm.ModelSpec(preset=preset, dtype=dtype))
+
+
+@torch.no_grad()
+def random_model_on_device(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
+                           seed: int = 0) -> LlamaModel:
+    cfg = ModelConfig.from_dir(model_dir)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = LlamaModel(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    h, heads, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    embed_std = 0.1 if cfg.tie_word_embeddings else 1.0
+    model.embed_tokens.weight.normal_(0, embed_std, generator=gen)
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+            proj.weight.normal_(0, 1 / math.sqrt(h), generator=gen)
+            if proj.bias is not None:
+                proj.bias.normal_(0, 0.1, generator=gen)
+        attn.o_proj.weight.normal_(0, 1 / math.sqrt(heads * hd), generator=gen)
+        mlp.down_proj.weight.normal_(0, 1 / math.sqrt(cfg.intermediate_size), generator=gen)
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.normal_(1.0, 0.1, generator=gen)
+    model.norm.weight.normal_(1.0, 0.1, generator=gen)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+        model.norm.weight.mul_(mm.LOGIT_STD / (embed_std * math.sqrt(h)))
+    else:
+        model.lm_head.weight.normal_(0, mm.LOGIT_STD / math.sqrt(h), generator=gen)
+    model.rotary.register_buffer("inv_freq", rope_inv_freq(cfg).to(device), persistent=False)
+    return model.eval()
+
+
+@contextmanager
+def engine_loads(model: LlamaModel):
+    """Inside, LLMEngine takes `model` instead of reading the checkpoint's weights."""
+    with mock.patch("engine.llm_engine.load_model", lambda *a, **k: model):
+        yield
+
+
+def make_engine(model_dir: str | Path, model: LlamaModel, **config):
+    from ..config import EngineConfig
+    from ..llm_engine import LLMEngine
+
+    with engine_loads(model):
+        return LLMEngine(EngineConfig.from_dict({"model": str(model_dir), **config}))
+
+
+def hf_model_sharing_weights(model_dir: str | Path, model: LlamaModel):
+    """A transformers CausalLM whose parameters are `model`'s own tensors (no copy)."""
+    import transformers
+
+    hf_cfg = transformers.AutoConfig.from_pretrained(str(model_dir))
+    device = model.embed_tokens.weight.device
+    dtype = model.embed_tokens.weight.dtype
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
+    state = {(n if n.startswith("lm_head") else "model." + n): p for n, p in model.named_parameters()}
+    hf.load_state_dict(state, strict=False, assign=True)
+    if hf_cfg.tie_word_embeddings:
+        hf.tie_weights()
+    rotary = hf.model.rotary_emb
+    with torch.device(device):  # rebuilt off the meta device: its buffers are not parameters
+        hf.model.rotary_emb = type(rotary)(hf.config)
+    left = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"transformers model still has meta tensors: {left[:5]}")
+    return hf.eval()
