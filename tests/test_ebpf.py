@@ -7,6 +7,7 @@ skip saying which is missing.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -321,9 +322,7 @@ def test_unknown_probe_name_is_refused():
 def _bpf_prerequisites() -> str | None:
     if os.geteuid() != 0:
         return "needs root to load BPF programs"
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("bcc") is None:
         return "bcc not importable: install python3-bpfcc and run scripts/link_bcc.sh"
     if not Path(f"/lib/modules/{os.uname().release}/build").exists():
         return "no kernel headers at /lib/modules/$(uname -r)/build: run scripts/link_kernel_headers.sh"
@@ -335,7 +334,7 @@ needs_bpf = pytest.mark.skipif(_bpf_prerequisites() is not None, reason=str(_bpf
 # A child that waits for "go", touches N fresh anonymous pages (no THP, so each is one
 # base-page allocation), says "touched", and on the next line prints the frame numbers
 # of those pages from /proc/self/pagemap (after the test has collected, so the work of
-# reading them is not counted), then waits for a line before exiting.
+# reading them is not counted), then stays alive until the test kills it.
 TOUCH_PAGES = textwrap.dedent(
     """
     import ctypes, json, mmap, os, sys
@@ -408,15 +407,21 @@ def _allocs_by(samples: dict, pid: int) -> dict[tuple[str, str], float]:
     return out
 
 
+class LiveCollector(EbpfNumaCollector):
+    """The real collector, watching whatever pids a test puts in ``watched``."""
+
+    def __init__(self) -> None:
+        self.watched: set[int] = set()
+        super().__init__(watch_pids_fn=lambda: sorted(self.watched), watch_comms=["inferd-touch"])
+
+
 @pytest.fixture(scope="module")
 def live():
     """One collector with every probe loaded (compiling takes a few seconds)."""
     if _bpf_prerequisites():
         pytest.skip(_bpf_prerequisites())
-    watched: set[int] = set()
-    collector = EbpfNumaCollector(watch_pids_fn=lambda: sorted(watched), watch_comms=["inferd-touch"])
+    collector = LiveCollector()
     collector.start()
-    collector.watched = watched  # the tests add their children's pids here
     yield collector
     collector.close()
 
