@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from server_fixtures import MODEL_NAME, metric_value, running_server, scrape
 
 MAX_MODEL_LEN = 128
@@ -147,3 +149,33 @@ def test_mistakes_never_5xx_and_never_disturb_others(server):
     assert metric_value(text, "http_requests_total", {"status": "4xx"}) >= 4
     with pytest.raises(KeyError):
         metric_value(text, "http_requests_total", {"status": "5xx"})
+
+
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.lists(st.integers(min_value=-5, max_value=600), max_size=4), st.lists(st.text(max_size=4), max_size=3),
+)
+FIELDS = ["prompt", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "logprobs",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
+          "ignore_eos", "priority", "stream"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=6))
+def test_random_parameters_never_5xx(server, fields):
+    body = {"model": MODEL_NAME, "prompt": "Hello world", "max_tokens": 3, **fields}
+    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 8:
+        body["max_tokens"] = 8  # keep examples quick; the value's validity is not what is tested
+    if isinstance(body.get("n"), int) and body["n"] > 4:
+        body["n"] = 4
+    r = post(server, "/v1/completions", body)
+    assert r.status_code < 500, (body, r.status_code, r.text)
+    if r.status_code >= 400:
+        assert r.json()["error"]["message"]
+
+
+def test_server_healthy_after_fuzzing(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    with pytest.raises(KeyError):
+        metric_value(scrape(server.url), "http_requests_total", {"status": "5xx"})
