@@ -359,9 +359,14 @@ class LoadedProbe:
         return f"raw_tracepoint__{event}" if self.spec.raw_tracepoint else f"tracepoint__{category}__{event}"
 
     def close(self) -> None:
-        if self.bpf_object is not None:
-            self.bpf_object.release()
-            self.bpf_object = None
+        """Detach this probe's programs; the object is unloaded when its last probe closes."""
+        if self.bpf_object is None:
+            return
+        if self.attach in ("tracepoint", "raw_tracepoint"):
+            with contextlib.suppress(Exception):  # bcc raises bare Exception; closing must not fail
+                self.set_attached(False)
+        self.bpf_object.release()
+        self.bpf_object = None
 
 
 def _check_loadable(spec: ProbeSpec, tracefs: Path | None):

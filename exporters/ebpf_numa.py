@@ -15,7 +15,7 @@ Constructor (what the agent calls):
         tracefs=None,               # tracefs path; None = find it (mounting it when root)
     )
 
-The probes load on the first collect() or on start() (compiling takes about 0.7 s each;
+The probes load on the first collect() or on start() (compiling takes about a second;
 the agent calls start() from a thread, and until it returns collect() raises
 CollectorUnavailable("eBPF probes are still loading")). stop()/close() unloads them.
 Each probe is optional and reported on its own:
@@ -124,8 +124,15 @@ class EbpfNumaCollector:
         with self._start_lock:
             if self._started:
                 return
-            self._load_all()
-            self._started = True
+            try:
+                self._load_all()
+            except Exception as exc:  # a bcc surprise: report it, do not retry on every scrape
+                log.exception("ebpf: loading the probes failed")
+                for name in self.probe_names:
+                    if name not in self._probes:
+                        self._down.setdefault(name, f"loading failed: {type(exc).__name__}: {exc}")
+            finally:
+                self._started = True
         _release_compiler_memory()
 
     def _load_all(self) -> None:
