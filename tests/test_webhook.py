@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 from fastapi import FastAPI
@@ -163,3 +164,56 @@ def test_parse_notification_reads_every_alert():
         ("InferdKVCacheThrashing", "firing", "f00d"), ("InferdKVCacheThrashing", "resolved", "beef")]
     with pytest.raises(PayloadError):
         parse_notification({"version": "4"})
+
+
+def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, monkeypatch):
+    import argparse
+
+    from agent.server import AgentState, create_app
+    from agent.webhook import add_arguments, make_router
+
+    engine, _, token_file, _ = setup
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN)
+    (tmp_path / "policy.yml").write_text("cooldown_s: 5\nverify_window_s: 1\n")
+    monkeypatch.setenv("INFERD_ADMIN_TOKEN", "restored-after-the-test")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([
+        "--webhook-token-file", str(token_file), "--audit-log", str(tmp_path / "hook-audit.jsonl"),
+        "--admin-token-file", str(admin_file), "--remediation-config", str(tmp_path / "policy.yml"),
+        "--prometheus-url", "http://127.0.0.1:9"])
+    state = AgentState.with_collectors([], engine_url=engine.url)
+    state.extra["args"] = args
+    client = TestClient(create_app(state, [make_router(state)]))
+    policy = state.extra["remediation"]
+    try:
+        assert policy.config.cooldown_s == 5
+        assert os.environ["INFERD_ADMIN_TOKEN"] == ADMIN_TOKEN  # what a supervised engine inherits
+        assert post(client, alert_payload()).json()["results"][0]["result"] == "applied"
+        assert engine.config["max_num_seqs"] == 48
+        metrics = client.get("/metrics").text
+        assert 'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 1.0' in metrics
+        assert [r["event"] for r in client.get("/v1/actions").json()["records"]] == ["alert", "decision", "applied"]
+    finally:
+        policy.stop()
+
+
+def test_agent_hook_without_a_token_file_refuses_every_call(setup, tmp_path):
+    import argparse
+
+    from agent.server import AgentState, create_app
+    from agent.webhook import add_arguments, make_router
+
+    engine, _, _, _ = setup
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--audit-log", str(tmp_path / "a.jsonl"), "--dry-run"])
+    state = AgentState.with_collectors([], engine_url=engine.url)
+    state.extra["args"] = args
+    client = TestClient(create_app(state, [make_router(state)]))
+    try:
+        assert post(client, alert_payload()).status_code == 401
+        assert state.extra["remediation"].config.dry_run is True
+    finally:
+        state.extra["remediation"].stop()
