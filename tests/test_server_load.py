@@ -173,3 +173,39 @@ def test_load_with_admin_changes_and_mode_switches(tiny_model):
             assert status == 200 or shrink_refused, (body, status, text)
         metrics = scrape(server.url)
         assert metric_value(metrics, "inferd_engine_fastpath_failures_total") >= 2
+
+
+def test_several_hundred_concurrent_streams(tiny_model):
+    num_streams = 300
+
+    async def scenario(url: str):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300)
+        opened = asyncio.Event()
+        waiting = {"n": num_streams}
+
+        async def one(i: int) -> int:
+            stream = await client.completions.create(model=MODEL_NAME, prompt=f"stream {i} of many", max_tokens=6,
+                                                     temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                                     stream_options={"include_usage": True})
+            # Hold every stream open until all of them are: they are served side by side.
+            waiting["n"] -= 1
+            if waiting["n"] == 0:
+                opened.set()
+            await opened.wait()
+            usage = None
+            async for chunk in stream:
+                usage = chunk.usage or usage
+            return usage.completion_tokens
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(num_streams)))
+        finally:
+            await client.close()
+
+    with running_server(tiny_model, max_num_seqs=256) as server:
+        tokens = asyncio.run(scenario(server.url))
+        assert tokens == [6] * num_streams
+        text = scrape(server.url)
+        assert metric_value(text, "vllm:request_success_total", {"finished_reason": "length"}) == num_streams
+        assert metric_value(text, "inferd_scheduler_batch_size_bucket", {"le": "64.0"}) < \
+            metric_value(text, "inferd_scheduler_batch_size_count"), "never more than 64 sequences in one step"
