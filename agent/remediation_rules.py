@@ -159,6 +159,11 @@ def _fallback(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
 
 _FAULTS = "sum(rate(inferd_kv_page_faults_total{{{sel}}}[{window}]))"
 _SWAP = "sum(rate(inferd_kv_swap_bytes_total{{{engine}}}[{window}]))"
+# Failures within the window; a counter series born inside it (its first failure) counts
+# whole, which increase() would miss.
+_NEW_FAILURES = ("sum(inferd_engine_fastpath_failures_total{{{sel}}})"
+                 " - sum(inferd_engine_fastpath_failures_total{{{sel}}} offset {window})"
+                 " or sum(inferd_engine_fastpath_failures_total{{{sel}}})")
 
 DEFAULT_RULES: dict[str, Rule] = {
     r.alert: r
@@ -175,7 +180,7 @@ DEFAULT_RULES: dict[str, Rule] = {
         Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", _recompute, _SWAP),
         Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", _recompute, _SWAP),
         Rule("InferdEngineFastPathFailing", "fallback", "mode", _fallback,
-             "sum(increase(inferd_engine_fastpath_failures_total{{{sel}}}[{window}]))", reversible=False, restores_fast=True),
+             _NEW_FAILURES, reversible=False, restores_fast=True),
         Rule("InferdEngineDown", "restart_engine", "restart", None, "min(up{{{engine}}})",
              better="higher", reversible=False),
     )

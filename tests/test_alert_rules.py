@@ -187,3 +187,16 @@ def test_every_metric_in_the_rules_is_in_the_contract():
             continue
         base = re.sub(r"_bucket$", "", name)
         assert f"`{base}`" in contract or f"`{base.removesuffix('_total')}`" in contract, f"{name} is not in docs/METRICS.md"
+
+
+def test_policy_target_queries_are_valid_promql(tmp_path):
+    from agent.remediation import DEFAULT_RULES
+
+    targets = [r.target.format(sel='job="inferd-engine",instance="h:8000"', engine='job="inferd-engine"', window="120s")
+               for r in DEFAULT_RULES.values() if r.target]
+    assert len(targets) == len(DEFAULT_RULES)
+    path = tmp_path / "targets.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "targets", "rules": [
+        {"record": f"inferd:remediation_target:{i}", "expr": expr} for i, expr in enumerate(targets)]}]}))
+    result = subprocess.run([_tool("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
