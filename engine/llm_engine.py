@@ -69,7 +69,8 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
         self.tokenizer = Tokenizer(config.model, list(self.model_config.eos_token_ids))
-        self.model = load_model(config.model, self.dtype, self.device)
+        tp = config.tensor_parallel_size
+        self.model = load_model(config.model, self.dtype, self.device) if tp == 1 else None  # TP: ranks load shards
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.model_name = config.model
 
@@ -85,16 +86,25 @@ class LLMEngine:
             raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {page_cost} bytes; need at least 2")
         num_host_blocks = config.swap_space_bytes // page_cost
         self.host_numa_node = device_numa_node(self.device)
-        self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
-                                mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
-                                cold_kinds=cold_kinds)
         self.block_manager = BlockManager(num_blocks, num_host_blocks, config.block_size,
                                           config.enable_prefix_caching, config.watermark, shape.slots_per_page())
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
-                                  locate=self.block_manager.pool.pages.locate)
+        if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
+            from .parallel import TPRunner
+
+            self.runner = TPRunner(config.model, mc, self.dtype, self.device, tp, num_blocks, num_host_blocks,
+                                   config.block_size, config.mode, self.host_numa_node, cold_kinds,
+                                   locate=self.block_manager.pool.pages.locate)
+            self.model, self.kv_cache = self.runner.model, self.runner.kv_cache
+            self.fast_path_unavailable = self.runner.fast_path_unavailable
+        else:
+            self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
+                                    mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
+                                    cold_kinds=cold_kinds)
+            self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
+                                      locate=self.block_manager.pool.pages.locate)
+            self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
         self.runner.on_fastpath_failure = self._on_fastpath_failure
-        self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
