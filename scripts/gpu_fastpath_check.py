@@ -169,12 +169,12 @@ def agree(a: list[int], b: list[int]) -> int:
 
 
 def check_model() -> None:
-    from engine.bench.gpu_decode import build, new_engine, prompts
+    from engine.bench.gpu_decode import build, new_engine
     from engine.bench.random_model import hf_model_sharing_weights
 
     model_dir, model = build(PRESET, device=DEVICE)
     vocab = model.config.vocab_size
-    log("8B-shape model built on the GPU")
+    log(f"{PRESET} model built on {DEVICE}")
     common = dict(kv_gib=20 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=2048, enable_prefix_caching=False)
     fast = new_engine(model_dir, model, "fast", **common)
     slow = new_engine(model_dir, model, "fallback", **common)
@@ -183,15 +183,31 @@ def check_model() -> None:
     fast_logits, slow_logits = record_logits(fast), record_logits(slow)
     hf = hf_model_sharing_weights(model_dir, model)
 
-    # a. greedy agreement and logit error on 32 tokens
+    ctx = dict(fast=fast, slow=slow, hf=hf, vocab=vocab, model=model, fast_logits=fast_logits,
+               slow_logits=slow_logits)
+    for section in (check_greedy, check_batch_invariance, check_contexts, check_injected_failure, quick_timing):
+        try:
+            section(**ctx)
+        except Exception as exc:  # one broken section must not hide the others
+            import traceback
+
+            traceback.print_exc()
+            check(f"{section.__name__}_ran", False, error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
+    """Greedy agreement and logit error on 32 tokens."""
+    from engine.bench.gpu_decode import prompts
+
     lens = (5, 17, 100, 600)
     ps = [prompts(vocab, 1, n, seed=n)[0] for n in lens]
-    f_tok, f_ids = generate(fast, ps, 32, "greedy-fast")
-    s_tok, s_ids = generate(slow, ps, 32, "greedy-slow")
+    n_tok = 32 if DEVICE == "cuda" else 4
+    f_tok, f_ids = generate(fast, ps, n_tok, "greedy-fast")
+    s_tok, s_ids = generate(slow, ps, n_tok, "greedy-slow")
     for i, p in enumerate(ps):
         ids = torch.tensor([p], device=DEVICE)
         with torch.inference_mode():
-            h_tok = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+            h_tok = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tok, min_new_tokens=n_tok,
                                 do_sample=False, pad_token_id=0)[0, len(p):].tolist()
             # teacher-forced transformers logits over each engine's own continuation
             ref_f = hf(torch.tensor([p + f_tok[i][:-1]], device=DEVICE)).logits[0, len(p) - 1 :].float().cpu()
@@ -200,7 +216,7 @@ def check_model() -> None:
         err_s = max(rel(a, b) for a, b in zip(slow_logits[s_ids[i]], ref_s))
         n_same = agree(f_tok[i], s_tok[i])
         err_fs = max([rel(a, b) for a, b in zip(fast_logits[f_ids[i]][: n_same + 1], slow_logits[s_ids[i]])] or [0])
-        check(f"greedy32_prompt{lens[i]}", agree(f_tok[i], h_tok) == 32 and n_same == 32
+        check(f"greedy32_prompt{lens[i]}", agree(f_tok[i], h_tok) == n_tok and n_same == n_tok
               and max(err_f, err_fs) < BF16_REL_TOL,
               fast_vs_hf_agree=agree(f_tok[i], h_tok), fast_vs_fallback_agree=n_same,
               fallback_vs_hf_agree=agree(s_tok[i], h_tok), logit_rel_err_fast_vs_hf=err_f,
@@ -209,12 +225,18 @@ def check_model() -> None:
     check("decode_ran_in_graphs", (graphs.num_replays > 0 or DEVICE == "cpu") and fast.runner.mode == "fast",
           replays=graphs.num_replays, graphs=sorted(graphs.graphs))
 
-    # b. batch invariance: one prompt alone, in a batch of 8, in a batch of 40 (graph 64)
+
+def check_batch_invariance(fast, vocab, fast_logits, **_):
+    """One prompt alone, in a batch of 8, in a batch of 40 (graph 64); graphs against eager."""
+    from engine.bench.gpu_decode import prompts
+
+    graphs = fast.runner.fast_decode
+    n_others, n_tok = (39, 16) if DEVICE == "cuda" else (9, 3)
     probe = prompts(vocab, 1, 300, seed=99)[0]
-    alone, alone_ids = generate(fast, [probe], 16, "inv1")
-    others = prompts(vocab, 39, 200, seed=7)
-    in8, ids8 = generate(fast, [probe] + others[:7], 16, "inv8")
-    in40, ids40 = generate(fast, [probe] + others, 16, "inv40")
+    alone, alone_ids = generate(fast, [probe], n_tok, "inv1")
+    others = prompts(vocab, n_others, 200, seed=7)
+    in8, ids8 = generate(fast, [probe] + others[:7], n_tok, "inv8")
+    in40, ids40 = generate(fast, [probe] + others, n_tok, "inv40")
     e8 = max(rel(a, b) for a, b in zip(fast_logits[ids8[0]], fast_logits[alone_ids[0]]))
     e40 = max(rel(a, b) for a, b in zip(fast_logits[ids40[0]], fast_logits[alone_ids[0]]))
     check("batch_invariance", alone[0] == in8[0] == in40[0], logit_rel_diff_b8=e8, logit_rel_diff_b40=e40,
@@ -222,12 +244,17 @@ def check_model() -> None:
 
     # c. graphs against eager fast decode (same kernels, no capture)
     graphs.use_graphs = False
-    eager, eager_ids = generate(fast, [probe], 16, "eager")
+    eager, eager_ids = generate(fast, [probe], n_tok, "eager")
     graphs.use_graphs = True
     e = max(rel(a, b) for a, b in zip(fast_logits[eager_ids[0]], fast_logits[alone_ids[0]]))
     check("graphs_match_eager", eager[0] == alone[0] and e < 1e-3, logit_rel_diff=e)
 
-    # d. contexts across block and split boundaries, end to end
+
+
+def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
+    """Contexts across block and split boundaries, end to end."""
+    from engine.bench.gpu_decode import prompts
+
     for n in CONTEXTS if DEVICE == "cuda" else (1, 15, 16, 17, 40):
         p = prompts(vocab, 1, n, seed=1000 + n)[0]
         ft, fid = generate(fast, [p], 4, f"ctx{n}-fast")
@@ -236,8 +263,12 @@ def check_model() -> None:
         errs = [rel(a, b) for a, b in zip(fast_logits[fid[0]][: same + 1], slow_logits[sid[0]])]
         check(f"context_{n}", same == 4 and max(errs) < BF16_REL_TOL, agree=same, logit_rel_err=errs)
 
-    # e. an injected failure mid-decode: fallback, same tokens, counted
+
+
+def check_injected_failure(fast, slow, vocab, **_):
+    """An injected failure mid-decode: fallback, same tokens, counted; then back to fast."""
     from engine import SamplingParams
+    from engine.bench.gpu_decode import prompts
 
     ps2 = [prompts(vocab, 1, 50, seed=5)[0], prompts(vocab, 1, 70, seed=6)[0]]
     want, _ = generate(slow, ps2, 12, "inject-ref")
@@ -255,10 +286,12 @@ def check_model() -> None:
     fast.reconfigure({"mode": "fast"})
     fast.runner.mode = "fast"
 
+
+def quick_timing(fast, slow, vocab, model, **_):
+    """Batch-1 decode, fast and fallback; bare graph replays."""
     if DEVICE == "cpu":
         return
-    # 4. quick timing: batch-1 decode, fast and fallback
-    from engine.bench.gpu_decode import ModelCost, bench_engine_decode, bench_graph_replay, measure_ceilings
+    from engine.bench.gpu_decode import ModelCost, bench_engine_decode, bench_graph_replay, measure_ceilings, prompts
 
     ceil = measure_ceilings(torch.device("cuda"))
     cost = ModelCost(model.config)
