@@ -358,7 +358,7 @@ def main() -> int:
 
         results["env"] = environment()
         log(json.dumps(results["env"]))
-        steps = (check_attention_kernel, check_fused_ops, time_fused_ops, check_model)
+        steps = (check_attention_kernel, check_fused_ops, check_model, time_fused_ops)
     for step in steps:
         try:
             step()
