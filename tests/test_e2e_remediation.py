@@ -178,9 +178,10 @@ class Stack:
     def records(self) -> list[dict]:
         return self.http.get(f"{self.url('agent')}/v1/actions", params={"limit": 0}).json()["records"]
 
-    def find(self, **match) -> dict | None:
+    def find(self, since: float = 0.0, **match) -> dict | None:
+        """The first audit record at or after `since` (Unix time) with these fields."""
         for record in self.records():
-            if all(record.get(k) == v for k, v in match.items()):
+            if record["ts"] >= since and all(record.get(k) == v for k, v in match.items()):
                 return record
         return None
 
@@ -270,7 +271,7 @@ def _save_timings(name: str, values: dict) -> None:
 def test_kv_thrashing_is_remediated(stack):
     load_started = time.time()
     with Load(stack.url("engine"), workers=16) as load:
-        applied = wait_for(lambda: stack.find(event="applied", alert="InferdKVCacheThrashing"), 120,
+        applied = wait_for(lambda: stack.find(load_started, event="applied", alert="InferdKVCacheThrashing"), 120,
                            "the agent to lower max_num_seqs", stack)
         assert applied["action"] == "lower_max_num_seqs"
         assert applied["old"] == {"max_num_seqs": 16} and applied["new"] == {"max_num_seqs": 4}
@@ -282,20 +283,20 @@ def test_kv_thrashing_is_remediated(stack):
         verified = wait_for(lambda: stack.find(event="verified", id=applied["id"]), 60, "verification", stack)
         assert verified["outcome"] == "improved", verified
         assert verified["after"] < verified["baseline"]
-        wait_for(lambda: stack.find(event="alert", alert="InferdKVCacheThrashing", status="resolved"), 90,
+        wait_for(lambda: stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved"), 90,
                  "InferdKVCacheThrashing to resolve", stack)
         assert not stack.firing("InferdKVCacheThrashing")
         faults_after = stack.query(FAULTS_RATE)
     assert load.statuses and set(load.statuses) == {200}, load.errors[:3]
-    firing = stack.find(event="alert", alert="InferdKVCacheThrashing", status="firing")
-    resolved = stack.find(event="alert", alert="InferdKVCacheThrashing", status="resolved")
+    firing = stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="firing")
+    resolved = stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved")
     _save_timings("kv_thrashing", {
         "time_scale": TIME_SCALE, "load_started": load_started, "alert_received": firing["ts"],
         "action_applied": applied["ts"], "verified": verified["ts"], "resolved_received": resolved["ts"],
         "faults_per_s_peak_before": faults_before, "faults_per_s_after": faults_after,
         "requests": len(load.statuses)})
     story = [(r["event"], r.get("status") or r.get("result") or r.get("outcome"))
-             for r in stack.records() if r.get("alert") == "InferdKVCacheThrashing"]
+             for r in stack.records() if r.get("alert") == "InferdKVCacheThrashing" and r["ts"] >= load_started]
     assert story[0] == ("alert", "firing")
     assert story.index(("decision", "apply")) < story.index(("applied", None)) < story.index(("verified", "improved"))
     assert story[-1] == ("alert", "resolved")
@@ -306,28 +307,37 @@ def test_kv_thrashing_is_remediated(stack):
 
 
 def test_engine_down_is_restarted(stack):
+    # The engine is not up while it loads, so start-up may have fired (and acted on) its own
+    # InferdEngineDown: wait until it cleared and its cooldown is over, or the policy would
+    # rightly hold this incident back.
+    wait_for(lambda: not stack.firing("InferdEngineDown"), 60, "no InferdEngineDown before the kill", stack)
+    earlier = [r["ts"] for r in stack.records() if r["event"] == "applied" and r["action"] == "restart_engine"]
+    if earlier:
+        time.sleep(max(0.0, earlier[-1] + POLICY["cooldown_s"] - time.time()))
     old_pid = stack.engine_pid()
     assert old_pid
+    killed = time.time()
     os.kill(old_pid, signal.SIGKILL)
-    applied = wait_for(lambda: stack.find(event="applied", alert="InferdEngineDown"), 120,
+    applied = wait_for(lambda: stack.find(killed, event="applied", alert="InferdEngineDown"), 120,
                        "InferdEngineDown to reach the agent", stack)
     assert applied["action"] == "restart_engine"
     wait_for(lambda: stack.http.get(f"{stack.url('engine')}/health").status_code == 200, 120, "the engine back", stack)
     assert stack.engine_pid() not in (None, old_pid)
-    wait_for(lambda: stack.find(event="alert", alert="InferdEngineDown", status="resolved"), 90,
+    wait_for(lambda: stack.find(killed, event="alert", alert="InferdEngineDown", status="resolved"), 90,
              "InferdEngineDown to resolve", stack)
     restarts = stack.query("max(inferd_engine_restarts_total)")
     assert restarts is not None and restarts >= 1
 
 
 def test_fast_path_failure_falls_back_and_is_restored(stack):
+    started = time.time()
     assert stack.engine_config()["mode"] == "fast"
     with Load(stack.url("engine"), workers=3, max_tokens=24) as load:
         wait_for(lambda: len(load.statuses) >= 3, 30, "requests in flight", stack)
         r = stack.http.post(f"{stack.url('engine')}/admin/fault", json={"kind": "fastpath"},
                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert r.status_code == 200, r.text
-        applied = wait_for(lambda: stack.find(event="applied", alert="InferdEngineFastPathFailing"), 90,
+        applied = wait_for(lambda: stack.find(started, event="applied", alert="InferdEngineFastPathFailing"), 90,
                            "InferdEngineFastPathFailing to reach the agent", stack)
         assert applied["action"] == "fallback" and applied["new"] == {"mode": "fallback"}
         wait_for(lambda: stack.find(event="restored", id=applied["id"]), 120, "the fast path restored", stack)
@@ -335,7 +345,7 @@ def test_fast_path_failure_falls_back_and_is_restored(stack):
         served_after = len(load.statuses)
         wait_for(lambda: len(load.statuses) > served_after + 3, 30, "requests on the restored fast path", stack)
     assert set(load.statuses) == {200}, load.errors[:3]
-    resolved = stack.find(event="alert", alert="InferdEngineFastPathFailing", status="resolved")
+    resolved = stack.find(started, event="alert", alert="InferdEngineFastPathFailing", status="resolved")
     restored = stack.find(event="restored", id=applied["id"])
     assert resolved["ts"] + POLICY["restore_after_s"] <= restored["ts"] + 1.0
     failures = stack.query('sum(inferd_engine_fastpath_failures_total)')
