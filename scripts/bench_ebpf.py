@@ -5,15 +5,18 @@ Workloads: ``touch`` maps anonymous memory without THP (the probes' worst case: 
 mm_page_alloc and one page_fault_user event per 4 KiB page and nothing else), fills it
 with memset and unmaps it; ``numpy`` allocates fresh float64 arrays, fills them with
 random numbers and sums them. This process is watched (the per-process path) unless
---unwatched (the "other" path). The kernel's own per-program run time
-(kernel.bpf_stats_enabled) is reported too: it does not depend on other load. The
-probes are compiled once; each round then runs the workload with their tracepoints
-detached and attached, in alternating order, and the slowdown is the median of the
-per-round ratios, in thread CPU time (the page faults' kernel time, where the probes
-run; other load on a shared machine moves it little) and in wall time. Needs root, bcc
-and kernel headers.
+--unwatched (the "other" path).
 
-    sudo .venv/bin/python scripts/bench_ebpf.py [--workload touch|numpy] [--mib 128] [--loops 2] [--rounds 20] [--cpu N]
+The probes are compiled once; each round then runs the workload three times, in
+rotating order: with nothing attached, with empty programs on the same two hooks (the
+cost of the hooks alone, the floor under any probe there), and with the probes.
+Slowdowns are medians of the per-round ratios to the bare run, in thread CPU time (the
+page faults' kernel time, where the probes run) and in wall time. The kernel's own
+per-program run time (kernel.bpf_stats_enabled) is reported too. Needs root, bcc and
+kernel headers.
+
+    sudo .venv/bin/python scripts/bench_ebpf.py [--workload touch|numpy] [--unwatched]
+        [--mib 128] [--loops 2] [--rounds 20] [--cpu N]
 """
 from __future__ import annotations
 
@@ -70,6 +73,36 @@ def set_attached(collector: EbpfNumaCollector, attached: bool) -> None:
             probe.set_attached(attached)
 
 
+EMPTY_PROGRAMS = """
+TRACEPOINT_PROBE(kmem, mm_page_alloc) { return 0; }
+RAW_TRACEPOINT_PROBE(page_fault_user) { return 0; }
+"""
+
+
+class EmptyHooks:
+    """Programs that do nothing, on the hooks the probes use: the cost of the hooks alone."""
+
+    def __init__(self):
+        from bcc import BPF
+
+        self.bpf = BPF(text=EMPTY_PROGRAMS.encode())
+        self.attached = True  # bcc attached them on load
+
+    def set_attached(self, attached: bool) -> None:
+        if attached == self.attached:
+            return
+        self.attached = attached
+        if attached:
+            self.bpf.attach_tracepoint(tp=b"kmem:mm_page_alloc", fn_name=b"tracepoint__kmem__mm_page_alloc")
+            self.bpf.attach_raw_tracepoint(tp=b"page_fault_user", fn_name=b"raw_tracepoint__page_fault_user")
+        else:
+            self.bpf.detach_tracepoint(b"kmem:mm_page_alloc")
+            self.bpf.detach_raw_tracepoint(tp=b"page_fault_user")
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
 def program_run_ns(collector: EbpfNumaCollector, workload, num_bytes: int, loops: int) -> dict[str, float]:
     """Mean in-kernel run time of each attached program over one workload run, from the
     kernel's own accounting (kernel.bpf_stats_enabled; /proc/self/fdinfo run_time_ns)."""
@@ -118,7 +151,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=128, help="memory touched per loop (MiB)")
     parser.add_argument("--loops", type=int, default=2, help="map/fill/unmap loops per timed run")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds, each timing both sides")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds, each timing every side")
     parser.add_argument("--collections", type=int, default=200, help="collections to time")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="touch",
                         help="touch: map+memset+unmap (worst case); numpy: random arrays allocated and reduced")
@@ -129,35 +162,47 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_ebpf: needs root to load BPF programs", file=sys.stderr)
         return 2
-    os.sched_setaffinity(0, {args.cpu})  # one CPU's page lists and caches for both sides
+    os.sched_setaffinity(0, {args.cpu})  # one CPU's page lists and caches for all sides
 
     num_bytes = args.mib << 20
     pages_per_run = num_bytes // mmap.PAGESIZE * args.loops
-    collector = EbpfNumaCollector(watch_pids=() if args.unwatched else (os.getpid(),))
     start = time.perf_counter()
+    collector = EbpfNumaCollector(watch_pids=() if args.unwatched else (os.getpid(),))
     collector.start()
     load_seconds = time.perf_counter() - start
-    reasons = collector.probe_reasons
-    sides: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    empty = EmptyHooks()
+    toggles = {
+        "none": lambda: None,
+        "empty": lambda: empty.set_attached(True),
+        "probes": lambda: set_attached(collector, True),
+    }
+    sides: dict[str, list[tuple[float, float]]] = {side: [] for side in toggles}
     try:
         workload = WORKLOADS[args.workload]
         workload(num_bytes, 1)  # warm the allocator's per-CPU lists
         for round_index in range(args.rounds):
-            order = (False, True) if round_index % 2 == 0 else (True, False)
-            for attached in order:
-                set_attached(collector, attached)
-                sides[attached].append(workload(num_bytes, args.loops))
+            order = list(toggles)[round_index % 3:] + list(toggles)[: round_index % 3]
+            for side in order:
+                empty.set_attached(False)
+                set_attached(collector, False)
+                toggles[side]()
+                sides[side].append(workload(num_bytes, args.loops))
+        empty.set_attached(False)
         set_attached(collector, True)
         run_ns = program_run_ns(collector, workload, num_bytes, args.loops)
         collection_times = time_collections(collector, args.collections)
     finally:
+        empty.close()
         collector.close()
 
-    def ratio_pct(index: int) -> float:
-        ratios = [probed[index] / base[index] for base, probed in zip(sides[False], sides[True])]
+    def slowdown_pct(side: str, index: int) -> float:
+        ratios = [run[index] / base[index] for base, run in zip(sides["none"], sides[side])]
         return 100 * (statistics.median(ratios) - 1)
 
-    median = lambda side, index: statistics.median(run[index] for run in sides[side])  # noqa: E731
+    def median(side: str, index: int = 0) -> float:
+        return statistics.median(run[index] for run in sides[side])
+
+    reasons = collector.probe_reasons
     result = {
         "workload": args.workload,
         "watched": not args.unwatched,
@@ -166,13 +211,14 @@ def main() -> int:
         "rounds": args.rounds,
         "probes_loaded": sorted(name for name, reason in reasons.items() if reason is None),
         "probes_down": {name: reason for name, reason in reasons.items() if reason},
-        "slowdown_cpu_pct": ratio_pct(0),
-        "slowdown_wall_pct": ratio_pct(1),
-        "baseline_cpu_s_median": median(False, 0),
-        "probed_cpu_s_median": median(True, 0),
-        "baseline_pages_per_cpu_s": pages_per_run / median(False, 0),
-        "probed_pages_per_cpu_s": pages_per_run / median(True, 0),
-        "extra_ns_per_page": 1e9 * (median(True, 0) - median(False, 0)) / pages_per_run,
+        "slowdown_cpu_pct": slowdown_pct("probes", 0),
+        "slowdown_wall_pct": slowdown_pct("probes", 1),
+        "empty_hooks_slowdown_cpu_pct": slowdown_pct("empty", 0),
+        "empty_hooks_slowdown_wall_pct": slowdown_pct("empty", 1),
+        "baseline_pages_per_cpu_s": pages_per_run / median("none"),
+        "probed_pages_per_cpu_s": pages_per_run / median("probes"),
+        "extra_ns_per_page": 1e9 * (median("probes") - median("none")) / pages_per_run,
+        "empty_hooks_extra_ns_per_page": 1e9 * (median("empty") - median("none")) / pages_per_run,
         "program_ns_per_run": run_ns,
         "load_s": load_seconds,
         "collection_ms_median": 1000 * statistics.median(collection_times),
