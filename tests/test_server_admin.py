@@ -75,7 +75,7 @@ def test_patch_applies_and_metrics_show_it(server):
     ({"mode": "turbo"}, ["mode must be one of fast, fallback"]),
     ({"block_size": 32}, ["block_size is not a tunable parameter"]),
     ({"max_num_seqs": "8"}, ["max_num_seqs must be an integer"]),
-    ({"kv_cold_dtype": "int8"}, ["kv_cold_dtype"]),
+    ({"kv_cold_dtype": "fp8"}, ["kv_cold_dtype must be one of none, int8, int4"]),
     ({}, ["no changes given"]),
 ])
 def test_patch_out_of_bounds_422(server, changes, fragments):
