@@ -61,7 +61,7 @@ class SupervisorHost:
         if sup.has_given_up:
             raise RuntimeError(f"the supervisor gave up on the engine: {sup.error}")
         if sup.is_up:
-            return f"engine process running again (pid {sup.pid}); {sup.restarts} restart(s) so far"
+            return f"engine process running (pid {sup.pid}); {sup.restarts} restart(s) so far"
         return f"the supervisor is restarting the engine ({sup.restarts} restart(s) so far)"
 
     def rebind_engine(self) -> str:

@@ -387,7 +387,7 @@ def test_supervisor_host_reports_the_restart_state():
     from agent.engine_host import SupervisorHost
 
     assert "is restarting the engine (2 restart(s)" in SupervisorHost(StubSupervisor()).restart_engine()
-    assert "running again (pid 42)" in SupervisorHost(StubSupervisor(pid=42)).restart_engine()
+    assert "engine process running (pid 42)" in SupervisorHost(StubSupervisor(pid=42)).restart_engine()
     with pytest.raises(RuntimeError, match="gave up on the engine: bad model path"):
         SupervisorHost(StubSupervisor(error="bad model path")).restart_engine()
     with pytest.raises(RuntimeError, match="no NUMA node"):
