@@ -269,6 +269,7 @@ def test_worker_killed_inside_a_collective_takes_the_engine_down(engines):
     box = generate_in_thread(tp2, [PROMPT] + NOISE[:3], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert calls["n"] >= 5
     assert_engine_went_down(tp2, box)
+    assert "exited with code -9" in str(box["error"])
 
 
 @pytest.mark.slow

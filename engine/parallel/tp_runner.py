@@ -264,9 +264,12 @@ class TPRunner(ModelRunner):
     # --- failure handling -----------------------------------------------------------
     def _watch_workers(self) -> None:
         sentinels = [p.sentinel for p in self.workers.procs]
-        multiprocessing.connection.wait(sentinels)
+        ready = multiprocessing.connection.wait(sentinels)
         if self.workers.stopping:
             return
+        for proc in self.workers.procs:
+            if proc.sentinel in ready:
+                proc.join(1.0)  # reap it, so its exit code is known
         dead = self.workers.dead()
         log.error("tensor-parallel worker died: %s", "; ".join(dead) or "unknown")
         if self.failure is None:
@@ -281,7 +284,7 @@ class TPRunner(ModelRunner):
         if self.failure is None:
             self.failure = reason
         time.sleep(0.2)  # let a dying worker's exit code and last report arrive
-        details = self.workers.dead() + self.workers.error_reports()
+        details = [d for d in self.workers.dead() + self.workers.error_reports() if d not in self.failure]
         self.shutdown()
         message = f"tensor-parallel engine is down: {self.failure}"
         if details:
