@@ -157,15 +157,8 @@ class BlockManager:
         seq.host_block_table = host
         return pairs
 
-    def _pages_for(self, kinds: list[str]) -> int:
-        pages = 0
-        for kind in set(kinds):
-            n = kinds.count(kind)
-            pages += n if kind == HOT else cdiv(n, self.slots_per_page[kind])
-        return pages
-
     def can_swap_in(self, seq: Sequence) -> bool:
-        needed = self._pages_for(self._kinds(self.host_pool, seq.host_block_table))
+        needed = self.pool.pages.pages_needed(self._kinds(self.host_pool, seq.host_block_table))
         return self.pool.num_free_blocks - needed >= self.watermark_blocks
 
     def swap_in(self, seq: Sequence) -> list[tuple[tuple, tuple]]:

@@ -83,6 +83,18 @@ class PageAllocator:
         if to_head:
             self.free_queue.move_to_end(page, last=False)
 
+    def pages_needed(self, kinds: list[str]) -> int:
+        """Free pages that blocks of these kinds would take (spare slots of open pages first)."""
+        pages = 0
+        for kind in set(kinds):
+            n = kinds.count(kind)
+            if kind == HOT:
+                pages += n
+                continue
+            spare = sum(len(self.free_slots[p]) for p in self.open_pages[kind])
+            pages += max(0, -(-(n - spare) // self.slots_per_page[kind]))
+        return pages
+
     def take_hot(self) -> int:
         return self._take_page(HOT)
 
@@ -230,17 +242,7 @@ class HostBlockPool:
         return self.pages.num_free_pages
 
     def can_take(self, kinds: list[str]) -> bool:
-        """Could blocks of these kinds all be stored? (conservative: one page per cold kind opened)"""
-        pages_needed = 0
-        for kind in set(kinds):
-            n = kinds.count(kind)
-            if kind == HOT:
-                pages_needed += n
-            else:
-                spare = sum(len(self.pages.free_slots[p]) for p in self.pages.open_pages[kind])
-                per_page = self.pages.slots_per_page[kind]
-                pages_needed += max(0, -(-(n - spare) // per_page))
-        return pages_needed <= self.pages.num_free_pages
+        return self.pages.pages_needed(kinds) <= self.pages.num_free_pages
 
     def take(self, kind: str) -> int:
         return self.pages.take_hot() if kind == HOT else self.pages.take_cold(kind)
