@@ -294,3 +294,23 @@ def test_tp2_matches_tp1_on_two_gpus_in_bf16(tp_model):
     # bf16 partial sums in a different order may flip a near tie late in a sequence
     same = sum(a == b for e, g in zip(expected, got) for a, b in zip(e, g))
     assert same >= 0.9 * sum(map(len, expected))
+
+
+@pytest.mark.slow
+def test_tp_decode_benchmark_smoke_on_cpu(engines, tp_model, tmp_path):
+    import json
+
+    from engine.bench import tp_decode
+
+    engines.close()  # the benchmark starts its own tensor-parallel engine
+    assert tp_decode.main(["--device", "cpu", "--model", tp_model, "--out", str(tmp_path), "--requests", "4",
+                           "--input-len", "24", "--output-len", "8", "--prompt-len", "16", "--decode-len", "8",
+                           "--kv-gib", "0.05"]) == 0
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert [r["tp"] for r in result["runs"]] == [1, 2]
+    assert result["batch1_token_agreement"] == 1.0 and result["throughput_token_agreement"] == 1.0
+    tp2 = result["runs"][1]
+    assert 0 < tp2["allreduce_share_of_step"] < 1
+    # per step: an all-reduce after the embedding, after each layer's attention and MLP,
+    # the logits gather and the failure flag (tiny preset: 2 layers)
+    assert tp2["collectives_per_step"] == 1 + 2 * 2 + 1 + 1

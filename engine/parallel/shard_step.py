@@ -36,7 +36,7 @@ def run_shard(model: ShardedLlamaModel, input_ids: torch.Tensor, meta: Attention
     hidden = model(input_ids, meta, kv_layers, guarded)
     logits = model.compute_logits(hidden[sample_rows]) if sample_rows else None
     flag = torch.tensor([1 if guarded.error is not None else 0], dtype=torch.int32, device=hidden.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    model.timer.run(dist.all_reduce, flag, op=dist.ReduceOp.MAX)
     return logits, bool(flag.item()), guarded.error
 
 
