@@ -4,9 +4,10 @@ Watched: the engine (a callable the agent passes, asked on every collection beca
 engine restarts with a new pid), ``--watch-pid`` and ``--watch-comm``. Everything else is
 counted in-kernel under tgid 0 and exported as ``comm="other"``.
 
-A watched process that has exited keeps its kernel map keys until we drop them; its
-counts then move to "other" (`ExitedProcessFolder`), so every exported counter stays
-monotonic and the label set stays bounded however often the engine restarts.
+A process that leaves the watch list (it exited, the engine restarted with a new pid, or
+a child forked from a watched comm exec'd into another name) keeps its kernel map keys
+until we drop them; its counts then move to "other" (`DepartedProcessFolder`), so every
+exported counter stays monotonic and the labels stay those of the watch list.
 """
 from __future__ import annotations
 
@@ -93,8 +94,8 @@ class WatchList:
             self._comm_cache.pop(tgid, None)
 
 
-class ExitedProcessFolder:
-    """Adds the counts of exited processes to "other" for good.
+class DepartedProcessFolder:
+    """Adds the counts of processes no longer watched to "other" for good.
 
     Rows are keyed by tuples whose first element is the tgid. `fold` returns the rows to
     export and the tgids whose kernel keys the caller must now delete; deleting them is
@@ -107,18 +108,18 @@ class ExitedProcessFolder:
         self._folded: dict[tuple[int, ...], int] = {}
 
     def fold(
-        self, rows: dict[tuple[int, ...], int], is_alive: Callable[[int], bool]
+        self, rows: dict[tuple[int, ...], int], is_watched: Callable[[int], bool]
     ) -> tuple[dict[tuple[int, ...], int], set[int]]:
         out: dict[tuple[int, ...], int] = {}
-        exited: set[int] = set()
+        departed: set[int] = set()
         for key, count in rows.items():
             tgid = key[0]
-            if tgid != OTHER_TGID and (tgid in exited or not is_alive(tgid)):
-                exited.add(tgid)
+            if tgid != OTHER_TGID and (tgid in departed or not is_watched(tgid)):
+                departed.add(tgid)
                 other_key = (OTHER_TGID, *key[1:])
                 self._folded[other_key] = self._folded.get(other_key, 0) + count
             else:
                 out[key] = out.get(key, 0) + count
         for key, count in self._folded.items():
             out[key] = out.get(key, 0) + count
-        return out, exited
+        return out, departed

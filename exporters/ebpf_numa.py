@@ -29,7 +29,8 @@ Each probe is optional and reported on its own:
     inferd_ebpf_page_faults_total{pid,comm}                 user-mode page faults
 
 Watched processes get ``pid`` and ``comm`` labels; everything else is summed under
-``pid="", comm="other"``, and the counts of watched processes that exit move there too.
+``pid="", comm="other"``, and the counts of processes that leave the watch list (exit,
+restart, exec into another name) move there too.
 The collector stays up (``inferd_collector_up{collector="ebpf"} 1``) when probes are down:
 their state is ``inferd_ebpf_probe_up``, so one family says what each probe is doing.
 """
@@ -58,7 +59,7 @@ from ebpf.probes import (
     load_probes,
 )
 from ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
-from ebpf.watch import OTHER_TGID, ExitedProcessFolder, WatchList
+from ebpf.watch import OTHER_TGID, DepartedProcessFolder, WatchList
 from exporters.registry import CollectorUnavailable
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ class EbpfNumaCollector:
         self._tracefs = Path(tracefs) if tracefs else None
         self._probes: dict[str, LoadedProbe] = {}
         self._down: dict[str, str] = {}
-        self._folders = {name: ExitedProcessFolder() for name in self.probe_names}
+        self._folders = {name: DepartedProcessFolder() for name in self.probe_names}
+        self._watched_now: set[int] = set()
         self._migration_reasons: dict[int, str] = {}
         self._started = False
         self._start_lock = threading.Lock()
@@ -168,7 +170,7 @@ class EbpfNumaCollector:
         """Tell the kernel the watched pids and comms now (done on every collection)."""
         if not self._probes:
             return
-        watched = self.watch.resolve()
+        watched = self._watched_now = self.watch.resolve()
         bpf_objects = {id(probe.bpf_object): probe.bpf_object for probe in self._probes.values()}
         for bpf_object in bpf_objects.values():  # probes compiled together share their watch list
             bpf_object.set_watched(watched, self.watch.comms)
@@ -229,11 +231,16 @@ class EbpfNumaCollector:
         rows = probe.read()
         if not probe.is_per_process:
             return rows
-        rows, exited = self._folders[name].fold(rows, self.watch.is_alive)
-        if exited:
-            probe.forget(exited)
-            self.watch.forget(exited)
+        rows, departed = self._folders[name].fold(rows, self._is_watched)
+        if departed:
+            probe.forget(departed)
+            self.watch.forget(departed)
         return rows
+
+    def _is_watched(self, tgid: int) -> bool:
+        """Still labelled: on the watch list now (as the kernel may have added a forked
+        child before it exec'd into another name) and not gone."""
+        return tgid in self._watched_now and self.watch.is_alive(tgid)
 
     def _process_labels(self, tgid: int) -> list[str]:
         return ["" if tgid == OTHER_TGID else str(tgid), self.watch.comm_of(tgid)]

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ebpf.node_map import FrameRange, merge_ranges, parse_zoneinfo, read_cpu_nodes, read_frame_ranges
 from ebpf.probes import PROBES, bpf_permission_problem, parse_cap_eff
 from ebpf.tracefs import find_tracefs, function_tracing_problem, parse_print_symbolic
-from ebpf.watch import ExitedProcessFolder, WatchList
+from ebpf.watch import DepartedProcessFolder, WatchList
 from exporters.ebpf_numa import EbpfNumaCollector
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,8 +173,8 @@ def test_watch_list_survives_a_failing_callable_and_rejects_bad_input(tmp_path, 
         WatchList(tmp_path, comms=("a-name-longer-than-15",))
 
 
-def test_exited_processes_fold_into_other_and_stay_monotonic():
-    folder = ExitedProcessFolder()
+def test_departed_processes_fold_into_other_and_stay_monotonic():
+    folder = DepartedProcessFolder()
     alive = {10: True, 11: True}
     rows = {(0, 0, 0): 5, (10, 0, 0): 100, (11, 0, 1): 7}
     out, exited = folder.fold(rows, alive.get)
@@ -283,6 +283,16 @@ def test_collector_labels_watched_processes_and_sums_the_rest_as_other(tmp_path)
         'inferd_ebpf_page_faults_total{comm="engine",pid="4242"} 60.0',
     ]
     assert probes["page_allocs"].watched == ({4242, 77}, ("tokenizer",))
+
+
+def test_a_child_that_execs_away_from_a_watched_comm_is_summed_as_other(tmp_path):
+    collector, probes = _fake_collector(tmp_path, balancing="0")
+    _fake_proc(tmp_path / "proc", {88: "curl"})  # forked by "tokenizer", counted by comm, then exec'd
+    probes["page_faults"].rows[(88,)] = 40
+    lines = _exposition(collector)
+    assert not any('pid="88"' in line for line in lines)
+    assert 'inferd_ebpf_page_faults_total{comm="other",pid=""} 1040.0' in lines
+    assert 88 in probes["page_faults"].forgotten
 
 
 def test_exited_engine_moves_to_other_and_balancing_off_hides_hint_faults(tmp_path):
