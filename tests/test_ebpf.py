@@ -474,17 +474,32 @@ def test_a_probe_that_fails_to_compile_leaves_the_others_loaded(tmp_path, monkey
 
 @needs_bpf
 @pytest.mark.root
-def test_hint_fault_kprobe_fallback_compiles_and_verifies():
-    """The kprobe variant is used only on kernels with kprobes; check it loads everywhere."""
+def test_hint_fault_programs_compile_and_the_kprobe_one_verifies():
+    """Both task_numa_fault variants, whether or not this kernel can attach them.
+
+    The kprobe program is loaded (verified) without attaching; the kfunc one is only
+    compiled, as loading it needs the attach target the kernel may refuse.
+    """
     import bcc
 
     from ebpf.probes import program_text
 
-    bpf = bcc.BPF(text=program_text(PROBES["numa_hint_faults"], ["numa_hint_faults_kprobe.c"]).encode())
+    class CompileOnly(bcc.BPF):
+        def _trace_autoload(self):
+            pass
+
+    spec = PROBES["numa_hint_faults"]
+    bpf = bcc.BPF(text=program_text(spec, ["numa_hint_faults_kprobe.c"]).encode())
     try:
         assert bpf.load_func(b"on_task_numa_fault", bcc.BPF.KPROBE).fd > 0
     finally:
         bpf.cleanup()
+    kfunc = CompileOnly(text=program_text(spec, ["numa_hint_faults_kfunc.c"]).encode())
+    try:
+        names = {bcc.lib.bpf_function_name(kfunc.module, i) for i in range(bcc.lib.bpf_num_functions(kfunc.module))}
+        assert any(name.endswith(b"task_numa_fault") for name in names), names
+    finally:
+        kfunc.cleanup()
 
 
 @needs_bpf
