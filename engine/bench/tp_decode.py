@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import tempfile
 import time
@@ -95,13 +96,15 @@ def make_prompts(vocab: int, num: int, length: int, seed: int) -> list[list[int]
 
 
 def bench_one(model_dir: str, tp: int, args, graphs: bool = True) -> dict:
+    if args.device == "cpu":  # the ranks share the cores: oversubscribed OpenMP threads spin
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // tp))
     engine = new_engine(model_dir, tp, args, graphs)
     vocab = engine.model_config.vocab_size
     try:
         serve_all(engine, make_prompts(vocab, 2, 16, seed=99), 4)  # warm-up (and graph capture)
         single = make_prompts(vocab, 1, args.prompt_len, seed=1)
         r1 = serve_all(engine, single, args.decode_len)
-        result = {"tp": tp, "graphs": graphs and tp == 1 and engine.runner.fast_decode is not None,
+        result = {"tp": tp, "threads_per_rank": torch.get_num_threads(), "graphs": graphs and tp == 1 and engine.runner.fast_decode is not None,
                   "batch1_decode_tok_s": (args.decode_len - 1) / r1["decode_seconds"],
                   "batch1_tokens": r1["tokens"][0]}
         if tp > 1:
@@ -135,7 +138,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 def environment(args) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__, "device": args.device,
-           "preset": args.preset, "dtype": args.dtype, "cpu_threads": torch.get_num_threads()}
+           "preset": args.preset, "dtype": args.dtype, "cpus": len(os.sched_getaffinity(0))}
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
