@@ -131,12 +131,12 @@ def environment() -> dict:
 
 
 # --- engine set-up ---------------------------------------------------------------------------
-def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda"):
+def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda", dtype: str | None = None):
     """(checkpoint dir, model on `device`) for the preset, weights drawn on the device.
     device="cpu" (a tiny preset, float32) is the dry run of the scripts' Python code."""
     from .random_model import random_model_on_device, write_checkpoint_stub
 
-    dtype = "bfloat16" if device == "cuda" else "float32"
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     model_dir = tempfile.mkdtemp(prefix="inferd-bench-")
     write_checkpoint_stub(model_dir, preset=preset, dtype=dtype)
     model = random_model_on_device(model_dir, getattr(torch, dtype), torch.device(device), seed=seed)
@@ -216,8 +216,8 @@ def bench_engine_decode(engine, batch_prompts, max_tokens: int) -> dict:
             "seconds": r["seconds"], "tokens": r["tokens"]}
 
 
-def bench_graph_replay(engine, size: int, context: int) -> float:
-    """Seconds per bare replay of the size-`size` decode graph, every row at `context`."""
+def _load_rows(engine, size: int, context: int):
+    """Fill the decode graphs' static inputs with `size` rows at `context` over random blocks."""
     from ..fast_path.cuda_graphs import DecodeInputs
 
     graphs = engine.runner.fast_decode
@@ -228,10 +228,37 @@ def bench_graph_replay(engine, size: int, context: int) -> float:
     rows = DecodeInputs([7] * size, [context - 1] * size, [t[-1] * bs + (context - 1) % bs for t in tables],
                         [context] * size, tables)
     graphs._load(rows)
+    return graphs
+
+
+def bench_graph_replay(engine, size: int, context: int) -> float:
+    """Seconds per bare replay of the size-`size` decode graph, every row at `context`."""
+    graphs = _load_rows(engine, size, context)
     if size not in graphs.graphs:
         graphs._capture(size)
     graph = graphs.graphs[size][0]
     return _time_cuda(graph.replay, repeat=20, warmup=3)
+
+
+def profile_decode(engine, size: int, context: int, path: str) -> None:
+    """Per-kernel GPU time of the fused decode step run eagerly (torch.profiler), to a text file."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = _load_rows(engine, size, context)
+    for _ in range(3):
+        graphs._run(size)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            graphs._run(size)
+        sync()
+    averages = prof.key_averages()
+    try:
+        table = averages.table(sort_by="self_device_time_total", row_limit=30)
+    except (KeyError, AttributeError, ValueError):
+        table = averages.table(sort_by="self_cuda_time_total", row_limit=30)
+    with open(path, "w") as f:
+        f.write(f"fused decode step, batch {size}, context {context}, 5 eager runs\n{table}\n")
 
 
 # --- transformers -------------------------------------------------------------------------
@@ -301,8 +328,23 @@ def bench_swap(engine, num_blocks: int) -> dict:
 # --- the run ----------------------------------------------------------------------------------
 def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> dict:
     t_start = time.perf_counter()
-    res: dict = {"env": environment()}
+    res: dict = {"env": environment(), "errors": {}}
     log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731
+
+    def section(name, fn):
+        """Run one benchmark; an error is recorded and the others still run."""
+        try:
+            fn()
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            res["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+        _dump(out_dir, res)
+
+    def strip(r: dict) -> dict:
+        return {k: v for k, v in r.items() if k != "tokens"}
+
     dev = torch.device("cuda")
     res["ceilings"] = ceil = measure_ceilings(dev)
     bw, rate = ceil["copy_bytes_per_s"], ceil["matmul_flops_per_s"]
@@ -313,6 +355,9 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
     res["model"] = {"weight_bytes_read": cost.weight_bytes_read, "kv_bytes_per_token": cost.kv_bytes_per_token,
                     "flops_per_token": 2 * cost.matmul_params}
     log("model built")
+    # Distinct prompts for every engine run (a repeated prompt would hit the prefix cache).
+    cmp_prompts = prompts(cfg.vocab_size, 33, 512)  # [0]: batch 1, [1:]: batch 32; same for every system
+    cmp_tokens = 64
 
     fast = new_engine(model_dir, model, "fast", kv_gib=40, swap_space_bytes=4 << 30)
     t = time.perf_counter()
@@ -320,81 +365,106 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
     res["graph_capture_s"] = time.perf_counter() - t
     log(f"captured {len(fast.runner.fast_decode.graphs)} graphs in {res['graph_capture_s']:.1f}s")
 
-    # 1. batch-1 decode
-    p512 = prompts(cfg.vocab_size, 32, 512)
-    b1 = bench_engine_decode(fast, p512[:1], 256)
-    avg_ctx = 512 + 128
-    bytes_per_token = cost.weight_bytes_read + avg_ctx * cost.kv_bytes_per_token
-    b1["mbu"] = b1["decode_tok_s"] * bytes_per_token / bw
-    replay = bench_graph_replay(fast, 1, avg_ctx)
-    b1["graph_replay_s"] = replay
-    b1["graph_mbu"] = bytes_per_token / replay / bw
-    res["batch1_fast"] = {k: v for k, v in b1.items() if k != "tokens"}
-    log(f"batch-1 fast: {b1['decode_tok_s']:.1f} tok/s, MBU {b1['mbu']:.3f}; bare replay {replay * 1e3:.3f} ms "
-        f"(MBU {b1['graph_mbu']:.3f})")
-    res["graph_replay_ms"] = {}
-    for size in (8, 32, 64, 256):
-        s = bench_graph_replay(fast, size, avg_ctx)
-        b, f = cost.step([(1, avg_ctx)] * size)
-        res["graph_replay_ms"][size] = {"ms": s * 1e3, "roofline_ms": max(b / bw, f / rate) * 1e3}
-    log(f"graph replays: {json.dumps(res['graph_replay_ms'])}")
-    b32 = bench_engine_decode(fast, p512, 128)
-    res["batch32_fast"] = {k: v for k, v in b32.items() if k != "tokens"}
-    log(f"batch-32 fast: {b32['tok_s']:.1f} tok/s")
+    def batch1():
+        b1 = bench_engine_decode(fast, prompts(cfg.vocab_size, 1, 512, seed=20), 256)
+        avg_ctx = 512 + 128
+        bytes_per_token = cost.weight_bytes_read + avg_ctx * cost.kv_bytes_per_token
+        b1["mbu"] = b1["decode_tok_s"] * bytes_per_token / bw
+        replay = bench_graph_replay(fast, 1, avg_ctx)
+        b1["graph_replay_s"] = replay
+        b1["graph_mbu"] = bytes_per_token / replay / bw
+        res["batch1_fast"] = strip(b1)
+        log(f"batch-1 fast: {b1['decode_tok_s']:.1f} tok/s, MBU {b1['mbu']:.3f}; bare replay {replay * 1e3:.3f} ms "
+            f"(MBU {b1['graph_mbu']:.3f})")
+        res["graph_replay_ms"] = {}
+        for size in (1, 8, 32, 64, 128, 256):
+            for ctx in (640, 4096):
+                s = bench_graph_replay(fast, size, ctx)
+                b, f = cost.step([(1, ctx)] * size)
+                res["graph_replay_ms"][f"b{size}_ctx{ctx}"] = {"ms": s * 1e3, "roofline_ms": max(b / bw, f / rate) * 1e3,
+                                                               "share": max(b / bw, f / rate) / s}
+        log(f"graph replays: {json.dumps(res['graph_replay_ms'])}")
 
-    # 2. throughput
-    many = prompts(cfg.vocab_size, 256, 512, seed=1)
-    steps = record_steps(fast)
-    r = run_requests(fast, many, 256)
-    fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
-    bound = roofline_seconds(cost, steps, bw, rate)
-    res["throughput"] = {"tok_s": r["output_tokens"] / r["seconds"], "seconds": r["seconds"], "steps": len(steps),
-                         "roofline_s": bound, "share_of_bound": bound / r["seconds"],
-                         "graph_replays": fast.runner.fast_decode.num_replays, "mode_after": fast.runner.mode}
-    log(f"throughput: {json.dumps(res['throughput'])}")
+    def compare_fast():
+        res["cmp_fast_b1"] = strip(bench_engine_decode(fast, cmp_prompts[:1], cmp_tokens))
+        res["cmp_fast_b32"] = strip(bench_engine_decode(fast, cmp_prompts[1:], cmp_tokens))
+        log(f"fast: b1 {res['cmp_fast_b1']['tok_s']:.1f}, b32 {res['cmp_fast_b32']['tok_s']:.1f} tok/s")
 
-    # 3. prefix caching, swap
-    res["prefix"] = bench_prefix(fast, cfg.vocab_size)
-    log(f"prefix: {json.dumps(res['prefix'])}")
-    res["swap"] = bench_swap(fast, 1024)
-    res["swap"]["share_of_pinned_out"] = res["swap"]["out_bytes_per_s"] / ceil["d2h_pinned_bytes_per_s"]
-    res["swap"]["share_of_pinned_in"] = res["swap"]["in_bytes_per_s"] / ceil["h2d_pinned_bytes_per_s"]
-    log(f"swap: {json.dumps(res['swap'])}")
-    del fast
-    torch.cuda.empty_cache()
+    def throughput():
+        many = prompts(cfg.vocab_size, 256, 512, seed=1)
+        steps = record_steps(fast)
+        replays = fast.runner.fast_decode.num_replays
+        try:
+            r = run_requests(fast, many, 256)
+        finally:
+            fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
+        bound = roofline_seconds(cost, steps, bw, rate)
+        decode_steps = [s for s in steps if all(n == 1 for n, _ in s)]
+        res["throughput"] = {"tok_s": r["output_tokens"] / r["seconds"], "seconds": r["seconds"], "steps": len(steps),
+                             "pure_decode_steps": len(decode_steps), "roofline_s": bound,
+                             "share_of_bound": bound / r["seconds"],
+                             "roofline_decode_s": roofline_seconds(cost, decode_steps, bw, rate),
+                             "decode_seconds_after_last_first_token": r["decode_seconds"],
+                             "graph_replays": fast.runner.fast_decode.num_replays - replays,
+                             "mode_after": fast.runner.mode}
+        log(f"throughput: {json.dumps(res['throughput'])}")
 
-    # 4. side by side: our fallback path, transformers
-    slow = new_engine(model_dir, model, "fallback", kv_gib=16)
-    res["batch1_fallback"] = {k: v for k, v in bench_engine_decode(slow, p512[:1], 64).items() if k != "tokens"}
-    res["batch32_fallback"] = {k: v for k, v in bench_engine_decode(slow, p512, 64).items() if k != "tokens"}
-    log(f"fallback: b1 {res['batch1_fallback']['tok_s']:.1f} tok/s, b32 {res['batch32_fallback']['tok_s']:.1f} tok/s")
-    del slow
+    def prefix():
+        res["prefix"] = bench_prefix(fast, cfg.vocab_size)
+        log(f"prefix: {json.dumps(res['prefix'])}")
+
+    def swap():
+        res["swap"] = bench_swap(fast, 1024)
+        res["swap"]["share_of_pinned_out"] = res["swap"]["out_bytes_per_s"] / ceil["d2h_pinned_bytes_per_s"]
+        res["swap"]["share_of_pinned_in"] = res["swap"]["in_bytes_per_s"] / ceil["h2d_pinned_bytes_per_s"]
+        log(f"swap: {json.dumps(res['swap'])}")
+
+    def profiles():
+        profile_decode(fast, 1, 640, f"{out_dir}/profile_b1_ctx640.txt")
+        profile_decode(fast, 256, 640, f"{out_dir}/profile_b256_ctx640.txt")
+
+    for name, fn in (("batch1", batch1), ("compare_fast", compare_fast), ("throughput", throughput),
+                     ("prefix", prefix), ("swap", swap), ("profiles", profiles)):
+        section(name, fn)
+    res["fastpath_failures"] = dict(fast.counters.fastpath_failures)
+
+    def fallback():
+        slow = new_engine(model_dir, model, "fallback", kv_gib=16)
+        res["cmp_fallback_b1"] = strip(bench_engine_decode(slow, cmp_prompts[:1], cmp_tokens))
+        res["cmp_fallback_b32"] = strip(bench_engine_decode(slow, cmp_prompts[1:], cmp_tokens))
+        log(f"fallback: b1 {res['cmp_fallback_b1']['tok_s']:.1f}, b32 {res['cmp_fallback_b32']['tok_s']:.1f} tok/s")
+
+    section("fallback", fallback)
     torch.cuda.empty_cache()
     from .random_model import hf_model_sharing_weights
 
     hf = hf_model_sharing_weights(model_dir, model)
-    res["hf_eager_b1"] = {k: v for k, v in bench_hf(hf, p512[:1], 64).items() if k != "tokens"}
-    res["hf_eager_b32"] = {k: v for k, v in bench_hf(hf, p512, 64).items() if k != "tokens"}
-    log(f"hf eager: b1 {res['hf_eager_b1']['tok_s']:.1f}, b32 {res['hf_eager_b32']['tok_s']:.1f} tok/s")
-    _dump(out_dir, res)
-    if hf_compile and time.perf_counter() - t_start < budget_s - 200:
-        try:
-            res["hf_compiled_b1"] = {k: v for k, v in bench_hf(hf, p512[:1], 64, compiled=True).items()
-                                     if k != "tokens"}
-            log(f"hf static+compile: b1 {res['hf_compiled_b1']['tok_s']:.1f} tok/s")
-            if time.perf_counter() - t_start < budget_s - 90:
-                res["hf_compiled_b32"] = {k: v for k, v in bench_hf(hf, p512, 64, compiled=True).items()
-                                          if k != "tokens"}
-                log(f"hf static+compile: b32 {res['hf_compiled_b32']['tok_s']:.1f} tok/s")
-        except Exception as exc:  # report, do not lose the rest
-            res["hf_compiled_error"] = f"{type(exc).__name__}: {exc}"[:500]
-            log(res["hf_compiled_error"])
-    else:
-        res["hf_compiled_error"] = "skipped: not enough time left in the device call"
-    fast_b1, fast_b32 = res["batch1_fast"]["tok_s"], res["batch32_fast"]["tok_s"]
-    res["ratios_to_fast"] = {k: (res[k]["tok_s"] / (fast_b1 if k.endswith("b1") or "batch1" in k else fast_b32))
-                             for k in ("batch1_fallback", "batch32_fallback", "hf_eager_b1", "hf_eager_b32",
-                                       "hf_compiled_b1", "hf_compiled_b32") if k in res}
+
+    def hf_eager():
+        res["cmp_hf_eager_b1"] = strip(bench_hf(hf, cmp_prompts[:1], cmp_tokens))
+        res["cmp_hf_eager_b32"] = strip(bench_hf(hf, cmp_prompts[1:], cmp_tokens))
+        log(f"hf eager: b1 {res['cmp_hf_eager_b1']['tok_s']:.1f}, b32 {res['cmp_hf_eager_b32']['tok_s']:.1f} tok/s")
+
+    def hf_compiled():
+        if time.perf_counter() - t_start > budget_s - 200:
+            raise TimeoutError("skipped: under 200 s left in the device call")
+        res["cmp_hf_static_compile_b1"] = strip(bench_hf(hf, cmp_prompts[:1], cmp_tokens, compiled=True))
+        log(f"hf static+compile: b1 {res['cmp_hf_static_compile_b1']['tok_s']:.1f} tok/s")
+        if time.perf_counter() - t_start > budget_s - 100:
+            raise TimeoutError("batch 32 skipped: under 100 s left in the device call")
+        res["cmp_hf_static_compile_b32"] = strip(bench_hf(hf, cmp_prompts[1:], cmp_tokens, compiled=True))
+        log(f"hf static+compile: b32 {res['cmp_hf_static_compile_b32']['tok_s']:.1f} tok/s")
+
+    section("hf_eager", hf_eager)
+    if hf_compile:
+        section("hf_compiled", hf_compiled)
+    ratios = {}
+    for key in list(res):
+        if key.startswith("cmp_") and not key.startswith("cmp_fast_"):
+            fast_key = "cmp_fast_b1" if key.endswith("_b1") else "cmp_fast_b32"
+            if fast_key in res:
+                ratios[key] = res[key]["tok_s"] / res[fast_key]["tok_s"]
+    res["ratios_to_fast"] = ratios
     _dump(out_dir, res)
     print_table(res)
     return res
@@ -409,17 +479,28 @@ def print_table(res: dict) -> None:
     c = res["ceilings"]
     print(f"\ncopy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul {c['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
           f"pinned h2d {c['h2d_pinned_bytes_per_s'] / 1e9:.1f} GB/s, d2h {c['d2h_pinned_bytes_per_s'] / 1e9:.1f} GB/s")
-    b1 = res["batch1_fast"]
-    print(f"batch-1 fast      {b1['decode_tok_s']:8.1f} tok/s  MBU {b1['mbu']:.3f} (bare graph {b1['graph_mbu']:.3f})")
-    t = res["throughput"]
-    print(f"throughput        {t['tok_s']:8.1f} tok/s  {t['share_of_bound']:.3f} of roofline ({t['roofline_s']:.2f}s)")
+    if "batch1_fast" in res:
+        b1 = res["batch1_fast"]
+        print(f"batch-1 fast      {b1['decode_tok_s']:8.1f} tok/s  MBU {b1['mbu']:.3f} "
+              f"(bare graph {b1['graph_mbu']:.3f})")
+    if "throughput" in res:
+        t = res["throughput"]
+        print(f"throughput        {t['tok_s']:8.1f} tok/s  {t['share_of_bound']:.3f} of roofline "
+              f"({t['roofline_s']:.2f}s of {t['seconds']:.2f}s)")
+    for k in ("cmp_fast_b1", "cmp_fast_b32"):
+        if k in res:
+            print(f"{k:26s}{res[k]['tok_s']:8.1f} tok/s")
     for k, ratio in res.get("ratios_to_fast", {}).items():
-        print(f"{k:18s}{res[k]['tok_s']:8.1f} tok/s  {ratio:.3f}x fast")
-    p = res["prefix"]
-    print(f"prefix TTFT cold {p['cold_s'] * 1e3:.1f} ms, warm {p['warm_s'] * 1e3:.1f} ms")
-    s = res["swap"]
-    print(f"swap out {s['out_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_out']:.2f}), "
-          f"in {s['in_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_in']:.2f})")
+        print(f"{k:26s}{res[k]['tok_s']:8.1f} tok/s  {ratio:.3f}x fast")
+    if "prefix" in res:
+        p = res["prefix"]
+        print(f"prefix TTFT cold {p['cold_s'] * 1e3:.1f} ms, warm {p['warm_s'] * 1e3:.1f} ms")
+    if "swap" in res:
+        s = res["swap"]
+        print(f"swap out {s['out_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_out']:.2f}), "
+              f"in {s['in_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_in']:.2f})")
+    if res.get("errors"):
+        print("errors: " + json.dumps(res["errors"])[:1500])
 
 
 def main() -> int:

@@ -54,7 +54,7 @@ class DecodeInputs:
         for item in batch:
             seq = item.seq
             p = seq.num_computed_tokens
-            ids.append(seq.token_ids[p])
+            ids.append((seq.output_token_ids or seq.prompt_token_ids)[-1])  # p is the newest token
             pos.append(p)
             slots.append(seq.block_table[p // block_size] * block_size + p % block_size)
             ctx.append(p + 1)
@@ -85,11 +85,15 @@ class DecodeGraphs:
         self.device = device
         self.use_graphs = use_graphs
         n = self.max_batch
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slots = torch.full((n,), PAD_SLOT, dtype=torch.long, device=device)
-        self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        # Static inputs: rows of one [4, n] tensor (ids, positions, slots, context lengths)
+        # and the block tables, each filled by one copy from a pinned host twin.
+        self.header = torch.zeros(4, n, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slots, self.context_lens = self.header.unbind(0)
+        self.slots.fill_(PAD_SLOT)
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
+        pin = device.type == "cuda"
+        self._header_host = torch.zeros(4, n, dtype=torch.long, pin_memory=pin)
+        self._tables_host = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.num_replays = 0
@@ -122,24 +126,24 @@ class DecodeGraphs:
 
     def capture_all(self) -> None:
         """Capture every ladder size now (largest first) on padding-only inputs."""
+        if not self.use_graphs:
+            return
         for size in reversed(self.ladder):
             if size not in self.graphs:
                 self._load(DecodeInputs([], [], [], [], []).padded(size))
                 self._capture(size)
 
     def _load(self, rows: DecodeInputs) -> None:
+        """Copy the rows into the static buffers: two copies from pinned memory. The host
+        buffers are reused: safe because the previous step ended by reading its tokens."""
         n = len(rows.input_ids)
         width = max(1, max(len(t) for t in rows.block_tables))
-        table = torch.zeros(n, width, dtype=torch.int32)
-        for i, blocks in enumerate(rows.block_tables):
-            if blocks:
-                table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        host = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens], dtype=torch.long)
-        self.input_ids[:n].copy_(host[0], non_blocking=True)
-        self.positions[:n].copy_(host[1], non_blocking=True)
-        self.slots[:n].copy_(host[2], non_blocking=True)
-        self.context_lens[:n].copy_(host[3], non_blocking=True)
-        self.block_tables[:n, :width].copy_(table, non_blocking=True)
+        self._header_host[:, :n] = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens],
+                                                dtype=torch.long)
+        self._tables_host[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in rows.block_tables],
+                                                     dtype=torch.int32)
+        self.header[:, :n].copy_(self._header_host[:, :n], non_blocking=True)
+        self.block_tables[:n, :width].copy_(self._tables_host[:n, :width], non_blocking=True)
 
     def _run(self, size: int) -> torch.Tensor:
         return self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
