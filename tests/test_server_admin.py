@@ -152,3 +152,19 @@ def test_load_admin_token(tmp_path):
     f.write_text("\n")
     with pytest.raises(ValueError, match="is empty"):
         load_admin_token(f)
+
+
+def test_agent_engine_client_speaks_this_api(server):
+    engine_client = pytest.importorskip("agent.engine_client", reason="agent.engine_client is not in this tree")
+    client = engine_client.EngineClient(server.url, ADMIN_TOKEN)
+    try:
+        assert client.get_config()["max_num_seqs"] == 64
+        assert client.patch_config({"max_num_seqs": 12})["max_num_seqs"] == 12
+        assert client.set_mode("fallback")["mode"] == "fallback"
+        assert client.set_mode("fast")["mode"] == "fast"
+        with pytest.raises(engine_client.EngineError, match="max_num_seqs must be in") as err:
+            client.patch_config({"max_num_seqs": 0})
+        assert err.value.status == 422
+        client.patch_config({"max_num_seqs": 64})
+    finally:
+        client.close()

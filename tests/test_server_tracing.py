@@ -18,6 +18,11 @@ trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trac
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"
+
+
 class Receiver:
     """An OTLP/HTTP trace receiver: stores every span it is sent."""
 
@@ -79,13 +84,19 @@ def test_spans_with_events_reach_the_collector(tiny_model):
                     model=MODEL_NAME, prompt=p, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}),
                     prompts))
             assert all(r.choices[0].finish_reason == "length" for r in results)
+            traced = client.completions.create(model=MODEL_NAME, prompt="child span", max_tokens=2,
+                                               extra_headers={"traceparent": TRACEPARENT})
+            assert traced.choices[0].finish_reason in ("length", "stop")
         assert provider.force_flush(30_000)
     finally:
         provider.shutdown()
         receiver.close()
     assert receiver.paths and set(receiver.paths) == {"/v1/traces"}
     spans = [s for s in receiver.spans if s.name == "llm_request"]
-    assert len(spans) == 6
+    assert len(spans) == 7
+    child = [s for s in spans if s.trace_id.hex() == TRACE_ID]
+    assert len(child) == 1 and child[0].parent_span_id.hex() == PARENT_SPAN_ID
+    spans = [s for s in spans if s.trace_id.hex() != TRACE_ID]
     for span in spans:
         names = [e.name for e in span.events]
         assert names[0] == "queued" and names[-1] == "finished"

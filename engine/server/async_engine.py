@@ -116,7 +116,8 @@ class AsyncEngine:
 
     # --- requests ------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt: str | list[int], prompt_token_ids: list[int],
-                       params: SamplingParams, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       params: SamplingParams, priority: int = 0,
+                       trace_headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request until it finishes. Leaving early (the client
         went away, the task was cancelled) aborts the request in the engine at once."""
         if request_id in self._live:
@@ -126,7 +127,8 @@ class AsyncEngine:
         arrival = time.time()
         finished = False
         try:
-            self._post(lambda: self._add(request_id, prompt, prompt_token_ids, params, priority, arrival))
+            self._post(lambda: self._add(request_id, prompt, prompt_token_ids, params, priority, arrival,
+                                         trace_headers))
             while True:
                 item = await queue.get()
                 # Outputs are cumulative: when the consumer fell behind, the newest says it all.
@@ -157,7 +159,7 @@ class AsyncEngine:
             live.queue.put_nowait(exc)
 
     # --- engine thread -------------------------------------------------------------------
-    def _add(self, request_id, prompt, prompt_token_ids, params, priority, arrival) -> None:
+    def _add(self, request_id, prompt, prompt_token_ids, params, priority, arrival, trace_headers=None) -> None:
         try:
             self.engine.add_request(request_id, prompt, params, priority=priority,
                                     prompt_token_ids=prompt_token_ids, arrival_time=arrival)
@@ -166,7 +168,8 @@ class AsyncEngine:
             return
         self._params[request_id] = params
         if self.tracer is not None:
-            self.tracer.queued(request_id, len(prompt_token_ids), params, priority, int(arrival * 1e9))
+            self.tracer.queued(request_id, len(prompt_token_ids), params, priority, int(arrival * 1e9),
+                               trace_headers)
 
     def _abort(self, request_id: str) -> None:
         self._params.pop(request_id, None)

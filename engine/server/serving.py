@@ -25,6 +25,7 @@ from .async_engine import AsyncEngine, RequestFailed
 from .chat import ChatTemplateError, render_chat
 from .errors import ApiError, bad_request, error_body
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
+from .tracing import TRACE_HEADERS
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -57,6 +58,7 @@ class _Job:
     continuous_usage: bool
     chat: bool
     top_logprobs: int | None = None
+    trace_headers: dict[str, str] | None = None
     states: dict[tuple[int, int], _ChoiceState] = field(default_factory=dict)
 
 
@@ -160,6 +162,7 @@ class OpenAIServing:
         return await self._respond(job, request)
 
     async def _respond(self, job: _Job, request: Request) -> Response:
+        job.trace_headers = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers} or None
         if job.stream:
             return SSEResponse(self._stream(job))
         try:
@@ -173,7 +176,8 @@ class OpenAIServing:
         """(prompt index, cumulative output) from all of the job's prompts, as they come."""
         if len(job.prompts) == 1:
             p = job.prompts[0]
-            gen = self.engine.generate(job.request_id, p.text, p.token_ids, job.params, job.priority)
+            gen = self.engine.generate(job.request_id, p.text, p.token_ids, job.params, job.priority,
+                                       job.trace_headers)
             try:
                 async for out in gen:
                     yield 0, out
@@ -184,7 +188,8 @@ class OpenAIServing:
         remaining = len(job.prompts)
 
         async def pump(i: int, p: _Prompt) -> None:
-            gen = self.engine.generate(f"{job.request_id}-{i}", p.text, p.token_ids, job.params, job.priority)
+            gen = self.engine.generate(f"{job.request_id}-{i}", p.text, p.token_ids, job.params, job.priority,
+                                       job.trace_headers)
             try:
                 async for out in gen:
                     await merged.put((i, out))

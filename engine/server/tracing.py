@@ -12,11 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
+TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 def otlp_traces_url(endpoint: str) -> str:
@@ -59,8 +61,12 @@ class RequestTracer:
         self._tracer = tracer
         self._tracked: dict[str, _Tracked] = {}
 
-    def queued(self, request_id: str, num_prompt_tokens: int, params, priority: int, arrival_ns: int) -> None:
-        span = self._tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=arrival_ns, attributes={
+    def queued(self, request_id: str, num_prompt_tokens: int, params, priority: int, arrival_ns: int,
+               trace_headers: dict[str, str] | None = None) -> None:
+        # A caller's W3C `traceparent` makes the request span its child.
+        parent = extract(trace_headers) if trace_headers else None
+        span = self._tracer.start_span("llm_request", context=parent, kind=SpanKind.SERVER, start_time=arrival_ns,
+                                       attributes={
             "gen_ai.request.id": request_id,
             "gen_ai.usage.prompt_tokens": num_prompt_tokens,
             "gen_ai.request.max_tokens": params.max_tokens,
