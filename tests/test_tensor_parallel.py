@@ -214,6 +214,22 @@ def test_workers_keep_multicast_off_and_hold_their_share_of_kv_heads(engines):
     assert tp2.engine.kv_cache.shape.num_kv_heads == 1  # rank 0's pool: its half too
 
 
+@pytest.mark.slow
+def test_fast_path_failure_on_rank0_reruns_every_rank_on_the_fallback(engines):
+    tp1, tp2 = engines.tp1, engines.tp2()
+    for llm in (tp1, tp2):
+        llm.engine.reconfigure({"preemption_mode": "swap", "mode": "fast"})
+    expected, _ = greedy_run(tp1, max_tokens=8)
+    tp2.engine.runner.inject_fastpath_failure("test")
+    try:
+        got, _ = greedy_run(tp2, max_tokens=8)
+        assert tp2.engine.counters.fastpath_failures["injected"] == 1
+        assert tp2.engine.runner.mode == "fallback"
+    finally:
+        tp2.engine.reconfigure({"mode": "fast"})
+    assert got == expected  # the failed step's K/V were rewritten on both ranks
+
+
 def generate_in_thread(llm: LLM, prompts, params) -> dict:
     """Run generate on a thread; the result, or the exception it raised, or a hang."""
     box: dict = {}

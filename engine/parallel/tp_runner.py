@@ -47,7 +47,10 @@ TIMEOUT_ENV = "INFERD_TP_TIMEOUT_S"  # collective and start-up timeout, seconds
 
 
 class TensorParallelError(RuntimeError):
-    """A worker died or a collective failed: the engine cannot go on."""
+    """A worker died or a collective failed: the engine cannot go on (a server should
+    exit so that its supervisor starts a fresh one)."""
+
+    fatal = True
 
 
 def rank_devices(device: torch.device, world_size: int) -> list[torch.device]:
