@@ -1,7 +1,7 @@
 """`inferd bench serve`: the server at rising offered loads.
 
-For each offered load (requests per second, Poisson arrivals, for `--duration`
-seconds) it sends streaming completions with random prompt lengths and a fixed
+For each offered load (requests per second: exactly rate x `--duration` requests,
+Poisson-timed) it sends streaming completions with random prompt lengths and a fixed
 number of output tokens (ignore_eos), then reports per level: TTFT and inter-token
 latency p50/p99, end-to-end p50, achieved request and output-token throughput.
 The knee is where throughput stops growing while latency climbs: the level where
@@ -67,6 +67,7 @@ class RequestResult:
 @dataclass(slots=True)
 class LevelResult:
     offered_rps: float
+    sent_rps: float
     num_requests: int
     num_failed: int
     wall_s: float
@@ -150,12 +151,11 @@ async def run_level(url: str, model: str, rate: float, cfg: BenchConfig, rng: ra
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits) as client:
         tasks = []
+        # A Poisson process with exactly N arrivals in [0, T) has its arrival times uniform
+        # and independent: every level sends exactly rate x T requests, Poisson-timed.
+        arrivals = sorted(rng.uniform(0.0, cfg.duration_s) for _ in range(max(1, round(rate * cfg.duration_s))))
         start = time.perf_counter()
-        t = 0.0
-        while True:
-            t += rng.expovariate(rate)
-            if t > cfg.duration_s:
-                break
+        for t in arrivals:
             delay = start + t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -166,7 +166,7 @@ async def run_level(url: str, model: str, rate: float, cfg: BenchConfig, rng: ra
     ok = [r for r in results if r.ok]
     itls = [x for r in ok for x in r.itls]
     return LevelResult(
-        offered_rps=rate, num_requests=len(results), num_failed=len(results) - len(ok), wall_s=wall,
+        offered_rps=rate, sent_rps=len(results) / cfg.duration_s, num_requests=len(results), num_failed=len(results) - len(ok), wall_s=wall,
         achieved_rps=len(ok) / wall if wall else 0.0,
         output_tokens_per_s=sum(r.num_tokens for r in ok) / wall if wall else 0.0,
         ttft_p50=percentile([r.ttft for r in ok], 50), ttft_p99=percentile([r.ttft for r in ok], 99),
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         for rate in cfg.rates:
             level = asyncio.run(run_level(url, served, rate, cfg, rng))
             levels.append(level)
-            print(f"offered {rate:7.2f} req/s: achieved {level.achieved_rps:6.2f} req/s, "
+            print(f"offered {rate:7.2f} req/s (sent {level.sent_rps:6.2f}): achieved {level.achieved_rps:6.2f} req/s, "
                   f"{level.output_tokens_per_s:8.1f} tok/s, TTFT p50/p99 {level.ttft_p50 * 1e3:7.1f}/"
                   f"{level.ttft_p99 * 1e3:7.1f} ms, ITL p50/p99 {level.itl_p50 * 1e3:6.1f}/{level.itl_p99 * 1e3:6.1f} ms, "
                   f"failed {level.num_failed}/{level.num_requests}", flush=True)
