@@ -167,6 +167,29 @@ def test_indivisible_shapes_are_refused_before_any_process_starts(tp_model, mode
         check_divisible(ModelConfig.from_dir(tp_model), 8)  # 176 and 512 are multiples of 8
 
 
+def test_gpu_worker_binds_to_its_gpus_numa_node(tmp_path, monkeypatch):
+    import engine.numa_memory as numa_memory
+    from engine.parallel.worker import bind_to_device_node
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    (tmp_path / "devices/system/node/node1").mkdir(parents=True)
+    (tmp_path / "devices/system/node/node1/cpulist").write_text(f"{cpu}\n")
+    asked = []
+    monkeypatch.setattr(numa_memory, "device_numa_node", lambda device, root: asked.append(str(device)) or 1)
+    policies = []
+    monkeypatch.setattr(numa_memory, "_set_mempolicy", lambda mode, node: policies.append((mode, node)) or True)
+    try:
+        assert bind_to_device_node(torch.device("cuda", 1), str(tmp_path)) == 1
+        assert os.sched_getaffinity(0) == {cpu}
+    finally:
+        os.sched_setaffinity(0, before)
+    assert asked == ["cuda:1"] and policies == [(numa_memory.MPOL_PREFERRED, 1)]
+    # CPU ranks keep the binding they inherited (the agent's placement of the engine)
+    assert bind_to_device_node(torch.device("cpu"), str(tmp_path)) == 1
+    assert os.sched_getaffinity(0) == before and len(policies) == 1
+
+
 # --- two ranks over gloo ----------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
