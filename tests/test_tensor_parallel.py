@@ -228,6 +228,24 @@ def test_tp2_matches_tp1_with_cold_int8_kv(engines):
 
 
 @pytest.mark.slow
+def test_tp2_matches_tp1_with_qkv_bias_and_tied_embeddings(engines, model_factory):
+    """Qwen2 has q/k/v biases (split with their heads); a tied LM head is the split embedding."""
+    qwen = model_factory(preset="tiny", arch="qwen2", tie_word_embeddings=True)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [PROMPT] + NOISE[:3]
+    expected = [o.outputs[0].token_ids for o in LLM(qwen, block_size=8, dtype="float32").generate(prompts, params)]
+    engines.close()
+    tp2 = LLM(qwen, block_size=8, dtype="float32", tensor_parallel_size=2)
+    try:
+        assert tp2.engine.model.lm_head.weight is tp2.engine.model.embed_tokens.weight
+        assert tp2.engine.model.layers[0].self_attn.q_proj.bias is not None
+        got = [o.outputs[0].token_ids for o in tp2.generate(prompts, params)]
+    finally:
+        tp2.engine.runner.shutdown()
+    assert got == expected
+
+
+@pytest.mark.slow
 def test_workers_keep_multicast_off_and_hold_their_share_of_kv_heads(engines):
     tp2 = engines.tp2()
     (info,) = tp2.engine.runner.probe_workers()
