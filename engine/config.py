@@ -80,6 +80,9 @@ class EngineConfig:
     mode: str = "fast"
     """fast (custom kernels where available) or fallback (portable torch path only)."""
     tensor_parallel_size: int = 1
+    """GPUs one model is split across [1, 8] (engine/parallel): cuda:N.. of `device`, one worker
+    process per rank after the first; on CPU the ranks are gloo processes. Must divide the
+    model's attention heads, KV heads, MLP inner size and vocabulary."""
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
