@@ -338,6 +338,48 @@ def test_worker_exception_is_reported_with_its_traceback(engines):
     assert "unknown tensor-parallel command 'no-such-command'" in str(box["error"])
 
 
+RANK0_SCRIPT = """
+import sys, time, torch
+torch.set_num_threads(1)
+from engine import LLM
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], dtype="float32", block_size=8, tensor_parallel_size=2)
+    print(llm.engine.runner.workers.procs[0].pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_workers_exit_when_rank0_is_killed(tp_model, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "rank0.py"
+    script.write_text(RANK0_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), tp_model], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        worker_pid = int(proc.stdout.readline())
+        assert pid_alive(worker_pid)
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while pid_alive(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(worker_pid), "a worker outlived its rank 0"
+    finally:
+        proc.kill()
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL); none or one here")
 def test_tp2_matches_tp1_on_two_gpus_in_bf16(tp_model):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
