@@ -7,6 +7,9 @@ every worker, and the forward runs this rank's shard; `kv_cache` is a ShardedKVC
 that sends swaps, quantizations and pool changes to the workers as well, so the
 engine's calls reach every rank's pool (all pools share the block tables).
 
+Every rank's pool has the engine's block count, each page holding that rank's KV heads,
+so the engine's kv_cache_bytes is the budget of all ranks together (1/n on each GPU).
+
 A dead worker takes the engine down: it is noticed before each command (process
 exit codes), inside a step (the collective fails when the peer's sockets close, or
 after the group timeout at worst) and by a monitor thread (which aborts an NCCL
