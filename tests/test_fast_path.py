@@ -264,3 +264,71 @@ def test_fused_decode_step_matches_portable_path(tiny_model):
             assert lp_g.keys() == lp_w.keys()
             for token in lp_w:
                 assert abs(lp_g[token] - lp_w[token]) < 1e-4
+
+
+@needs_triton
+def test_mixed_step_attention_matches_portable_path():
+    """Decode rows, fresh prompts (causal), chunks after a cached prefix (bottom-right
+    mask), two prompts of one shape (one grouped SDPA call), in one step."""
+    from engine.attention import AttentionMetadata, paged_attention
+    from engine.fast_path.triton_attention import triton_paged_attention
+
+    gen = torch.Generator().manual_seed(3)
+    bs, kv_heads, heads, dim = 8, 2, 8, 16
+    _, k_cache, v_cache = _arena(64, 2, bs, kv_heads, dim)
+    query_lens = [1, 5, 1, 3, 5, 4]
+    context_lens = [9, 5, 30, 20, 5, 4]  # rows 1, 4: one shape; row 3: 17 cached tokens first
+    tables = torch.stack([torch.randperm(64, generator=gen)[:4] for _ in query_lens])
+    starts = [sum(query_lens[:i]) for i in range(len(query_lens))]
+    positions = [c - n + j for n, c in zip(query_lens, context_lens) for j in range(n)]
+    meta = AttentionMetadata(query_start=starts, query_lens=query_lens, context_lens=torch.tensor(context_lens),
+                             block_tables=tables, slot_mapping=torch.zeros(sum(query_lens), dtype=torch.long),
+                             positions=torch.tensor(positions), max_query_len=max(query_lens),
+                             max_context_len=max(context_lens))
+    q = torch.randn(sum(query_lens), heads, dim, generator=gen)
+    got = triton_paged_attention(q, k_cache, v_cache, meta, 0.25)
+    want = paged_attention(q, k_cache, v_cache, meta, 0.25)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    again = triton_paged_attention(q * 2, k_cache, v_cache, meta, 0.25)  # the step's plan is reused per layer
+    torch.testing.assert_close(again, paged_attention(q * 2, k_cache, v_cache, meta, 0.25), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
+    """Engine level: chunked prefill, prefix-cache hits and mixed steps on the fast
+    attention (no decode graphs on CPU) give the portable path's tokens."""
+    from engine.fast_path.triton_attention import triton_paged_attention
+
+    shared = list(range(5, 45))
+    prompts = [shared + [50, 51, 52], shared + [60], list(range(100, 131)), [7, 8]]
+    config = dict(block_size=8, max_num_batched_tokens=32, enable_prefix_caching=True)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
+    want = LLM(tiny_model, mode="fallback", **config).generate(prompts, params)
+    llm = LLM(tiny_model, **config)
+    llm.engine.runner.fast_attention = triton_paged_attention
+    got = llm.generate(prompts, params)
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            assert lp_g.keys() == lp_w.keys()
+            assert all(abs(lp_g[t] - lp_w[t]) < 1e-4 for t in lp_w)
+    assert llm.engine.runner.mode == "fast" and llm.engine.block_manager.prefix.hits > 0
+
+
+def test_benchmark_cost_model_counts_the_8b_shape_by_hand():
+    from engine.bench.gpu_decode import ModelCost, roofline_seconds
+    from engine.make_model import PRESETS
+    from engine.model_config import ModelConfig
+
+    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], **PRESETS["llama3-8b-shape"]})
+    cost = ModelCost(cfg)
+    # per layer q+k+v+o 41,943,040 + MLP 176,160,768; x32; + LM head 525,336,576
+    assert cost.matmul_params == 7_504_658_432
+    assert cost.weight_bytes_read == (7_504_658_432 + 65 * 4096) * 2  # + 65 norm vectors
+    assert cost.kv_bytes_per_token == 131_072
+    nbytes, flops = cost.step([(1, 640)])
+    assert nbytes == cost.weight_bytes_read + 641 * 131_072
+    assert flops == 2 * 7_504_658_432 + 4 * 32 * 128 * 32 * 640
+    _, prefill_flops = cost.step([(2, 3)])  # two queries at positions 1 and 2: 2 + 3 keys
+    assert prefill_flops == 2 * 2 * 7_504_658_432 + 4 * 32 * 128 * 32 * 5
+    assert roofline_seconds(cost, [[(1, 640)]], bandwidth=nbytes, flops_rate=flops * 10) == 1.0

@@ -11,8 +11,8 @@ and a second kernel merges the splits. bf16/fp16 in, fp32 softmax and accumulati
 Padded rows of a CUDA-graph batch have context length 0: every split is empty and
 the output is zeros (never NaN).
 
-Prefill and mixed prefill/decode steps go to the portable path (PyTorch SDPA over
-the gathered context), which is already one fused attention call per layer.
+Prefill and mixed prefill/decode steps: decode rows through this kernel, prefill rows
+through SDPA over the gathered context, grouped by shape (prefill_attention.py).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 
 from ..attention import AttentionMetadata, paged_attention
 from .availability import has_triton
+from .prefill_attention import MixedStepAttention
 
 TILE_TOKENS = 64  # keys per inner iteration (several KV blocks)
 MAX_SPLITS = 64
@@ -164,11 +165,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
+_mixed_step = MixedStepAttention(paged_decode_attention, choose_num_splits)
+
+
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Drop-in for `paged_attention`: Triton for pure decode steps, SDPA otherwise."""
+    """Drop-in for `paged_attention`: Triton for decode rows, grouped SDPA for prefill rows
+    (engine/fast_path/prefill_attention.py); windows and cold blocks: the portable path."""
     if meta.max_query_len != 1:
-        return paged_attention(q, k_cache, v_cache, meta, scale)
+        if meta.sliding_window is not None or getattr(meta, "block_kinds", None) is not None:
+            return paged_attention(q, k_cache, v_cache, meta, scale)
+        return _mixed_step(q, k_cache, v_cache, meta, scale)
     splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
     return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                   splits, meta.sliding_window)

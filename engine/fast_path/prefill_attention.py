@@ -1,0 +1,123 @@
+"""Attention for prefill and mixed steps on the fast path.
+
+The portable path pads every sequence of a step to the longest query chunk and runs one
+masked SDPA over the padded batch: in a mixed step (a prompt chunk of 512 tokens beside
+200 decoding sequences) that is 200 x 512 padded query rows, and its mask is built from
+host lists in every layer (a host sync per layer). Here a step is split instead:
+- decode rows (one query token) go to the Triton decode kernel in one launch;
+- prefill rows are grouped by (query length, context length); each group is one SDPA
+  call over its sequences' gathered context, causal when the chunk is the whole context
+  (flash attention), with a bottom-right causal mask when a cached prefix or an earlier
+  chunk precedes it.
+The index tensors and masks are built once per step (the first layer; one host sync for
+the context lengths) and reused by every layer. Sliding windows and cold (quantized)
+blocks stay on the portable path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import AttentionMetadata
+
+
+@dataclass(slots=True)
+class PrefillGroup:
+    query_len: int
+    context_len: int
+    token_rows: torch.Tensor  # [g * query_len] rows of the flat batch, sequence by sequence
+    tables: torch.Tensor  # [g, blocks covering context_len]
+    mask: torch.Tensor | None  # [query_len, context_len] bottom-right causal; None: plain causal
+
+    @property
+    def num_seqs(self) -> int:
+        return self.tables.shape[0]
+
+
+@dataclass(slots=True)
+class StepPlan:
+    decode_rows: torch.Tensor | None
+    decode_tables: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None
+    decode_max_context: int
+    groups: list[PrefillGroup]
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()  # an asynchronous copy: no wait for the queued layers
+    return host.to(device, non_blocking=True)
+
+
+def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
+    context_lens = meta.context_lens.tolist()
+    decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
+    decode_rows = decode_tables = decode_ctx = None
+    if decode:
+        seqs = _to_device(decode, device)
+        decode_rows = _to_device([meta.query_start[i] for i in decode], device)
+        decode_tables = meta.block_tables.index_select(0, seqs)
+        decode_ctx = meta.context_lens.index_select(0, seqs)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, n in enumerate(meta.query_lens):
+        if n > 1:
+            by_shape.setdefault((n, context_lens[i]), []).append(i)
+    groups = []
+    for (n, ctx), seqs in by_shape.items():
+        rows = [r for i in seqs for r in range(meta.query_start[i], meta.query_start[i] + n)]
+        blocks = -(-ctx // block_size)
+        tables = meta.block_tables.index_select(0, _to_device(seqs, device))[:, :blocks]
+        mask = None
+        if ctx != n:  # query i sits at position ctx - n + i and sees keys up to it
+            mask = torch.ones(n, ctx, dtype=torch.bool, device=device).tril_(diagonal=ctx - n)
+        groups.append(PrefillGroup(n, ctx, _to_device(rows, device), tables, mask))
+    return StepPlan(decode_rows, decode_tables, decode_ctx,
+                    max((context_lens[i] for i in decode), default=0), groups)
+
+
+class MixedStepAttention:
+    """Callable with `paged_attention`'s signature for steps with query_len > 1."""
+
+    def __init__(self, decode_attention, choose_splits):
+        self.decode_attention = decode_attention
+        self.choose_splits = choose_splits
+        self._plan_for: AttentionMetadata | None = None  # the step whose plan is cached
+        self._plan: StepPlan | None = None
+
+    def plan(self, meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
+        if self._plan_for is not meta:  # the same metadata object reaches every layer of a step
+            self._plan = plan_step(meta, block_size, device)
+            self._plan_for = meta
+        return self._plan
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        _, block_size, kv_heads, head_dim = k_cache.shape
+        heads = q.shape[1]
+        plan = self.plan(meta, block_size, q.device)
+        out = torch.empty_like(q)
+        if plan.decode_rows is not None:
+            num = plan.decode_rows.shape[0]
+            splits = self.choose_splits(num, kv_heads, plan.decode_max_context)
+            dec = self.decode_attention(q.index_select(0, plan.decode_rows), k_cache, v_cache, plan.decode_tables,
+                                        plan.decode_context_lens, scale, splits)
+            out.index_copy_(0, plan.decode_rows, dec)
+        group = heads // kv_heads
+        for g in plan.groups:
+            seqs, n, ctx = g.num_seqs, g.query_len, g.context_len
+            qg = q.index_select(0, g.token_rows).view(seqs, n, heads, head_dim).transpose(1, 2)
+
+            def context(cache):  # [g, heads, ctx, D]: gathered through the tables, GQA expanded
+                blocks = cache[g.tables].reshape(seqs, -1, kv_heads, head_dim)[:, :ctx]
+                return blocks.transpose(1, 2).repeat_interleave(group, dim=1)
+
+            kg, vg = context(k_cache).to(q.dtype), context(v_cache).to(q.dtype)
+            if g.mask is None:
+                og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale)
+            else:
+                og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+            out.index_copy_(0, g.token_rows, og.transpose(1, 2).reshape(seqs * n, heads, head_dim))
+        return out
