@@ -332,3 +332,14 @@ def test_benchmark_cost_model_counts_the_8b_shape_by_hand():
     _, prefill_flops = cost.step([(2, 3)])  # two queries at positions 1 and 2: 2 + 3 keys
     assert prefill_flops == 2 * 2 * 7_504_658_432 + 4 * 32 * 128 * 32 * 5
     assert roofline_seconds(cost, [[(1, 640)]], bandwidth=nbytes, flops_rate=flops * 10) == 1.0
+
+
+def test_gpu_decode_bench_refuses_cleanly_without_cuda(tmp_path, capsys):
+    import argparse
+
+    from engine.bench import gpu_decode
+
+    parser = argparse.ArgumentParser()
+    gpu_decode.add_arguments(parser)
+    assert gpu_decode.run(parser.parse_args(["--out", str(tmp_path)])) == 2
+    assert "CUDA" in capsys.readouterr().out

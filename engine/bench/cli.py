@@ -10,6 +10,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("engine.bench.serve", "drive the server at rising offered loads; latency, throughput and the knee"),
     "throughput": ("engine.bench.throughput", "engine tokens/s against transformers generate"),
     "tp-decode": ("engine.bench.tp_decode", "tensor-parallel decode and throughput, tp=1 against tp=2"),
+    "gpu-decode": ("engine.bench.gpu_decode", "GPU fast path: batch-1 MBU, throughput vs roofline, transformers, "
+                   "prefix TTFT, swap (CUDA)"),
 }
 
 

@@ -1,6 +1,7 @@
 """GPU decode benchmarks of issue 8 (run on the H200; see BENCHMARKS.md).
 
-`python -m engine.bench.gpu_decode --out DIR` with the `llama3-8b-shape` preset in bf16:
+`inferd bench gpu-decode --out DIR` (or `python -m engine.bench.gpu_decode --out DIR`), with
+the `llama3-8b-shape` preset in bf16:
 1. ceilings: device-to-device copy bandwidth, bf16 matmul rate, pinned host<->device;
 2. batch-1 decode on the fast path: tokens/s and model bandwidth utilisation (weight +
    KV bytes per token over the copy bandwidth), from the engine and from bare graph
@@ -503,14 +504,25 @@ def print_table(res: dict) -> None:
         print("errors: " + json.dumps(res["errors"])[:1500])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--budget-s", type=float, default=480.0)
-    parser.add_argument("--no-hf-compile", action="store_true")
-    args = parser.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="directory for results.json and the kernel profiles")
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="seconds the whole run may take; the compiled transformers runs are skipped past it")
+    parser.add_argument("--no-hf-compile", action="store_true", help="skip transformers with static cache + compile")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("gpu-decode needs a CUDA GPU; none is visible here")
+        return 2
     run_all(args.out, args.budget_s, hf_compile=not args.no_hf_compile)
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args())
 
 
 if __name__ == "__main__":
