@@ -232,6 +232,18 @@ class KVCache:
 
     @staticmethod
     def _copy(src: _Arena, dst: _Arena, pairs, non_blocking: bool) -> None:
+        if src.device.type != dst.device.type:
+            # Host <-> device: one contiguous copy per block straight between the pinned
+            # host page and the device page (an indexed gather would stage through
+            # pageable memory and halve the PCIe rate).
+            for (kind, sp, ss), (_, dp, ds) in pairs:
+                if kind == HOT:
+                    dst.bytes[dp].copy_(src.bytes[sp], non_blocking=non_blocking)
+                    continue
+                data, scales = ("int8", "scales8") if kind == "int8" else ("int4", "scales4")
+                getattr(dst, data)[dp, ds].copy_(getattr(src, data)[sp, ss], non_blocking=non_blocking)
+                getattr(dst, scales)[dp, ds].copy_(getattr(src, scales)[sp, ss], non_blocking=non_blocking)
+            return
         for kind in (HOT, *COLD_KINDS):
             sel = [(s, d) for s, d in pairs if s[0] == kind]
             if not sel:

@@ -343,3 +343,60 @@ def test_gpu_decode_bench_refuses_cleanly_without_cuda(tmp_path, capsys):
     gpu_decode.add_arguments(parser)
     assert gpu_decode.run(parser.parse_args(["--out", str(tmp_path)])) == 2
     assert "CUDA" in capsys.readouterr().out
+
+
+# --- cold (quantized) KV blocks in the Triton decode kernel --------------------------
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 4])
+def test_cold_decode_kernel_matches_portable_cold_attention(splits):
+    """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
+    dequantizing in registers) equals the portable path's dequantize-then-attend."""
+    from engine.attention import AttentionMetadata, paged_attention, write_kv
+    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
+    from engine.kv_cache import KIND_CODE, KVCache
+
+    gen = torch.Generator().manual_seed(splits)
+    bs, kvh, hd, heads, window = 8, 2, 32, 4, 8
+    cache = KVCache(1, 64, 0, bs, kvh, hd, torch.float32, torch.device("cpu"), None, ("int8", "int4"))
+    k, v, cold = cache.layer_views(0)
+    per_page = cache.shape.slots_per_page()
+    ctx = [1, 9, 17, 40, 70]
+    tables, kinds, slots, hot_tables, pairs = [], [], [], [], []
+    next_page, next_cold, used = 0, {"int8": 40, "int4": 52}, {"int8": 0, "int4": 0}
+    for i, n in enumerate(ctx):
+        row, kind_row, slot_row, hot_row = [], [], [], []
+        for j in range(-(-n // bs)):
+            hot_row.append(next_page)
+            row.append(next_page), kind_row.append(0), slot_row.append(0)
+            if (j + 1) * bs <= n - window:
+                kind = ("int8", "int4")[(i + j) % 2]
+                page, slot = next_cold[kind] + used[kind] // per_page[kind], used[kind] % per_page[kind]
+                used[kind] += 1
+                pairs.append((next_page, (kind, page, slot)))
+                row[-1], kind_row[-1], slot_row[-1] = page, KIND_CODE[kind], slot
+            next_page += 1
+        tables.append(row), kinds.append(kind_row), slots.append(slot_row), hot_tables.append(hot_row)
+    token_slots = torch.tensor([hot_tables[i][t // bs] * bs + t % bs for i, n in enumerate(ctx) for t in range(n)])
+    write_kv(k, v, torch.randn(len(token_slots), kvh, hd, generator=gen),
+             torch.randn(len(token_slots), kvh, hd, generator=gen), token_slots)
+    cache.quantize(pairs)
+    assert used["int8"] and used["int4"]
+    width = max(map(len, tables))
+
+    def pad(rows):
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows])
+
+    meta = AttentionMetadata(
+        query_start=list(range(len(ctx))), query_lens=[1] * len(ctx), context_lens=torch.tensor(ctx),
+        block_tables=pad(tables), slot_mapping=torch.zeros(0, dtype=torch.long),
+        positions=torch.tensor([n - 1 for n in ctx]), max_query_len=1, max_context_len=max(ctx),
+        block_kinds=pad(kinds), block_slots=pad(slots))
+    q = torch.randn(len(ctx), heads, hd, generator=gen)
+    ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
+    out = cold_paged_decode_attention(q, k, v, cold, pad(tables).int(), pad(kinds), pad(slots),
+                                      torch.tensor(ctx), 0.3, splits)
+    assert torch.isfinite(out).all()
+    assert (out - ref).norm() / ref.norm() < 1e-5
+    routed = triton_paged_attention(q, k, v, meta, 0.3, cold=cold)
+    assert (routed - ref).norm() / ref.norm() < 1e-5

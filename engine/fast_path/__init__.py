@@ -27,8 +27,8 @@ def hot_kv_layers(runner) -> list[tuple]:
 def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True) -> str | None:
     """Give `runner` the Triton attention and the decode graphs when this device can run
     them. Returns None when attached, else why not (the runner keeps the portable path).
-    Batches with quantized (cold) KV blocks stay on the portable path: the Triton
-    kernels read hot blocks only."""
+    Decode batches with quantized (cold) KV blocks run eagerly through the cold-aware
+    Triton kernel (no graphs); prefill over cold blocks takes the portable path."""
     reason = unavailable_reason(runner.device, runner.kv_cache.dtype)
     if reason is not None:
         log.info("fast path unavailable: %s; using the portable path", reason)

@@ -169,13 +169,23 @@ _mixed_step = MixedStepAttention(paged_decode_attention, choose_num_splits)
 
 
 def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Drop-in for `paged_attention`: Triton for decode rows, grouped SDPA for prefill rows
-    (engine/fast_path/prefill_attention.py); windows and cold blocks: the portable path."""
+                           meta: AttentionMetadata, scale: float, cold=None) -> torch.Tensor:
+    """Drop-in for `paged_attention`: Triton for decode rows (hot blocks, or hot and cold
+    blocks in one pass: triton_cold_attention.py), grouped SDPA for prefill rows
+    (prefill_attention.py); prefill over windows or cold blocks: the portable path."""
+    has_cold_blocks = cold is not None and getattr(meta, "block_kinds", None) is not None
     if meta.max_query_len != 1:
-        if meta.sliding_window is not None or getattr(meta, "block_kinds", None) is not None:
-            return paged_attention(q, k_cache, v_cache, meta, scale)
+        if meta.sliding_window is not None or cold is not None:
+            return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)
         return _mixed_step(q, k_cache, v_cache, meta, scale)
     splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
+    if has_cold_blocks:
+        from .triton_cold_attention import cold_paged_decode_attention
+
+        return cold_paged_decode_attention(q, k_cache, v_cache, cold, meta.block_tables, meta.block_kinds,
+                                           meta.block_slots, meta.context_lens, scale, splits, meta.sliding_window)
     return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                   splits, meta.sliding_window)
+
+
+triton_paged_attention.supports_cold_kv = True
