@@ -1,0 +1,119 @@
+"""Cold-KV decode attention on the GPU: bf16 against int8 and int4 at long context.
+
+llama3-8b shapes for one layer (8 KV heads of 128, 32 query heads), block size 16,
+batch 8 x 32,768 tokens of context, hot window 128: every block older than the window
+is cold. Times the Triton decode kernels (median of triton.testing.do_bench), checks
+the cold kernel against the portable dequantize-then-attend path, and reports the
+bytes each variant must read against the measured copy bandwidth.
+Run on a CUDA machine: `python -m engine.bench.kv_quant_gpu --out DIR`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def build_case(kind: str, batch: int, context: int, hot_window: int, device: torch.device, seed: int = 0,
+               dtype: torch.dtype = torch.bfloat16):
+    from engine.attention import AttentionMetadata
+    from engine.kv_cache import KIND_CODE, KVCache
+
+    bs, kvh, hd, heads = 16, 8, 128, 32
+    blocks_per_seq = -(-context // bs)
+    cold_kinds = () if kind == "none" else (kind,)
+    cache = KVCache(1, batch * blocks_per_seq + 8, 0, bs, kvh, hd, dtype, device, None, cold_kinds)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cache.device_pool.hot.normal_(generator=gen)
+    k, v, cold = cache.layer_views(0)
+    tables = torch.arange(batch * blocks_per_seq, device=device).view(batch, blocks_per_seq)
+    kinds = torch.zeros_like(tables)
+    slots = torch.zeros_like(tables)
+    if kind != "none":
+        per_page = cache.shape.slots_per_page()[kind]
+        num_cold = (context - hot_window) // bs
+        hot_pages = tables[:, :num_cold].reshape(-1).tolist()
+        # cold slots packed into the pages after each sequence's hot ones: reuse the
+        # sequence's own leading pages (their hot copy is quantized first, then replaced)
+        pairs, new_pages, new_slots = [], [], []
+        for i, page in enumerate(hot_pages):
+            target_page, slot = hot_pages[i // per_page], i % per_page
+            pairs.append((page, (kind, target_page, slot)))
+            new_pages.append(target_page)
+            new_slots.append(slot)
+        cache.quantize(pairs)  # reads every hot page before any slot overwrites it (one batch)
+        tables[:, :num_cold] = torch.tensor(new_pages, device=device).view(batch, num_cold)
+        slots[:, :num_cold] = torch.tensor(new_slots, device=device).view(batch, num_cold)
+        kinds[:, :num_cold] = KIND_CODE[kind]
+    q = torch.randn(batch, heads, hd, device=device, dtype=dtype, generator=gen)
+    meta = AttentionMetadata(
+        query_start=list(range(batch)), query_lens=[1] * batch,
+        context_lens=torch.full((batch,), context, device=device), block_tables=tables,
+        slot_mapping=torch.zeros(0, dtype=torch.long, device=device),
+        positions=torch.full((batch,), context - 1, device=device), max_query_len=1, max_context_len=context,
+        block_kinds=kinds if kind != "none" else None, block_slots=slots if kind != "none" else None)
+    return q, k, v, cold, meta, cache
+
+
+def bytes_read(kind: str, batch: int, context: int, hot_window: int, cache) -> int:
+    shape = cache.shape
+    per_token_hot = 2 * shape.num_kv_heads * shape.head_dim * 2  # K and V, bf16
+    cold_tokens = 0 if kind == "none" else (context - hot_window) // 16 * 16
+    hot_tokens = context - cold_tokens
+    cold_block = 0 if kind == "none" else shape.cold_block_bytes(kind)
+    return batch * (hot_tokens * per_token_hot + cold_tokens // 16 * cold_block)
+
+
+def main() -> int:
+    import triton.testing
+
+    from engine.attention import paged_attention
+    from engine.fast_path.triton_attention import choose_num_splits, paged_decode_attention
+    from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=32768)
+    parser.add_argument("--hot-window", type=int, default=128)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    copy_bw = 2 * src.numel() / (copy_ms / 1e3)
+    del src, dst
+    results = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "triton": triton.__version__, "copy_bandwidth_bytes_per_s": copy_bw, "batch": args.batch,
+               "context": args.context, "hot_window": args.hot_window, "kinds": {}}
+    for kind in ("none", "int8", "int4"):
+        q, k, v, cold, meta, cache = build_case(kind, args.batch, args.context, args.hot_window, device)
+        splits = choose_num_splits(args.batch, 8, args.context)
+        if kind == "none":
+            fn = lambda: paged_decode_attention(q, k, v, meta.block_tables, meta.context_lens, 128**-0.5, splits)  # noqa: E731
+        else:
+            fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
+                                                     meta.block_slots, meta.context_lens, 128**-0.5, splits)
+        out = fn()
+        ref = paged_attention(q, k, v, meta, 128**-0.5, cold=cold if kind != "none" else None)
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        nbytes = bytes_read(kind, args.batch, args.context, args.hot_window, cache)
+        results["kinds"][kind] = {"ms": ms, "bytes": nbytes, "bandwidth_share": nbytes / (ms / 1e3) / copy_bw,
+                                  "rel_err_vs_portable": err}
+        del q, k, v, cold, meta, cache
+        torch.cuda.empty_cache()
+    base = results["kinds"]["none"]["ms"]
+    for kind, r in results["kinds"].items():
+        r["speedup_vs_bf16"] = base / r["ms"]
+        print(f"{kind:5s} {r['ms'] * 1e3:8.1f} us/layer  {r['speedup_vs_bf16']:.2f}x  "
+              f"{r['bandwidth_share']:.2f} of copy bw  err vs portable {r['rel_err_vs_portable']:.1e}")
+    with open(f"{args.out}/kv_quant_gpu.json", "w") as f:
+        json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
