@@ -39,7 +39,7 @@ class StreamOptions(_Lenient):
     continuous_usage_stats: StrictBool = False
 
 
-class _SamplingFields(_Lenient):
+class SamplingFields(_Lenient):
     model: str | None = None
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
@@ -114,7 +114,7 @@ class _SamplingFields(_Lenient):
 Prompt = Union[str, list[StrictInt], list[str], list[list[StrictInt]]]
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: Prompt
     max_tokens: StrictInt | None = 16
     logprobs: StrictInt | None = None
@@ -162,7 +162,7 @@ class ChatMessage(_Lenient):
         return "".join(parts)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None

@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, Response
 
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
-from .api_models import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .async_engine import AsyncEngine, RequestFailed
 from .chat import ChatTemplateError, render_chat
 from .errors import ApiError, bad_request, error_body
+from .logprobs import chat_logprobs, completion_logprobs
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
 from .tracing import TRACE_HEADERS
 
@@ -99,12 +100,12 @@ class OpenAIServing:
                 f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} in the completion). "
                 f"Please reduce the prompt or the completion length.", param, "context_length_exceeded")
 
-    def _params(self, body: _SamplingFields, max_tokens: int, logprobs: int | None, param: str) -> SamplingParams:
+    def _params(self, body: SamplingFields, max_tokens: int, logprobs: int | None, param: str) -> SamplingParams:
         if isinstance(max_tokens, int) and max_tokens < 1:
             raise bad_request(f"{param} must be an integer >= 1, got {max_tokens}", param)
         return body.sampling_params(max_tokens, logprobs)
 
-    def _job(self, body: _SamplingFields, prompts: list[_Prompt], params: SamplingParams, chat: bool,
+    def _job(self, body: SamplingFields, prompts: list[_Prompt], params: SamplingParams, chat: bool,
              top_logprobs: int | None = None) -> _Job:
         prefix = "chatcmpl" if chat else "cmpl"
         return _Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), self.model_name, prompts, params,
@@ -234,42 +235,16 @@ class OpenAIServing:
                 index = i * n + o.index
                 if job.chat:
                     choices.append({"index": index, "message": {"role": "assistant", "content": o.text},
-                                    "logprobs": self._chat_logprobs(job, o, 0) if job.params.logprobs is not None
+                                    "logprobs": chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, 0) if job.params.logprobs is not None
                                     else None,
                                     "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
                 else:
                     choices.append({"index": index, "text": o.text,
-                                    "logprobs": self._completion_logprobs(o, 0) if job.params.logprobs is not None
+                                    "logprobs": completion_logprobs(self.tokenizer, o, 0) if job.params.logprobs is not None
                                     else None,
                                     "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
         return {"id": job.request_id, "object": "chat.completion" if job.chat else "text_completion",
                 "created": job.created, "model": job.model, "choices": choices, "usage": self._usage(job, finals)}
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def _completion_logprobs(self, o: CompletionOutput, start: int) -> dict:
-        tokens, token_logprobs, top, offsets = [], [], [], []
-        offset = 0
-        for token_id, entry in zip(o.token_ids[start:], (o.logprobs or [])[start:]):
-            text = self._token_text(token_id)
-            tokens.append(text)
-            token_logprobs.append(entry.get(token_id))
-            top.append({self._token_text(t): lp for t, lp in entry.items()})
-            offsets.append(offset)
-            offset += len(text)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
-
-    def _chat_logprobs(self, job: _Job, o: CompletionOutput, start: int) -> dict:
-        k = job.top_logprobs or 0
-        content = []
-        for token_id, entry in zip(o.token_ids[start:], (o.logprobs or [])[start:]):
-            text = self._token_text(token_id)
-            top = [{"token": (t := self._token_text(tid)), "logprob": lp, "bytes": list(t.encode())}
-                   for tid, lp in list(entry.items())[:k]]
-            content.append({"token": text, "logprob": entry.get(token_id), "bytes": list(text.encode()),
-                            "top_logprobs": top})
-        return {"content": content}
 
     # --- streaming ----------------------------------------------------------------------
     async def _stream(self, job: _Job) -> AsyncIterator[str]:
@@ -317,8 +292,8 @@ class OpenAIServing:
             return None
         logprobs = None
         if job.params.logprobs is not None:
-            logprobs = (self._chat_logprobs(job, o, state.sent_tokens) if job.chat
-                        else self._completion_logprobs(o, state.sent_tokens))
+            logprobs = (chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, state.sent_tokens) if job.chat
+                        else completion_logprobs(self.tokenizer, o, state.sent_tokens))
         state.sent_chars = max(state.sent_chars, len(text))
         state.sent_tokens = len(o.token_ids)
         state.done = finished

@@ -1,0 +1,86 @@
+"""`inferd serve` as a process: the default model created under the cache folder, the
+admin token from a file, OTLP export, and clean refusals of bad options."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--log-level", "WARNING", *args], cwd=REPO,
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"inferd serve exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("inferd serve did not become healthy")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_serve_default_model_token_file(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("file-token\n")
+    port = free_port()
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "INFERD_ADMIN_TOKEN": "env-token"}
+    proc = serve(["--port", str(port), "--admin-token-file", str(token_file), "--max-num-seqs", "9"], env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url)
+        assert (tmp_path / "cache" / "inferd" / "models" / "tiny" / "config.json").is_file()
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "tiny"
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        # The file wins over the environment.
+        assert httpx.get(f"{url}/admin/config", headers={"Authorization": "Bearer env-token"}).status_code == 401
+        config = httpx.get(f"{url}/admin/config", headers={"Authorization": "Bearer file-token"}).json()["config"]
+        assert config["max_num_seqs"] == 9
+        metrics = httpx.get(f"{url}/metrics").text
+        assert "vllm:num_requests_running{" in metrics
+        assert "_created" not in metrics  # as vLLM: no *_created series
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-num-seqs", "0"], "max_num_seqs must be in"),
+    (["--model", "/nonexistent/model"], "no config.json"),
+    (["--port", "70000"], "--port must be in"),
+])
+def test_serve_refuses_bad_options(tmp_path, args, message):
+    proc = serve(args + (["--port", str(free_port())] if "--port" not in args else []),
+                 {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert message in out
