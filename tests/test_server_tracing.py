@@ -109,18 +109,47 @@ def test_spans_with_events_reach_the_collector(tiny_model):
     assert any("preempted" in [e.name for e in s.events] for s in spans), "no span recorded a preemption"
 
 
-def test_unresponsive_collector_does_not_block_serving(tiny_model):
-    # A listening socket that never accepts: every export hangs until its timeout.
-    sink = socket.socket()
-    sink.bind(("127.0.0.1", 0))
-    sink.listen(0)
-    tracer, provider = make_tracer(f"http://127.0.0.1:{sink.getsockname()[1]}")
+class StuckExporter:
+    """A span exporter whose export blocks until released: a collector that hangs."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.entered.set()
+        self.release.wait(60)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        self.release.set()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def test_stuck_export_does_not_block_serving(tiny_model):
+    exporter = StuckExporter()
+    tracer, provider = make_tracer("http://unused:4318", exporter=exporter)
     try:
         with running_server(tiny_model, tracer=RequestTracer(tracer)) as server:
-            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
-            for i in range(20):
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
+
+            def one(i: int) -> None:
                 r = client.completions.create(model=MODEL_NAME, prompt=f"request {i}", max_tokens=4, temperature=0)
                 assert r.choices[0].finish_reason in ("length", "stop")
+
+            i = 0
+            while not exporter.entered.wait(0.01):  # serve until an export is under way (1 s batch delay)
+                one(i)
+                i += 1
+                assert i < 10_000, "no export ever started"
+            # The export is stuck now; serving goes on regardless.
+            for j in range(20):
+                one(i + j)
+            assert not exporter.release.is_set()
     finally:
-        sink.close()
+        exporter.release.set()
         provider.shutdown()

@@ -29,7 +29,8 @@ def otlp_traces_url(endpoint: str) -> str:
     return endpoint if "/" in rest.rstrip("/") else endpoint.rstrip("/") + TRACES_PATH
 
 
-def make_tracer(endpoint: str, service_name: str = "inferd-engine", exporter=None) -> tuple[Tracer, Any]:
+def make_tracer(endpoint: str, service_name: str = "inferd-engine", exporter=None,
+                export_timeout_s: float = 5.0) -> tuple[Tracer, Any]:
     """A tracer exporting to `endpoint` over OTLP/HTTP in the background; returns
     (tracer, provider) so the caller can shut the provider down (flushing spans)."""
     from opentelemetry.sdk.resources import Resource
@@ -39,7 +40,7 @@ def make_tracer(endpoint: str, service_name: str = "inferd-engine", exporter=Non
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=otlp_traces_url(endpoint), timeout=5)
+        exporter = OTLPSpanExporter(endpoint=otlp_traces_url(endpoint), timeout=export_timeout_s)
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=4096, schedule_delay_millis=1000))
     return provider.get_tracer("inferd.engine.server"), provider
