@@ -347,8 +347,8 @@ def test_gpu_decode_bench_refuses_cleanly_without_cuda(tmp_path, capsys):
 
 # --- cold (quantized) KV blocks in the Triton decode kernel --------------------------
 @needs_triton
-@pytest.mark.parametrize("splits", [1, 4])
-def test_cold_decode_kernel_matches_portable_cold_attention(splits):
+@pytest.mark.parametrize("splits, hd", [(1, 32), (4, 32), (2, 256)])  # 256: two int4 scale groups per head
+def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
     dequantizing in registers) equals the portable path's dequantize-then-attend."""
     from engine.attention import AttentionMetadata, paged_attention, write_kv
@@ -357,7 +357,7 @@ def test_cold_decode_kernel_matches_portable_cold_attention(splits):
     from engine.kv_cache import KIND_CODE, KVCache
 
     gen = torch.Generator().manual_seed(splits)
-    bs, kvh, hd, heads, window = 8, 2, 32, 4, 8
+    bs, kvh, heads, window = 8, 2, 4, 8
     cache = KVCache(1, 64, 0, bs, kvh, hd, torch.float32, torch.device("cpu"), None, ("int8", "int4"))
     k, v, cold = cache.layer_views(0)
     per_page = cache.shape.slots_per_page()

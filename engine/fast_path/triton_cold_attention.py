@@ -6,7 +6,9 @@ merge kernel), but each table entry also carries its kind and slot. For every ti
 keys the kernel issues one masked load per kind (hot from the bf16/fp16 page, int8 or
 packed int4 from the cold slot with its scales), so memory is read only for the kind a
 block really has: an int8 block costs half the bytes of a hot one, an int4 block a
-quarter. Dequantization happens in registers; no full-precision copy is written.
+quarter. The integer codes go into the dot products as they are (exact in bf16/fp16)
+and each token's scale multiplies its score (keys) or its probability (values), so
+dequantization costs no per-element work; no full-precision copy is written.
 """
 from __future__ import annotations
 
@@ -26,29 +28,39 @@ if has_triton():
                     stride_hb, stride_ht, stride_hh,
                     stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
                     stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
-                    HAS_INT8: tl.constexpr, HAS_INT4: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP4: tl.constexpr):
-        """[TILE, HEAD_DIM] float32 keys (or values) for the tile, whatever each block's kind."""
+                    HAS_INT8: tl.constexpr, HAS_INT4: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP4: tl.constexpr,
+                    DTYPE: tl.constexpr):
+        """Keys (or values) of one tile in DTYPE, not yet scaled, and a per-token scale
+        ([TILE], 1 for hot tokens) to apply to the scores (keys) or probabilities (values):
+        the integer codes are exact in bf16/fp16, so the dot product runs on them directly
+        and no per-element multiply is needed. int4 groups smaller than the head dimension
+        are scaled per element instead (token scale 1)."""
         hot = in_range & (kind == 0)
         offs = page.to(tl.int64) * stride_hb + tok * stride_ht + kvh * stride_hh
-        x = tl.load(hot_ptr + offs[:, None] + d[None, :], mask=hot[:, None], other=0.0).to(tl.float32)
+        x = tl.load(hot_ptr + offs[:, None] + d[None, :], mask=hot[:, None], other=0.0).to(DTYPE)
+        token_scale = tl.full(kind.shape, 1.0, tl.float32)
         if HAS_INT8:
             m8 = in_range & (kind == 1)
             o8 = page.to(tl.int64) * stride_8p + slot * stride_8s + tok * stride_8t + kvh * stride_8h
-            q8 = tl.load(i8_ptr + o8[:, None] + d[None, :], mask=m8[:, None], other=0).to(tl.float32)
+            q8 = tl.load(i8_ptr + o8[:, None] + d[None, :], mask=m8[:, None], other=0)
+            x = tl.where(m8[:, None], q8.to(DTYPE), x)
             s8 = tl.load(s8_ptr + page.to(tl.int64) * stride_s8p + slot * stride_s8s + kvh * stride_s8h,
-                         mask=m8, other=0.0)
-            x += q8 * s8[:, None]
+                         mask=m8, other=1.0)
+            token_scale = tl.where(m8, s8, token_scale)
         if HAS_INT4:
             m4 = in_range & (kind == 2)
             o4 = page.to(tl.int64) * stride_4p + slot * stride_4s + tok * stride_4t + kvh * stride_4h
-            packed = tl.load(i4_ptr + o4[:, None] + d2[None, :], mask=m4[:, None], other=0).to(tl.int32)
-            low = (packed & 0xF) - 8
-            high = (packed >> 4) - 8
-            q4 = tl.interleave(low, high).to(tl.float32)  # even dims from low nibbles, odd from high
+            packed = tl.load(i4_ptr + o4[:, None] + d2[None, :], mask=m4[:, None], other=0x88).to(tl.int32)
+            q4 = tl.interleave((packed & 0xF) - 8, (packed >> 4) - 8)  # even dims low nibble, odd high
             so = page.to(tl.int64) * stride_s4p + slot * stride_s4s + tok * stride_s4t + kvh * stride_s4h
-            s4 = tl.load(s4_ptr + so[:, None] + (d // GROUP4)[None, :], mask=m4[:, None], other=0.0).to(tl.float32)
-            x += tl.where(m4[:, None], q4 * s4, 0.0)
-        return x
+            if GROUP4 == HEAD_DIM:
+                x = tl.where(m4[:, None], q4.to(DTYPE), x)
+                s4 = tl.load(s4_ptr + so, mask=m4, other=1.0).to(tl.float32)
+                token_scale = tl.where(m4, s4, token_scale)
+            else:
+                s4 = tl.load(s4_ptr + so[:, None] + (d // GROUP4)[None, :], mask=m4[:, None], other=0.0)
+                x = tl.where(m4[:, None], (q4.to(tl.float32) * s4.to(tl.float32)).to(DTYPE), x)
+        return x, token_scale
 
     @triton.jit
     def _cold_decode_split_kernel(
@@ -99,8 +111,9 @@ if has_triton():
                             stride_hb, stride_ht, stride_hh,
                             stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
                             stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
-                            HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4)
-            s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale
+                            HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4, q_ptr.dtype.element_ty)
+            k, k_scale = k
+            s = tl.dot(q, tl.trans(k)) * (k_scale[None, :] * scale)
             s = tl.where(in_range[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
@@ -110,8 +123,9 @@ if has_triton():
                             stride_hb, stride_ht, stride_hh,
                             stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
                             stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
-                            HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                            HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4, q_ptr.dtype.element_ty)
+            v, v_scale = v
+            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
             m_i = m_new
 
         has_keys = l_i > 0
