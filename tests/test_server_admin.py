@@ -87,6 +87,19 @@ def test_patch_out_of_bounds_422(server, changes, fragments):
     assert admin(server, "GET", "/config").json()["config"] == before
 
 
+def test_kv_cold_dtype_switch(server):
+    expected = greedy_text(server)
+    r = admin(server, "PATCH", "/config", {"kv_cold_dtype": "int8"})
+    if r.status_code == 422 and "not supported" in r.text:
+        pytest.skip(f"this engine has no cold-KV quantization: {r.json()['error']['message']}")
+    assert r.status_code == 200, r.text
+    assert metric_value(scrape(server.url), "inferd_engine_kv_cold_dtype", {"dtype": "int8"}) == 1
+    assert greedy_text(server)  # still serving
+    assert admin(server, "PATCH", "/config", {"kv_cold_dtype": "none"}).status_code == 200
+    assert metric_value(scrape(server.url), "inferd_engine_kv_cold_dtype", {"dtype": "none"}) == 1
+    assert greedy_text(server) == expected
+
+
 def test_patch_is_all_or_nothing(server):
     before = admin(server, "GET", "/config").json()["config"]
     r = admin(server, "PATCH", "/config", {"max_num_seqs": 3, "max_num_batched_tokens": 1})

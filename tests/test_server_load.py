@@ -169,7 +169,7 @@ def test_load_with_admin_changes_and_mode_switches(tiny_model):
         assert len(log) >= 2 * len(ADMIN_CHANGES), f"only {len(log)} admin calls during the load"
         for body, status, text in log:
             # Shrinking the host pool below what swapped-out sequences hold is refused, by design.
-            shrink_refused = status == 422 and "host blocks are in use" in text
+            shrink_refused = status == 422 and "in use by swapped-out sequences" in text
             assert status == 200 or shrink_refused, (body, status, text)
         metrics = scrape(server.url)
         assert metric_value(metrics, "inferd_engine_fastpath_failures_total") >= 2
