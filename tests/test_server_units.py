@@ -168,3 +168,27 @@ def test_percentile_and_knee():
         BenchConfig(rates=[4, 2])
     with pytest.raises(ValueError, match="max_tokens"):
         BenchConfig(rates=[1], max_tokens=1)
+
+
+def test_request_fields_map_onto_sampling_params():
+    from engine.server.api_models import ChatCompletionRequest, CompletionRequest
+
+    body = CompletionRequest(prompt="x", n=2, seed=5, stop="END", logprobs=3, max_tokens=9, presence_penalty=0.5,
+                             frequency_penalty=-0.5, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
+                             repetition_penalty=1.1, min_tokens=2, ignore_eos=True, stop_token_ids=[7],
+                             skip_special_tokens=False, priority=3)
+    body.check()
+    params = body.sampling_params(body.max_tokens, body.logprobs)
+    assert params == SamplingParams(n=2, seed=5, stop=["END"], logprobs=3, max_tokens=9, presence_penalty=0.5,
+                                    frequency_penalty=-0.5, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
+                                    repetition_penalty=1.1, min_tokens=2, ignore_eos=True, stop_token_ids=[7],
+                                    skip_special_tokens=False)
+    assert body.priority == 3
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=7, max_tokens=99,
+                                 logprobs=True, top_logprobs=4)
+    chat.check()
+    assert chat.requested_max_tokens == 7  # the newer name wins
+    assert chat.num_logprobs == 4
+    assert ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]).num_logprobs is None
+    defaults = CompletionRequest(prompt="x").sampling_params(16, None)
+    assert (defaults.temperature, defaults.top_p, defaults.n) == (1.0, 1.0, 1)  # OpenAI's defaults
