@@ -3,6 +3,7 @@ background thread, with the app built from a model directory and engine options.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import socket
 import threading
 import time
@@ -105,3 +106,42 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP trace receiver: stores every span it is sent."""
+
+    def __init__(self):
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_service
+
+        self.spans = []
+        self.paths = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.paths.append(self.path)
+                request = trace_service.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for rs in request.resource_spans:
+                    for ss in rs.scope_spans:
+                        receiver.spans.extend(ss.spans)
+                out = trace_service.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

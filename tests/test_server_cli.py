@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_fixtures import OtlpReceiver
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -49,12 +50,15 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def test_serve_default_model_token_file(tmp_path):
+def test_serve_default_model_token_file_otlp(tmp_path):
+    pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto is missing")
+    receiver = OtlpReceiver()
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
     port = free_port()
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "INFERD_ADMIN_TOKEN": "env-token"}
-    proc = serve(["--port", str(port), "--admin-token-file", str(token_file), "--max-num-seqs", "9"], env)
+    proc = serve(["--port", str(port), "--admin-token-file", str(token_file), "--max-num-seqs", "9",
+                  "--otlp-endpoint", receiver.url], env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url)
@@ -71,6 +75,10 @@ def test_serve_default_model_token_file(tmp_path):
         assert "_created" not in metrics  # as vLLM: no *_created series
     finally:
         stop(proc)
+        receiver.close()
+    assert proc.returncode in (0, -15)  # uvicorn re-raises SIGTERM after its graceful shutdown
+    # The span of the one completion was flushed to the collector at shutdown.
+    assert [s.name for s in receiver.spans] == ["llm_request"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,61 +3,21 @@ events, exported over OTLP/HTTP to a receiver on loopback; a collector that neve
 answers does not hold up serving."""
 from __future__ import annotations
 
-import http.server
-import socket
 import threading
 
 import openai
 import pytest
-from server_fixtures import MODEL_NAME, one_torch_thread, running_server  # noqa: F401
+from server_fixtures import MODEL_NAME, OtlpReceiver, one_torch_thread, running_server  # noqa: F401
 
 from engine.server.tracing import RequestTracer, make_tracer, otlp_traces_url
 
-trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2",
-                                    reason="opentelemetry-proto is missing")
+pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto is missing")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver: stores every span it is sent."""
-
-    def __init__(self):
-        self.spans = []
-        self.paths = []
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.paths.append(self.path)
-                request = trace_service.ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                for rs in request.resource_spans:
-                    for ss in rs.scope_spans:
-                        receiver.spans.extend(ss.spans)
-                out = trace_service.ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_otlp_traces_url():
@@ -69,7 +29,7 @@ def test_otlp_traces_url():
 
 
 def test_spans_with_events_reach_the_collector(tiny_model):
-    receiver = Receiver()
+    receiver = OtlpReceiver()
     tracer, provider = make_tracer(receiver.url)
     try:
         # A pool of 12 blocks for 6 concurrent requests of ~5 blocks each forces preemption.
