@@ -131,6 +131,17 @@ def test_openai_client_raises_its_usual_errors(server):
         client.completions.create(model="nope", prompt="hi")
 
 
+def test_min_tokens_without_max_tokens(server):
+    # No max_tokens: the rest of the context is the limit, and min_tokens is checked against it.
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "min_tokens": 3}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert 3 <= usage["completion_tokens"] <= MAX_MODEL_LEN - usage["prompt_tokens"]
+    r = post(server, "/v1/completions", completion(min_tokens=3, max_tokens=2))
+    assert_error(r, 400, "min_tokens must be in [0, 2]", param="min_tokens")
+
+
 def test_tiny_temperature_is_raised_not_fatal(server):
     r = post(server, "/v1/completions", completion(temperature=1e-300, max_tokens=4))
     assert r.status_code == 200, r.text

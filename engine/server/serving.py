@@ -117,8 +117,9 @@ class OpenAIServing:
         body.check()
         self.check_model(body.model)
         raw_prompts = body.prompts()
-        # Validate with a placeholder length first: the prompt's own checks come before ours.
-        probe = self._params(body, body.max_tokens if body.max_tokens is not None else 1, body.logprobs, "max_tokens")
+        # Without max_tokens the prompt decides it; check the other values against the longest possible.
+        probe = self._params(body, body.max_tokens if body.max_tokens is not None else self.max_model_len,
+                             body.logprobs, "max_tokens")
         prompts = []
         for i, p in enumerate(raw_prompts):
             if isinstance(p, list) and not p:
@@ -150,7 +151,8 @@ class OpenAIServing:
             raise bad_request("messages render to an empty prompt", "messages")
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.requested_max_tokens
-        probe = self._params(body, requested if requested is not None else 1, body.num_logprobs, param)
+        probe = self._params(body, requested if requested is not None else self.max_model_len, body.num_logprobs,
+                             param)
         if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
         self._validate_prompt(ids, probe, "messages")
