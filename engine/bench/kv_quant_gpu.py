@@ -105,6 +105,27 @@ def main() -> int:
                                   "rel_err_vs_portable": err}
         del q, k, v, cold, meta, cache
         torch.cuda.empty_cache()
+    # launch-parameter sweep for the cold kernel (int8), to see what limits it
+    q, k, v, cold, meta, cache = build_case("int8", args.batch, args.context, args.hot_window, device)
+    splits = choose_num_splits(args.batch, 8, args.context)
+    sweep = {}
+    for warps in (2, 4, 8):
+        for stages in (1, 2, 3):
+            fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
+                                                     meta.block_slots, meta.context_lens, 128**-0.5, splits,
+                                                     num_warps=warps, num_stages=stages)
+            sweep[f"w{warps}s{stages}"] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
+                                             meta.block_slots, meta.context_lens, 128**-0.5, splits,
+                                             uniform_fast=False)
+    sweep["mixed_loader_only"] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    for splits_try in (splits // 2, splits * 2):
+        fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
+                                                 meta.block_slots, meta.context_lens, 128**-0.5, splits_try)
+        sweep[f"splits{splits_try}"] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    results["int8_launch_sweep_ms"] = sweep
+    print("int8 sweep (ms):", {k_: round(v_, 4) for k_, v_ in sweep.items()}, "default splits", splits)
+    del q, k, v, cold, meta, cache
     base = results["kinds"]["none"]["ms"]
     for kind, r in results["kinds"].items():
         r["speedup_vs_bf16"] = base / r["ms"]

@@ -45,7 +45,7 @@ if has_triton():
             q8 = tl.load(i8_ptr + o8[:, None] + d[None, :], mask=m8[:, None], other=0)
             x = tl.where(m8[:, None], q8.to(DTYPE), x)
             s8 = tl.load(s8_ptr + page.to(tl.int64) * stride_s8p + slot * stride_s8s + kvh * stride_s8h,
-                         mask=m8, other=1.0)
+                         mask=m8, other=1.0).to(tl.float32)
             token_scale = tl.where(m8, s8, token_scale)
         if HAS_INT4:
             m4 = in_range & (kind == 2)
@@ -63,6 +63,17 @@ if has_triton():
         return x, token_scale
 
     @triton.jit
+    def _load_int8_only(i8_ptr, s8_ptr, page, slot, tok, kvh, in_range, d,
+                        stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
+                        DTYPE: tl.constexpr):
+        """The common case of a tile wholly in int8 blocks: one load, no merging."""
+        o8 = page.to(tl.int64) * stride_8p + slot * stride_8s + tok * stride_8t + kvh * stride_8h
+        x = tl.load(i8_ptr + o8[:, None] + d[None, :], mask=in_range[:, None], other=0).to(DTYPE)
+        s8 = tl.load(s8_ptr + page.to(tl.int64) * stride_s8p + slot * stride_s8s + kvh * stride_s8h,
+                     mask=in_range, other=1.0).to(tl.float32)
+        return x, s8
+
+    @triton.jit
     def _cold_decode_split_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, kinds_ptr, slots_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr,
         k8_ptr, v8_ptr, ks8_ptr, vs8_ptr, k4_ptr, v4_ptr, ks4_ptr, vs4_ptr,
@@ -77,7 +88,7 @@ if has_triton():
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        HAS_INT8: tl.constexpr, HAS_INT4: tl.constexpr, GROUP4: tl.constexpr,
+        HAS_INT8: tl.constexpr, HAS_INT4: tl.constexpr, GROUP4: tl.constexpr, UNIFORM_FAST: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -107,24 +118,37 @@ if has_triton():
             kind = tl.load(kinds_ptr + entry, mask=in_range, other=0)
             slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
             tok = t % BLOCK_SIZE
-            k = _load_mixed(k_ptr, k8_ptr, ks8_ptr, k4_ptr, ks4_ptr, page, slot, tok, kvh, kind, in_range, d, d2,
-                            stride_hb, stride_ht, stride_hh,
-                            stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
-                            stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
-                            HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4, q_ptr.dtype.element_ty)
-            k, k_scale = k
+            all_int8 = False
+            if HAS_INT8 and UNIFORM_FAST:
+                all_int8 = tl.min(tl.where(in_range, kind, 1)) == 1
+            if all_int8:
+                k, k_scale = _load_int8_only(k8_ptr, ks8_ptr, page, slot, tok, kvh, in_range, d,
+                                             stride_8p, stride_8s, stride_8t, stride_8h,
+                                             stride_s8p, stride_s8s, stride_s8h, q_ptr.dtype.element_ty)
+            else:
+                k, k_scale = _load_mixed(
+                    k_ptr, k8_ptr, ks8_ptr, k4_ptr, ks4_ptr, page, slot, tok, kvh, kind, in_range, d, d2,
+                    stride_hb, stride_ht, stride_hh,
+                    stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
+                    stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
+                    HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4, q_ptr.dtype.element_ty)
             s = tl.dot(q, tl.trans(k)) * (k_scale[None, :] * scale)
             s = tl.where(in_range[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = _load_mixed(v_ptr, v8_ptr, vs8_ptr, v4_ptr, vs4_ptr, page, slot, tok, kvh, kind, in_range, d, d2,
-                            stride_hb, stride_ht, stride_hh,
-                            stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
-                            stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
-                            HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4, q_ptr.dtype.element_ty)
-            v, v_scale = v
+            if all_int8:
+                v, v_scale = _load_int8_only(v8_ptr, vs8_ptr, page, slot, tok, kvh, in_range, d,
+                                             stride_8p, stride_8s, stride_8t, stride_8h,
+                                             stride_s8p, stride_s8s, stride_s8h, q_ptr.dtype.element_ty)
+            else:
+                v, v_scale = _load_mixed(
+                    v_ptr, v8_ptr, vs8_ptr, v4_ptr, vs4_ptr, page, slot, tok, kvh, kind, in_range, d, d2,
+                    stride_hb, stride_ht, stride_hh,
+                    stride_8p, stride_8s, stride_8t, stride_8h, stride_s8p, stride_s8s, stride_s8h,
+                    stride_4p, stride_4s, stride_4t, stride_4h, stride_s4p, stride_s4s, stride_s4t, stride_s4h,
+                    HAS_INT8, HAS_INT4, HEAD_DIM, GROUP4, q_ptr.dtype.element_ty)
             acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
             m_i = m_new
 
@@ -144,9 +168,11 @@ if has_triton():
 def cold_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold,
                                 block_tables: torch.Tensor, block_kinds: torch.Tensor, block_slots: torch.Tensor,
                                 context_lens: torch.Tensor, scale: float, num_splits: int,
-                                sliding_window: int | None = None) -> torch.Tensor:
+                                sliding_window: int | None = None, num_warps: int = 2,
+                                num_stages: int = 1, uniform_fast: bool = True) -> torch.Tensor:
     """One query token per sequence; `cold` is a kv_cache.ColdLayer. Tables, kinds and
-    slots are [B, max_blocks] with the same layout (kinds: 0 hot, 1 int8, 2 int4)."""
+    slots are [B, max_blocks] with the same layout (kinds: 0 hot, 1 int8, 2 int4).
+    Launch defaults from a sweep on the H200 (BENCHMARKS.md): 2 warps, no pipelining."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if num_splits < 1 or num_splits & (num_splits - 1):
@@ -186,7 +212,8 @@ def cold_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
-        HAS_INT8=has8, HAS_INT4=has4, GROUP4=group4,
+        HAS_INT8=has8, HAS_INT4=has4, GROUP4=group4, UNIFORM_FAST=uniform_fast,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
