@@ -92,3 +92,39 @@ def test_serve_refuses_bad_options(tmp_path, args, message):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert message in out
+
+
+def child_pids(parent: int) -> list[int]:
+    """Direct children of `parent`, from /proc (the spawned workers; spawn's resource
+    tracker is a child too, and killing it is harmless)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_tensor_parallel_worker_death_makes_the_server_exit_for_its_supervisor(tiny_model):
+    """A dead tensor-parallel worker leaves the engine unusable: the requests in flight get
+    an error, /health turns 503, and the process exits with 70 so a supervisor restarts it
+    (instead of a live process that fails every request)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = serve(["--model", tiny_model, "--port", str(port), "--tensor-parallel-size", "2"], {})
+    try:
+        wait_healthy(proc, url)
+        workers = child_pids(proc.pid)
+        assert workers, "no tensor-parallel worker process found"
+        for pid in workers:
+            os.kill(pid, 9)
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hello", "max_tokens": 4}, timeout=60)
+        assert r.status_code >= 500 and "worker" in r.text.lower(), r.text
+        assert proc.wait(30) == 70
+    finally:
+        if proc.poll() is None:
+            stop(proc)

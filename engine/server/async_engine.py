@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -204,8 +205,21 @@ class AsyncEngine:
             except Exception as exc:
                 log.exception("engine step failed; failing the requests in flight")
                 self._fail_all(exc)
+                if getattr(exc, "fatal", False):
+                    # The engine cannot step again (a tensor-parallel worker died): report
+                    # unhealthy and exit, so the agent's supervisor starts a fresh engine.
+                    self.fatal_error = exc
+                    if self._loop is not None:
+                        self._loop.call_soon_threadsafe(self._exit_soon)
+                    return
                 continue
             self._after_step(outputs)
+
+    def _exit_soon(self, delay_s: float = 1.0, code: int = 70) -> None:
+        """Leave the failed requests' error responses a moment to go out, then exit
+        non-zero (70, EX_SOFTWARE)."""
+        log.critical("engine is unusable (%s); exiting with code %d in %.1f s", self.fatal_error, code, delay_s)
+        self._loop.call_later(delay_s, os._exit, code)
 
     def _after_step(self, outputs: list[RequestOutput]) -> None:
         engine = self.engine
