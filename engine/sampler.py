@@ -12,6 +12,9 @@ import torch
 
 from .sequence import Sequence
 
+# Temperatures this small are greedy in effect, and dividing by them overflows (vLLM: 1e-5).
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 
 def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     p = seq.params
@@ -58,12 +61,17 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
             if banned:
                 row[torch.tensor(banned, dtype=torch.long)] = float("-inf")
         row = _apply_penalties(row, seq)
-        if p.is_greedy:
+        if p.temperature < GREEDY_BELOW_TEMPERATURE:
             token = int(row.argmax())
         else:
             row = _filter(row / p.temperature, seq)
             probs = torch.softmax(row, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
+            if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+                # Extreme penalties can overflow a row; degrade this sequence to greedy
+                # rather than fail the whole batch in multinomial.
+                token = int(torch.nan_to_num(row, nan=float("-inf")).argmax())
+            else:
+                token = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
         tokens.append(token)
         if p.logprobs is not None:
             lp = torch.log_softmax(raw, dim=-1)

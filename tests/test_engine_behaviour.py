@@ -194,3 +194,14 @@ def test_reconfigure_bounds_and_fallback_switch(tiny_model):
     assert outs[-1].outputs[0].token_ids == ref  # the failed step was re-run, nothing lost
     assert engine.config.mode == "fallback" and engine.counters.fastpath_failures["injected"] == 1
     assert engine.set_mode("fast").mode == "fast" and engine.runner.mode == "fast"
+
+
+def test_extreme_sampling_values_do_not_fail_the_batch(llm):
+    outs = llm.generate(["a", "b", "c"], [
+        SamplingParams(temperature=1e-300, max_tokens=4, ignore_eos=True),
+        SamplingParams(temperature=1.0, repetition_penalty=1e-300, max_tokens=4, ignore_eos=True, seed=1),
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    ])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4, 4]
+    greedy = llm.generate("a", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    assert outs[0].outputs[0].token_ids == greedy.outputs[0].token_ids  # a vanishing temperature is greedy
