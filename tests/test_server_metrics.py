@@ -94,7 +94,7 @@ def test_reference_dashboards_are_answerable(server):
     names = set(DASHBOARD_METRICS)
     if REFERENCE_DIR.is_dir():
         for path in REFERENCE_DIR.glob("*.txt"):
-            names |= set(re.findall(r"vllm:[a-z0-9_]+", path.read_text()))
+            names |= set(re.findall(r"vllm:[a-z0-9_]+|http_request[a-z_]+", path.read_text()))
     exposed = set()
     for fam in text_string_to_metric_families(scrape(server.url)):
         exposed.add(fam.name)

@@ -241,15 +241,21 @@ def _one_hot(name: str, doc: str, label: str, values: tuple, current: str) -> Ga
 
 
 class HttpMetrics:
-    """http_requests_total{handler, method, status="2xx"...}, as prometheus-fastapi-instrumentator
-    exports it for vLLM (the overview board's error-rate panel reads it)."""
+    """http_requests_total{handler, method, status="2xx"...} and
+    http_request_duration_seconds{handler, method}, as prometheus-fastapi-instrumentator
+    exports them for vLLM (the overview board's error-rate and per-handler latency panels
+    read them). For streams the duration runs to the end of the stream."""
 
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter("http_requests_total", "Total number of requests by method, status and handler.",
                                 ["handler", "method", "status"], registry=registry)
+        self.duration = Histogram("http_request_duration_seconds", "Duration of HTTP requests in seconds.",
+                                  ["handler", "method"], registry=registry,
+                                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 
-    def observe(self, handler: str, method: str, status_code: int) -> None:
+    def observe(self, handler: str, method: str, status_code: int, seconds: float = 0.0) -> None:
         self.requests.labels(handler, method, f"{status_code // 100}xx").inc()
+        self.duration.labels(handler, method).observe(seconds)
 
 
 class ServerMetrics:

@@ -5,6 +5,8 @@ streaming response and the client's disconnect.
 """
 from __future__ import annotations
 
+import time
+
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,6 +28,7 @@ class BodyLimitAndMetrics:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = {"code": 500}
+        started = time.perf_counter()
 
         async def send_counted(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -53,7 +56,7 @@ class BodyLimitAndMetrics:
             if self.http_metrics is not None:
                 path = scope.get("path", "")
                 self.http_metrics.observe(path if path in KNOWN_HANDLERS else "other", scope.get("method", ""),
-                                          status["code"])
+                                          status["code"], time.perf_counter() - started)
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, bool | None]:
         chunks, size = [], 0
