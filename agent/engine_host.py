@@ -61,7 +61,11 @@ class SupervisorHost:
         if sup.has_given_up:
             raise RuntimeError(f"the supervisor gave up on the engine: {sup.error}")
         if sup.is_up:
-            return f"engine process running (pid {sup.pid}); {sup.restarts} restart(s) so far"
+            # The process runs but the alert says it does not answer: a hung engine.
+            pid = sup.pid
+            if sup.restart("InferdEngineDown: the engine process runs but does not answer"):
+                return f"restarted the unresponsive engine (pid {pid}); {sup.restarts} restart(s) before"
+            return f"engine process running (pid {pid}) and still starting; not restarted"
         return f"the supervisor is restarting the engine ({sup.restarts} restart(s) so far)"
 
     def rebind_engine(self) -> str:

@@ -117,6 +117,7 @@ class Supervisor:
         self.restarts = 0
         self.error: str | None = None
         self._process: subprocess.Popen | None = None
+        self._spawned_at = 0.0
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine-supervisor", daemon=True)
@@ -141,6 +142,20 @@ class Supervisor:
     def start(self) -> None:
         log.info("starting engine: %s (%s)", " ".join(self.config.command), self.binding)
         self._thread.start()
+
+    def restart(self, reason: str) -> bool:
+        """Stop a running engine that no longer answers (the loop then starts a fresh one).
+        Refused while the engine is still within its start-up window, since a loading
+        engine does not answer either. Returns whether a restart was begun."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return False
+        if time.monotonic() - self._spawned_at < self.config.healthy_after_s:
+            log.info("not restarting engine pid %d (%s): still starting", process.pid, reason)
+            return False
+        log.warning("restarting engine pid %d: %s", process.pid, reason)
+        threading.Thread(target=self._terminate, name="engine-restart", daemon=True).start()
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the supervision loop to end (it ends on stop() or on giving up)."""
@@ -199,6 +214,7 @@ class Supervisor:
             self.command, env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
         )
         self._process = process
+        self._spawned_at = time.monotonic()
         self._pump = threading.Thread(target=self._pump_stderr, args=(process,), name="engine-stderr", daemon=True)
         self._pump.start()
         log.info("engine started, pid %d", process.pid)
@@ -229,6 +245,7 @@ class Supervisor:
             return
         try:
             os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGCONT)  # a stopped (hung) engine must run to see SIGTERM
         except ProcessLookupError:
             return
         try:

@@ -48,6 +48,32 @@ def test_killed_engine_is_restarted_and_metrics_say_so():
     assert "inferd_engine_up 0.0" in scrape(EngineCollector(supervisor))
 
 
+def test_hung_engine_is_restarted_on_request_but_not_while_starting():
+    supervisor = Supervisor(fast_config(SLEEPER, healthy_after_s=0.5))
+    supervisor.start()
+    try:
+        assert wait_for(lambda: supervisor.is_up)
+        first = supervisor.pid
+        assert not supervisor.restart("test: still starting")  # a loading engine does not answer either
+        time.sleep(0.6)
+        os.kill(first, signal.SIGSTOP)  # hung: alive, answers nothing
+        assert supervisor.restart("test: hung")
+        assert wait_for(lambda: supervisor.pid not in (None, first))
+        assert supervisor.restarts == 1
+        assert wait_for(lambda: not _alive(first))
+    finally:
+        supervisor.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
 def test_repeated_startup_failure_stops_the_loop_with_the_error():
     crash = [sys.executable, "-c", "import sys; sys.exit('error: model directory /nope has no config.json')"]
     errors = []

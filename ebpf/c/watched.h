@@ -66,6 +66,10 @@ static __always_inline u32 current_watch_key(void)
     if (cache->valid && cache->tgid == tgid && cache->generation == *generation)
         return cache->key;
     u32 key = lookup_current_watch_key(tgid, *num_comms);
+    /* With comms watched, "not watched" is not cached: a process may rename itself
+     * (prctl, exec) into a watched comm after its first event on this CPU. */
+    if (key == OTHER && *num_comms > 0)
+        return key;
     cache->tgid = tgid;
     cache->key = key;
     cache->generation = *generation;
