@@ -65,7 +65,8 @@ class SupervisorHost:
             pid = sup.pid
             if sup.restart("InferdEngineDown: the engine process runs but does not answer"):
                 return f"restarted the unresponsive engine (pid {pid}); {sup.restarts} restart(s) before"
-            return f"engine process running (pid {pid}) and still starting; not restarted"
+            # Failing (rather than succeeding with nothing done) spends no cooldown.
+            raise RuntimeError(f"engine pid {pid} is still starting; not restarted")
         return f"the supervisor is restarting the engine ({sup.restarts} restart(s) so far)"
 
     def rebind_engine(self) -> str:

@@ -306,6 +306,9 @@ def test_kv_thrashing_is_remediated(stack):
             'result="applied"} 1.0') in metrics
 
 
+ENGINE_STARTUP_WINDOW_S = 10.0  # SupervisorConfig.healthy_after_s, the agent's default
+
+
 def test_hung_engine_fires_engine_down_and_is_restarted(stack):
     """A killed engine is back through the supervisor within seconds, before the alert's
     `for:` runs out (test_supervisor.py covers that path). A hung engine keeps its process,
@@ -320,6 +323,10 @@ def test_hung_engine_fires_engine_down_and_is_restarted(stack):
         time.sleep(max(0.0, earlier[-1] + POLICY["cooldown_s"] - time.time()))
     old_pid = stack.engine_pid()
     assert old_pid
+    # the agent does not restart an engine inside its start-up window (a loading engine
+    # does not answer either): hang it only once it is past that window
+    started = os.stat(f"/proc/{old_pid}").st_mtime
+    time.sleep(max(0.0, started + ENGINE_STARTUP_WINDOW_S + 2 - time.time()))
     hung = time.time()
     os.kill(old_pid, signal.SIGSTOP)  # alive, answers nothing
     try:

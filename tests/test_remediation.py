@@ -370,9 +370,17 @@ def test_engine_client_errors_name_the_problem(engine):
 # ---- the supervisor adapter ----
 
 class StubSupervisor:
-    def __init__(self, pid=None, error=None, mem_node=None, cpus=None, restarts=2):
+    def __init__(self, pid=None, error=None, mem_node=None, cpus=None, restarts=2, starting=False):
         self.pid, self.error, self.restarts = pid, error, restarts
         self.config = type("C", (), {"mem_node": mem_node, "cpus": cpus})()
+        self.starting = starting
+        self.restart_reasons = []
+
+    def restart(self, reason):
+        if self.starting:
+            return False
+        self.restart_reasons.append(reason)
+        return True
 
     @property
     def is_up(self):
@@ -387,7 +395,11 @@ def test_supervisor_host_reports_the_restart_state():
     from agent.engine_host import SupervisorHost
 
     assert "is restarting the engine (2 restart(s)" in SupervisorHost(StubSupervisor()).restart_engine()
-    assert "engine process running (pid 42)" in SupervisorHost(StubSupervisor(pid=42)).restart_engine()
+    hung = StubSupervisor(pid=42)
+    assert "restarted the unresponsive engine (pid 42)" in SupervisorHost(hung).restart_engine()
+    assert len(hung.restart_reasons) == 1
+    with pytest.raises(RuntimeError, match="still starting"):
+        SupervisorHost(StubSupervisor(pid=42, starting=True)).restart_engine()
     with pytest.raises(RuntimeError, match="gave up on the engine: bad model path"):
         SupervisorHost(StubSupervisor(error="bad model path")).restart_engine()
     with pytest.raises(RuntimeError, match="no NUMA node"):
