@@ -31,6 +31,23 @@ if has_triton():
     import triton.language as tl
 
     @triton.jit
+    def _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
+                     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                     NUM_SPLITS: tl.constexpr):
+        """A split's normalised partial output and log-sum-exp (or, unsplit, the output)."""
+        has_keys = l_i > 0
+        safe_l = tl.where(has_keys, l_i, 1.0)
+        part = acc / safe_l[:, None]
+        if NUM_SPLITS == 1:
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     part.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
+        else:
+            tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
+                     part, mask=is_head[:, None])
+            lse = tl.where(has_keys, m_i + tl.log(safe_l), float("-inf"))
+            tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=is_head)
+
+    @triton.jit
     def _decode_split_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr,
         scale, window,
@@ -78,17 +95,8 @@ if has_triton():
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
 
-        has_keys = l_i > 0
-        safe_l = tl.where(has_keys, l_i, 1.0)
-        part = acc / safe_l[:, None]
-        if NUM_SPLITS == 1:
-            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                     part.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
-        else:
-            tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
-                     part, mask=is_head[:, None])
-            lse = tl.where(has_keys, m_i + tl.log(safe_l), float("-inf"))
-            tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=is_head)
+        _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
+                     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS)
 
     @triton.jit
     def _merge_splits_kernel(
@@ -136,12 +144,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
     group = heads // kv_heads
-    out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)
-    if num_splits > 1:
-        part = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out  # unused by the kernel
+    out, part, lse = split_buffers(q, num_splits)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part, lse, out,
         scale, sliding_window or 0,
@@ -154,15 +157,33 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
     )
-    if num_splits > 1:
-        _merge_splits_kernel[(batch, heads)](
-            part, lse, out,
-            part.stride(0), part.stride(1), part.stride(2),
-            lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        )
+    merge_splits(out, part, lse, num_splits)
     return out
+
+
+def split_buffers(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, partial outputs, log-sum-exps) for a split decode launch; unsplit, the
+    partial buffers are `out` itself (the kernel does not touch them)."""
+    batch, heads, head_dim = q.shape
+    out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)
+    if num_splits == 1:
+        return out, out, out
+    part = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
+    return out, part, lse
+
+
+def merge_splits(out: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, num_splits: int) -> None:
+    if num_splits == 1:
+        return
+    batch, heads, head_dim = out.shape
+    _merge_splits_kernel[(batch, heads)](
+        part, lse, out,
+        part.stride(0), part.stride(1), part.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+    )
 
 
 _mixed_step = MixedStepAttention(paged_decode_attention, choose_num_splits)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 
 from .availability import has_triton
-from .triton_attention import TILE_TOKENS
+from .triton_attention import TILE_TOKENS, merge_splits, split_buffers
 
 if has_triton():
     import triton
     import triton.language as tl
 
-    from .triton_attention import _merge_splits_kernel
+    from .triton_attention import _store_split
 
     @triton.jit
     def _load_mixed(hot_ptr, i8_ptr, s8_ptr, i4_ptr, s4_ptr, page, slot, tok, kvh, kind, in_range, d, d2,
@@ -152,17 +152,8 @@ if has_triton():
             acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
             m_i = m_new
 
-        has_keys = l_i > 0
-        safe_l = tl.where(has_keys, l_i, 1.0)
-        part = acc / safe_l[:, None]
-        if NUM_SPLITS == 1:
-            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                     part.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
-        else:
-            tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
-                     part, mask=is_head[:, None])
-            lse = tl.where(has_keys, m_i + tl.log(safe_l), float("-inf"))
-            tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=is_head)
+        _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
+                     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS)
 
 
 def cold_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold,
@@ -192,12 +183,7 @@ def cold_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     s8 = (s8k.stride(0), s8k.stride(1), s8k.stride(2)) if has8 else (0, 0, 0)
     s4 = (s4k.stride(0), s4k.stride(1), s4k.stride(2), s4k.stride(3)) if has4 else (0, 0, 0, 0)
     group = heads // kv_heads
-    out = torch.empty(batch, heads, head_dim, dtype=q.dtype, device=q.device)
-    if num_splits > 1:
-        part = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out
+    out, part, lse = split_buffers(q, num_splits)
     _cold_decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, tables, kinds, slots, context_lens, part, lse, out,
         i8k, i8v, s8k, s8v, i4k, i4v, s4k, s4v,
@@ -215,12 +201,5 @@ def cold_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         HAS_INT8=has8, HAS_INT4=has4, GROUP4=group4, UNIFORM_FAST=uniform_fast,
         num_warps=num_warps, num_stages=num_stages,
     )
-    if num_splits > 1:
-        _merge_splits_kernel[(batch, heads)](
-            part, lse, out,
-            part.stride(0), part.stride(1), part.stride(2),
-            lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        )
+    merge_splits(out, part, lse, num_splits)
     return out
