@@ -192,3 +192,12 @@ def test_request_fields_map_onto_sampling_params():
     assert ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]).num_logprobs is None
     defaults = CompletionRequest(prompt="x").sampling_params(16, None)
     assert (defaults.temperature, defaults.top_p, defaults.n) == (1.0, 1.0, 1)  # OpenAI's defaults
+
+
+def test_default_model_is_served_as_its_preset_name(tmp_path, monkeypatch):
+    from engine.server.cli import default_model_dir, served_name
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert served_name(None) == "tiny"
+    assert served_name(str(default_model_dir())) == "tiny"  # the stack passes the path explicitly
+    assert served_name(str(tmp_path / "other")) == str(tmp_path / "other")

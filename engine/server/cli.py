@@ -86,6 +86,14 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: str) -> EngineC
     return EngineConfig.from_dict({"model": model_dir, **values})
 
 
+
+def served_name(model_arg: str | None) -> str:
+    """The name clients use by default: the --model argument, as vLLM does, except for the
+    embedded default model (given or implied), which is simply called by its preset."""
+    if not model_arg or Path(model_arg).resolve() == default_model_dir().resolve():
+        return DEFAULT_MODEL_PRESET
+    return model_arg
+
 def run(args: argparse.Namespace) -> int:
     import prometheus_client
     import uvicorn
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     prometheus_client.disable_created_metrics()  # as vLLM does: no *_created series
     engine = LLMEngine(config)
     settings = ServerSettings(
-        served_model_name=args.served_model_name or args.model or DEFAULT_MODEL_PRESET,
+        served_model_name=args.served_model_name or served_name(args.model),
         admin_token=token,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         enable_fault_injection=args.enable_fault_injection,
