@@ -95,11 +95,12 @@ class BlockManager:
         """Register blocks that became full (and computed) in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        tokens = seq.token_ids
         num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_hashed_blocks:
+            return
         parent = self.pool.blocks[seq.block_table[seq.num_hashed_blocks - 1]].content_hash if seq.num_hashed_blocks else None
         for i in range(seq.num_hashed_blocks, num_full):
-            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+            chunk = tuple(seq.tokens(i * self.block_size, (i + 1) * self.block_size))
             h = block_hash(parent, chunk)
             self.pool.register(seq.block_table[i], h, chunk)
             parent = h
@@ -112,9 +113,10 @@ class BlockManager:
         sequence is found by its hash and shared again."""
         pairs: list[tuple[int, int]] = []
         num_old = max(0, seq.num_computed_tokens - hot_window) // self.block_size
-        for i in range(num_old):
+        for i in range(seq.num_cold_scanned, num_old):
             hot = seq.block_table[i]
             if self.pool.is_cold(hot):
+                seq.num_cold_scanned = i + 1
                 continue
             block = self.pool.blocks[hot]
             existing = (self.pool.lookup(block.content_hash, block.token_ids)
@@ -131,6 +133,7 @@ class BlockManager:
                 break  # no memory for a cold block now; try again next step
             seq.block_table[i] = cold
             self.pool.release(hot)
+            seq.num_cold_scanned = i + 1
         return pairs
 
     # --- release and swap -------------------------------------------------------
@@ -141,6 +144,7 @@ class BlockManager:
             self.pool.release(block_id)
         seq.block_table = []
         seq.num_hashed_blocks = 0
+        seq.num_cold_scanned = 0
 
     def _kinds(self, pool, block_ids: list[int]) -> list[str]:
         return [pool.pages.locate(b)[0] for b in block_ids]
@@ -172,6 +176,7 @@ class BlockManager:
         seq.host_block_table = []
         seq.block_table = device
         seq.num_hashed_blocks = 0
+        seq.num_cold_scanned = 0
         self.commit_full_blocks(seq)
         return pairs
 

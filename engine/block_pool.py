@@ -23,8 +23,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 HOT = "hot"
 MAX_SLOTS = 16
+KIND_CODE = {HOT: 0, "int8": 1, "int4": 2}  # as attention metadata carries block kinds
 
 
 @dataclass(slots=True)
@@ -49,6 +52,7 @@ class PageAllocator:
             raise ValueError(f"at most {MAX_SLOTS} cold slots per page")
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_pages))
         self.page_kind: list[str | None] = [None] * num_pages
+        self.page_kind_code = np.zeros(num_pages, dtype=np.int64)  # KIND_CODE of each page, 0 when free
         self.page_used_slots: list[int] = [0] * num_pages  # live slots, cold pages only
         self.open_pages: dict[str, list[int]] = {k: [] for k in self.slots_per_page if k != HOT}
         self.free_slots: dict[int, list[int]] = {}  # cold page -> free slot numbers
@@ -71,14 +75,25 @@ class PageAllocator:
         page, slot = divmod(block_id - self.num_pages, MAX_SLOTS)
         return self.page_kind[page], page, slot
 
+    def locate_table(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorised `locate` over an array of block ids: (kind codes, pages, slots)."""
+        cold = block_ids >= self.num_pages
+        offset = np.where(cold, block_ids - self.num_pages, 0)
+        pages = np.where(cold, offset // MAX_SLOTS, block_ids)
+        slots = np.where(cold, offset % MAX_SLOTS, 0)
+        kinds = np.where(cold, self.page_kind_code[pages], 0)
+        return kinds, pages, slots
+
     # pages -----------------------------------------------------------------------
     def _take_page(self, kind: str) -> int:
         page, _ = self.free_queue.popitem(last=False)
         self.page_kind[page] = kind
+        self.page_kind_code[page] = KIND_CODE[kind]
         return page
 
     def _return_page(self, page: int, to_head: bool) -> None:
         self.page_kind[page] = None
+        self.page_kind_code[page] = 0
         self.free_queue[page] = None
         if to_head:
             self.free_queue.move_to_end(page, last=False)
@@ -190,7 +205,8 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.ref_count == 0:  # only hot blocks linger at 0 references
             del self.pages.free_queue[block_id]
-            self.pages.page_kind[block_id] = "hot"
+            self.pages.page_kind[block_id] = HOT
+            self.pages.page_kind_code[block_id] = KIND_CODE[HOT]
         block.ref_count += 1
 
     def release(self, block_id: int) -> None:

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .block_pool import HOT, MAX_SLOTS
+from .block_pool import HOT, KIND_CODE, MAX_SLOTS
 from .kv_quant import dequantize_int4, dequantize_int8, int4_group_size, quantize_int4, quantize_int8
 from .numa_memory import empty_on_node
 
 log = logging.getLogger(__name__)
 
 COLD_KINDS = ("int8", "int4")
-KIND_CODE = {HOT: 0, "int8": 1, "int4": 2}
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ class LLMEngine:
 
             self.runner = TPRunner(config.model, mc, self.dtype, self.device, tp, num_blocks, num_host_blocks,
                                    config.block_size, config.mode, self.host_numa_node, cold_kinds,
-                                   locate=self.block_manager.pool.pages.locate)
+                                   pages=self.block_manager.pool.pages)
             self.model, self.kv_cache = self.runner.model, self.runner.kv_cache
             self.fast_path_unavailable = self.runner.fast_path_unavailable
         else:
@@ -102,7 +102,7 @@ class LLMEngine:
                                     mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
                                     cold_kinds=cold_kinds)
             self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
-                                      locate=self.block_manager.pool.pages.locate)
+                                      pages=self.block_manager.pool.pages)
             self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
         self.runner.on_fastpath_failure = self._on_fastpath_failure
         self.generator = torch.Generator().manual_seed(config.seed)

@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 
 from .attention import AttentionMetadata, paged_attention
-from .kv_cache import KIND_CODE, KVCache
+from .block_pool import PageAllocator
+from .kv_cache import KVCache
 from .model import LlamaModel
 from .scheduler import ScheduledSeq
 
@@ -30,10 +31,10 @@ class FastPathError(RuntimeError):
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, mode: str,
-                 fast_attention: Callable | None = None, locate: Callable[[int], tuple[str, int, int]] | None = None):
+                 fast_attention: Callable | None = None, pages: PageAllocator | None = None):
         self.model = model
         self.kv_cache = kv_cache
-        self.locate = locate  # block id -> (kind, page, slot); None when every block is hot
+        self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
         self.refresh_kv_views()
         self.block_size = block_size
         self.device = kv_cache.device
@@ -70,7 +71,7 @@ class ModelRunner:
             query_start.append(len(input_ids))
             query_lens.append(n)
             context_lens.append(start + n)
-            input_ids.extend(seq.token_ids[start : start + n])
+            input_ids.extend(seq.tokens(start, start + n))
             for pos in range(start, start + n):
                 positions.append(pos)
                 slots.append(seq.block_table[pos // bs] * bs + pos % bs)
@@ -80,17 +81,13 @@ class ModelRunner:
         tables = torch.zeros(len(batch), max_blocks, dtype=torch.long)
         kinds = slots_in_page = None
         num_pages = self.kv_cache.num_blocks
-        if any(b >= num_pages for item in batch for b in item.seq.block_table):
-            kinds = torch.zeros(len(batch), max_blocks, dtype=torch.long)
-            slots_in_page = torch.zeros(len(batch), max_blocks, dtype=torch.long)
         for i, item in enumerate(batch):
-            table = item.seq.block_table
-            if kinds is None:
-                tables[i, : len(table)] = torch.tensor(table, dtype=torch.long)
-                continue
-            for j, block_id in enumerate(table):
-                kind, page, slot = self.locate(block_id)
-                tables[i, j], kinds[i, j], slots_in_page[i, j] = page, KIND_CODE[kind], slot
+            tables[i, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.long)
+        if self.pages is not None and bool((tables >= num_pages).any()):
+            kind_codes, page_ids, slot_ids = self.pages.locate_table(tables.numpy())
+            tables = torch.from_numpy(page_ids)
+            kinds = torch.from_numpy(kind_codes)
+            slots_in_page = torch.from_numpy(slot_ids)
         dev = self.device
         meta = AttentionMetadata(
             query_start=query_start,

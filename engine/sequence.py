@@ -51,6 +51,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0
+        self.num_cold_scanned = 0  # leading blocks already cold (cooling resumes after them)
         self.host_block_table: list[int] = []  # while swapped out
         self.num_preemptions = 0
         self.needs_recompute_fault = False  # counted as a KV page fault when it resumes
@@ -69,6 +70,15 @@ class Sequence:
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] without building the whole list (long prompts, every step)."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
 
     @property
     def num_tokens(self) -> int:

@@ -217,7 +217,7 @@ class TPRunner(ModelRunner):
     def __init__(self, model_dir: str, model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
                  world_size: int, num_blocks: int, num_host_blocks: int, block_size: int, mode: str,
                  host_numa_node: int | None, cold_kinds: tuple[str, ...] = (),
-                 locate: Callable[[int], tuple[str, int, int]] | None = None, timeout_s: float | None = None):
+                 pages=None, timeout_s: float | None = None):
         if world_size < 2:
             raise ValueError(f"TPRunner needs tensor_parallel_size >= 2, got {world_size}")
         check_divisible(model_config, world_size)
@@ -256,7 +256,7 @@ class TPRunner(ModelRunner):
             self._finalizer()
             raise
         super().__init__(model, ShardedKVCache(local, self._send), block_size, mode,
-                         fast_attention=fast_attention_for(devices[0], dtype), locate=locate)
+                         fast_attention=fast_attention_for(devices[0], dtype), pages=pages)
         self.world_size = world_size
         # Triton attention where available; the decode graphs (FastDecoder) are single-rank
         # code and are not attached, so every TP step runs the eager forward.
