@@ -105,6 +105,18 @@ def scrape(*collectors) -> str:
     return _DURATION_SAMPLE.sub(r"\1 0.0", generate_latest(registry).decode())
 
 
+def samples(exposition: str, name: str) -> dict[tuple, float]:
+    """{sorted label items: value} for one sample name in an exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name:
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
 def assert_matches_golden(actual: str, golden: Path) -> None:
     """Compare with the golden file; INFERD_UPDATE_GOLDEN=1 rewrites it instead."""
     if os.environ.get(UPDATE_GOLDEN_ENV) == "1":

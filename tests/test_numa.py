@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.numa import (
     NumaCollector,
@@ -21,7 +20,7 @@ from exporters.numa import (
     remote_ratio,
 )
 from exporters.sysfs import format_cpulist, parse_cpulist, parse_key_value_counts
-from fixture_trees import ENGINE_PID, FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
+from fixture_trees import samples, ENGINE_PID, FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
 
 GOLDEN = FIXTURES / "numa.prom"
 
@@ -29,15 +28,6 @@ GOLDEN = FIXTURES / "numa.prom"
 @pytest.fixture
 def host(tmp_path):
     return write_host(tmp_path)
-
-
-def samples(exposition: str, name: str) -> dict[tuple, float]:
-    found = {}
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            if sample.name == name:
-                found[tuple(sorted(sample.labels.items()))] = sample.value
-    return found
 
 
 def up_value(exposition: str) -> float:

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.pcie import (
     LinkState,
@@ -23,7 +22,7 @@ from exporters.pcie import (
     parse_link_speed,
     parse_link_width,
 )
-from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
+from fixture_trees import samples, FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
 
 GOLDEN = FIXTURES / "pcie.prom"
 
@@ -31,16 +30,6 @@ GOLDEN = FIXTURES / "pcie.prom"
 @pytest.fixture
 def host(tmp_path):
     return write_host(tmp_path)
-
-
-def samples(exposition: str, name: str) -> dict[tuple, float]:
-    """{sorted label items: value} for one sample name."""
-    found = {}
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            if sample.name == name:
-                found[tuple(sorted(sample.labels.items()))] = sample.value
-    return found
 
 
 def up_value(exposition: str, collector: str = "pcie") -> float:
