@@ -33,6 +33,19 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 EIGHT_GPUS = REPO / "tests" / "fixtures" / "gpu" / "eight_h200.json"
 
 
+
+def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> float:
+    """Poll the agent's /metrics until it answers; returns the deadline used."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return deadline
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("agent did not start")
+            time.sleep(0.2)
+
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
     ordered = sorted(samples)
     return (
@@ -105,15 +118,7 @@ def agent_process(roots, requests: int, ebpf: bool) -> tuple[tuple[float, float,
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("agent did not start")
-                time.sleep(0.2)
+        deadline = wait_until_serving(url, process)
         if ebpf:  # probes load in a background thread; wait until one reports up
             loaded = b'inferd_ebpf_probe_up{probe="page_faults"} 1.0'
             while loaded not in urllib.request.urlopen(url, timeout=30).read():
@@ -166,15 +171,7 @@ def agent_cpu_share(roots, seconds: float) -> float:
         return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
 
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("agent did not start")
-                time.sleep(0.2)
+        deadline = wait_until_serving(url, process)
         time.sleep(2)
         cpu0, wall0 = cpu_seconds(), time.monotonic()
         next_at = wall0
