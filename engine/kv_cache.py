@@ -16,6 +16,7 @@ run on their own stream, which the compute stream waits on before the next forwa
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -221,7 +222,7 @@ class KVCache:
         stream = self.copy_stream
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))
-        ctx = torch.cuda.stream(stream) if stream is not None else _nullcontext()
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
             self._copy(self.device_pool, self.host_pool, swap_out, stream is not None)
             self._copy(self.host_pool, self.device_pool, swap_in, stream is not None)
@@ -264,11 +265,3 @@ class KVCache:
         new = _Arena(self.shape, num_blocks, torch.device("cpu"), self.host_numa_node, kinds)
         self._copy(self.host_pool, new, list(keep.items()), non_blocking=False)
         self.host_pool = new
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
