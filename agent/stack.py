@@ -217,15 +217,19 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def terminate(pids: list[int], pgids: list[int], timeout_s: float) -> list[int]:
     """SIGTERM groups and pids, wait, then SIGKILL what is left; returns pids that survived."""
     for pgid in pgids:
         signal_group(pgid, signal.SIGTERM)
     for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_pid(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(is_running(p) for p in pids):
         time.sleep(0.1)
@@ -233,10 +237,7 @@ def terminate(pids: list[int], pgids: list[int], timeout_s: float) -> list[int]:
     for pgid in pgids:
         signal_group(pgid, signal.SIGKILL)
     for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_pid(pid, signal.SIGKILL)
     time.sleep(0.2)
     return [p for p in pids if is_running(p)]
 

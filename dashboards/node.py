@@ -80,34 +80,31 @@ compute = Row(
     ),
 )
 
+def _pcie_share_heatmap(direction: str, title: str, description: str) -> Panel:
+    return Panel(
+        title, description, "percentunit",
+        (Query(_pcie_share.format(dir=direction, sel=HG), _per_gpu),),
+        kind="heatmap",
+        thresholds=RATIO_BUSY,
+        min=0,
+        max=1,
+        width=12,
+        requires="pcie-sysfs",  # the capacity comes from sysfs, the bytes from NVML
+    )
+
+
 pcie = Row(
     "PCIe",
     (
-        Panel(
-            "PCIe TX share of link capacity",
+        _pcie_share_heatmap(
+            "tx", "PCIe TX share of link capacity",
             "Device-to-host bytes per second over the link's capacity in that direction (current width x per-lane "
             "rate of the trained generation), one row per GPU. Near 1 the link is the bottleneck for KV swap-out.",
-            "percentunit",
-            (Query(_pcie_share.format(dir="tx", sel=HG), _per_gpu),),
-            kind="heatmap",
-            thresholds=RATIO_BUSY,
-            min=0,
-            max=1,
-            width=12,
-            requires="pcie-sysfs",  # the capacity comes from sysfs, the bytes from NVML
         ),
-        Panel(
-            "PCIe RX share of link capacity",
+        _pcie_share_heatmap(
+            "rx", "PCIe RX share of link capacity",
             "Host-to-device bytes per second over the link's capacity, one row per GPU. Near 1 the link limits "
             "KV swap-in and weight loading.",
-            "percentunit",
-            (Query(_pcie_share.format(dir="rx", sel=HG), _per_gpu),),
-            kind="heatmap",
-            thresholds=RATIO_BUSY,
-            min=0,
-            max=1,
-            width=12,
-            requires="pcie-sysfs",  # the capacity comes from sysfs, the bytes from NVML
         ),
         Panel(
             "PCIe throughput",
