@@ -36,6 +36,10 @@ class AttentionMetadata:
     # holds each entry's page.
     block_kinds: torch.Tensor | None = None
     block_slots: torch.Tensor | None = None
+    # Set when, in every row, the cold blocks are a leading run of one kind
+    # (fast_path/cold_layout.py): per row the run's length, and the kind's code.
+    cold_prefix_blocks: torch.Tensor | None = None
+    cold_prefix_kind: int = 0
 
     @property
     def num_seqs(self) -> int:

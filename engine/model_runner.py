@@ -16,6 +16,7 @@ import torch
 
 from .attention import AttentionMetadata, paged_attention
 from .block_pool import PageAllocator
+from .fast_path.cold_layout import cold_prefix_layout
 from .kv_cache import KVCache
 from .model import LlamaModel
 from .scheduler import ScheduledSeq
@@ -51,6 +52,9 @@ class ModelRunner:
     def refresh_kv_views(self) -> None:
         """Per-layer (k, v, cold) views of the arena; call again after cold KV is enabled."""
         self.kv_layers = [self.kv_cache.layer_views(i) for i in range(self.model.config.num_hidden_layers)]
+        fast_decode = getattr(self, "fast_decode", None)
+        if fast_decode is not None and hasattr(fast_decode, "decoder"):
+            fast_decode.decoder.set_kv_layers(self.kv_layers)
 
     def inject_fastpath_failure(self, reason: str) -> None:
         """Make the next fast-path step fail with `reason` (fault injection for tests)."""
@@ -83,11 +87,13 @@ class ModelRunner:
         num_pages = self.kv_cache.num_blocks
         for i, item in enumerate(batch):
             tables[i, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.long)
+        cold_prefix = None
         if self.pages is not None and bool((tables >= num_pages).any()):
             kind_codes, page_ids, slot_ids = self.pages.locate_table(tables.numpy())
             tables = torch.from_numpy(page_ids)
             kinds = torch.from_numpy(kind_codes)
             slots_in_page = torch.from_numpy(slot_ids)
+            cold_prefix = cold_prefix_layout(kind_codes)
         dev = self.device
         meta = AttentionMetadata(
             query_start=query_start,
@@ -101,6 +107,8 @@ class ModelRunner:
             sliding_window=self.model.config.sliding_window,
             block_kinds=kinds.to(dev) if kinds is not None else None,
             block_slots=slots_in_page.to(dev) if slots_in_page is not None else None,
+            cold_prefix_blocks=torch.from_numpy(cold_prefix[0]).to(dev) if cold_prefix else None,
+            cold_prefix_kind=cold_prefix[1] if cold_prefix else 0,
         )
         return torch.tensor(input_ids, dtype=torch.long, device=dev), meta, sample_rows
 
@@ -109,7 +117,9 @@ class ModelRunner:
         """Logits [num sampling sequences, vocab] in float32, in batch order."""
         if self.mode == "fast" and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
-                return self._fast_decode_checked(batch)
+                logits = self._fast_decode_checked(batch)
+                if logits is not None:  # None: a cold-block layout the graphs do not take
+                    return logits
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
                 self._switch_to_fallback(exc)
         input_ids, meta, sample_rows = self.prepare(batch)
@@ -125,12 +135,12 @@ class ModelRunner:
                 self.on_fastpath_failure(str(reason))
         return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
 
-    def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+    def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
         if self._injected_failure is not None:
             reason, self._injected_failure = self._injected_failure, None
             raise FastPathError("injected", f"injected fast-path failure: {reason}")
         logits = self.fast_decode.execute(batch)
-        if not torch.isfinite(logits).all():
+        if logits is not None and not torch.isfinite(logits).all():
             raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
         return logits
 

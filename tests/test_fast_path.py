@@ -251,7 +251,7 @@ def test_fused_decode_step_matches_portable_path(tiny_model):
     llm = LLM(tiny_model, block_size=8)
     runner = llm.engine.runner
     decoder = FastDecoder(runner.model, hot_kv_layers(runner))
-    graphs = DecodeGraphs(decoder, 8, 256, runner.device, num_hot_blocks=runner.kv_cache.num_blocks,
+    graphs = DecodeGraphs(decoder, 8, 256, runner.device, pages=runner.pages,
                           use_graphs=False)
     runner.fast_decode = graphs
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3)
@@ -400,3 +400,116 @@ def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     assert (out - ref).norm() / ref.norm() < 1e-5
     routed = triton_paged_attention(q, k, v, meta, 0.3, cold=cold)
     assert (routed - ref).norm() / ref.norm() < 1e-5
+
+
+def test_cold_prefix_layout_accepts_leading_runs_of_one_kind_only():
+    import numpy as np
+
+    from engine.fast_path.cold_layout import cold_prefix_layout
+
+    counts, kind = cold_prefix_layout(np.array([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]))
+    assert counts.tolist() == [2, 1, 0] and kind == 1
+    counts, kind = cold_prefix_layout(np.zeros((2, 3), dtype=np.int64))
+    assert counts.tolist() == [0, 0] and kind == 0
+    assert cold_prefix_layout(np.array([[0, 1, 0]])) is None  # a hot block before a cold one
+    assert cold_prefix_layout(np.array([[1, 1, 0], [2, 0, 0]])) is None  # two cold kinds in one batch
+    assert cold_prefix_layout(np.array([[1, 2, 0]])) is None
+    with pytest.raises(ValueError, match="kinds must be"):
+        cold_prefix_layout(np.zeros(3))
+
+
+@needs_triton
+@pytest.mark.parametrize("kind, splits, hd", [("int8", 1, 32), ("int8", 4, 32), ("int4", 2, 32), ("int4", 2, 256)])
+def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd):
+    """Cold blocks leading each table, hot ones after (the engine's usual layout): the
+    two-run kernel equals the portable dequantize-then-attend path, for contexts that
+    cross block, tile, split and hot/cold boundaries and a padded row."""
+    import numpy as np
+
+    from engine.attention import AttentionMetadata, paged_attention, write_kv
+    from engine.fast_path.cold_layout import cold_prefix_layout
+    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+    from engine.kv_cache import KIND_CODE, KVCache
+
+    gen = torch.Generator().manual_seed(splits + hd)
+    bs, kvh, heads, window = 8, 2, 4, 8
+    cache = KVCache(1, 96, 0, bs, kvh, hd, torch.float32, torch.device("cpu"), None, (kind,))
+    k, v, cold = cache.layer_views(0)
+    per_page = cache.shape.slots_per_page()[kind]
+    ctx = [1, 9, 17, 40, 70, 150, 0]
+    tables, kinds, slots, hot_tables, pairs = [], [], [], [], []
+    next_page, cold_page0, used = 0, 80, 0
+    for n in ctx:
+        row, kind_row, slot_row, hot_row = [], [], [], []
+        for j in range(-(-n // bs)):
+            hot_row.append(next_page)
+            row.append(next_page), kind_row.append(0), slot_row.append(0)
+            if (j + 1) * bs <= n - window:
+                page, slot = cold_page0 + used // per_page, used % per_page
+                used += 1
+                pairs.append((next_page, (kind, page, slot)))
+                row[-1], kind_row[-1], slot_row[-1] = page, KIND_CODE[kind], slot
+            next_page += 1
+        tables.append(row), kinds.append(kind_row), slots.append(slot_row), hot_tables.append(hot_row)
+    token_slots = torch.tensor([hot_tables[i][t // bs] * bs + t % bs for i, n in enumerate(ctx) for t in range(n)])
+    write_kv(k, v, torch.randn(len(token_slots), kvh, hd, generator=gen),
+             torch.randn(len(token_slots), kvh, hd, generator=gen), token_slots)
+    cache.quantize(pairs)
+    width = max(map(len, tables))
+
+    def pad(rows):
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows])
+
+    counts, code = cold_prefix_layout(pad(kinds).numpy())
+    assert code == KIND_CODE[kind] and counts.max() > 0
+    meta = AttentionMetadata(
+        query_start=list(range(len(ctx))), query_lens=[1] * len(ctx), context_lens=torch.tensor(ctx),
+        block_tables=pad(tables), slot_mapping=torch.zeros(0, dtype=torch.long),
+        positions=torch.tensor([max(n - 1, 0) for n in ctx]), max_query_len=1, max_context_len=max(ctx),
+        block_kinds=pad(kinds), block_slots=pad(slots))
+    q = torch.randn(len(ctx), heads, hd, generator=gen)
+    ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
+    out = cold_prefix_decode_attention(q, k, v, cold, pad(tables).int(), pad(slots).int(),
+                                       torch.from_numpy(np.ascontiguousarray(counts)), code, torch.tensor(ctx),
+                                       0.3, splits)
+    assert torch.isfinite(out).all() and out[-1].abs().max() == 0  # the padded row is zeros
+    assert (out - ref).norm() / ref.norm() < 1e-5
+    meta.cold_prefix_blocks, meta.cold_prefix_kind = torch.from_numpy(counts), code
+    routed = triton_paged_attention(q, k, v, meta, 0.3, cold=cold)
+    assert (routed - ref).norm() / ref.norm() < 1e-5
+
+
+@needs_triton
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
+    """The fused decode step over cold-then-hot tables (the graphs' cold variant, run
+    eagerly on CPU) inside the engine equals the portable cold attention."""
+    from engine.fast_path.cuda_graphs import DecodeGraphs
+    from engine.fast_path.fast_decoder import FastDecoder
+
+    config = dict(block_size=8, kv_cold_dtype=kind, kv_hot_window=16)
+    expected = LLM(tiny_model, **config)  # no Triton on CPU: the portable attention, cooling as usual
+    llm = LLM(tiny_model, **config)
+    runner = llm.engine.runner
+    decoder = FastDecoder(runner.model, runner.kv_layers)
+    kinds_seen = []
+    forward = decoder.forward
+    decoder.forward = lambda *a, **kw: (kinds_seen.append(kw["cold_kind"]), forward(*a, **kw))[1]
+    runner.fast_decode = DecodeGraphs(decoder, 8, 256, runner.device, pages=runner.pages, use_graphs=False)
+    prompts = [list(range(3, 3 + n)) for n in (41, 57, 9)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3)
+    got = llm.generate(prompts, params)
+    want = expected.generate(prompts, params)
+    assert runner.mode == "fast" and KIND_CODES[kind] in kinds_seen
+    assert llm.engine.kv_snapshot().blocks_by_dtype[kind] == 0  # all freed at the end
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
+            assert lp_g.keys() == lp_w.keys()
+            for token in lp_w:
+                assert abs(lp_g[token] - lp_w[token]) < 1e-4
+
+
+KIND_CODES = {"int8": 1, "int4": 2}

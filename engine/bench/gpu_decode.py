@@ -153,13 +153,12 @@ def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **confi
                     max_num_batched_tokens=8192, swap_space_bytes=0, max_model_len=40960)
     engine = make_engine(model_dir, model, **{**defaults, **config})
     if device.type == "cpu":  # dry run: the fused decode without graphs (Triton's interpreter)
-        from ..fast_path import hot_kv_layers
         from ..fast_path.cuda_graphs import DecodeGraphs
         from ..fast_path.fast_decoder import FastDecoder
 
-        engine.runner.fast_decode = DecodeGraphs(FastDecoder(model, hot_kv_layers(engine.runner)),
+        engine.runner.fast_decode = DecodeGraphs(FastDecoder(model, engine.runner.kv_layers),
                                                  engine.config.block_size, engine.max_model_len, device,
-                                                 engine.kv_cache.num_blocks, use_graphs=False)
+                                                 pages=engine.runner.pages, use_graphs=False)
         engine.fast_path_unavailable = None
     for kv in engine.runner.kv_layers if hasattr(engine.runner, "kv_layers") else engine.kv_cache.layers:
         kv[0].normal_()  # never time on zeros (untouched blocks are read only by padded rows anyway)
@@ -235,9 +234,9 @@ def _load_rows(engine, size: int, context: int):
 def bench_graph_replay(engine, size: int, context: int) -> float:
     """Seconds per bare replay of the size-`size` decode graph, every row at `context`."""
     graphs = _load_rows(engine, size, context)
-    if size not in graphs.graphs:
+    if (size, 0) not in graphs.graphs:
         graphs._capture(size)
-    graph = graphs.graphs[size][0]
+    graph = graphs.graphs[size, 0][0]
     return _time_cuda(graph.replay, repeat=20, warmup=3)
 
 

@@ -7,6 +7,7 @@ the portable path and returns the reason.
 from __future__ import annotations
 
 import logging
+import time
 
 from .availability import has_triton, unavailable_reason
 from .cuda_graphs import GRAPH_LADDER, graph_batch_size, is_pure_decode
@@ -24,23 +25,35 @@ def hot_kv_layers(runner) -> list[tuple]:
     return [(kv[0], kv[1]) for kv in layers]
 
 
-def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True) -> str | None:
+def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True, capture: bool = True) -> str | None:
     """Give `runner` the Triton attention and the decode graphs when this device can run
-    them. Returns None when attached, else why not (the runner keeps the portable path).
-    Decode batches with quantized (cold) KV blocks run eagerly through the cold-aware
-    Triton kernel (no graphs); prefill over cold blocks takes the portable path."""
+    them, capturing every graph now (`capture`: compile and capture at start, not in the
+    middle of serving). Returns None when attached, else why not (the runner keeps the
+    portable path). Decode batches with cold blocks leading each table replay graphs of
+    their own; other cold layouts run eagerly through the general cold kernel; prefill
+    over cold blocks takes the portable path."""
     reason = unavailable_reason(runner.device, runner.kv_cache.dtype)
     if reason is not None:
         log.info("fast path unavailable: %s; using the portable path", reason)
         return reason
+    from ..attention import paged_attention
     from .cuda_graphs import DecodeGraphs
     from .fast_decoder import FastDecoder
     from .triton_attention import triton_paged_attention
 
     runner.fast_attention = triton_paged_attention
-    decoder = FastDecoder(runner.model, hot_kv_layers(runner))
+    decoder = FastDecoder(runner.model, getattr(runner, "kv_layers", None) or hot_kv_layers(runner))
     runner.fast_decode = DecodeGraphs(decoder, runner.block_size, max_model_len, runner.device,
-                                      num_hot_blocks=runner.kv_cache.num_blocks, use_graphs=use_graphs)
+                                      pages=getattr(runner, "pages", None), use_graphs=use_graphs)
+    if use_graphs and capture:
+        start = time.perf_counter()
+        try:
+            runner.fast_decode.capture_all()
+        except Exception as exc:  # a kernel that does not compile or capture here: stay portable
+            runner.fast_attention, runner.fast_decode = paged_attention, None
+            log.error("fast path unavailable: graph capture failed (%s: %s)", type(exc).__name__, exc)
+            return f"graph capture failed: {type(exc).__name__}: {exc}"
+        log.info("captured %d decode graphs in %.1f s", len(runner.fast_decode.graphs), time.perf_counter() - start)
     log.info("fast path attached: Triton paged attention, fused ops, CUDA graphs %s",
              "on" if use_graphs else "off")
     return None

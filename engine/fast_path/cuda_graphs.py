@@ -4,20 +4,25 @@ the batch padded up to the next size.
 Static input buffers hold the largest batch; a graph of size n reads their first n
 rows. Padded rows carry slot -1 (their K/V write is skipped) and context length 0
 (their attention is empty and returns zeros), so they touch no real sequence's KV.
-Graphs are captured lazily the first time a size is needed, or all at once with
-`capture_all()` (largest first, so the smaller ones reuse the shared memory pool).
+Graphs are captured per (size, cold kind): batches whose sequences have quantized
+blocks get graphs whose attention reads each table as a run of cold blocks followed
+by hot ones (cold_layout.py); other cold layouts run eagerly. The engine captures
+every size at start (`capture_all()`, largest first, so the smaller ones reuse the
+shared memory pool); a size or kind first needed later is captured then.
 Nothing in a replay reads back to the host: the only synchronisation of a decode
 step is the caller's read of the sampled tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
+from ..block_pool import PageAllocator
 from ..scheduler import ScheduledSeq
+from .cold_layout import cold_prefix_layout
 
 if TYPE_CHECKING:
     from .fast_decoder import FastDecoder
@@ -72,7 +77,7 @@ class DecodeInputs:
 
 class DecodeGraphs:
     def __init__(self, decoder: "FastDecoder", block_size: int, max_model_len: int, device: torch.device,
-                 num_hot_blocks: int, ladder: tuple[int, ...] = GRAPH_LADDER, use_graphs: bool = True):
+                 pages: PageAllocator | None = None, ladder: tuple[int, ...] = GRAPH_LADDER, use_graphs: bool = True):
         if not ladder or min(ladder) < 1:
             raise ValueError(f"ladder must hold positive batch sizes, got {ladder}")
         self.decoder = decoder
@@ -81,85 +86,111 @@ class DecodeGraphs:
         self.max_batch = self.ladder[-1]
         self.max_blocks = -(-max_model_len // block_size)
         self.max_model_len = max_model_len
-        self.num_hot_blocks = num_hot_blocks  # block ids at or above are cold (quantized) blocks
+        self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
         self.device = device
         self.use_graphs = use_graphs
         n = self.max_batch
-        # Static inputs: rows of one [4, n] tensor (ids, positions, slots, context lengths)
-        # and the block tables, each filled by one copy from a pinned host twin.
-        self.header = torch.zeros(4, n, dtype=torch.long, device=device)
-        self.input_ids, self.positions, self.slots, self.context_lens = self.header.unbind(0)
+        # Static inputs: rows of one [5, n] tensor (ids, positions, slots, context lengths,
+        # leading cold blocks) and the block tables (pages) and slots within pages, each
+        # filled by one copy from a pinned host twin.
+        self.header = torch.zeros(5, n, dtype=torch.long, device=device)
+        self.input_ids, self.positions, self.slots, self.context_lens, self.cold_blocks = self.header.unbind(0)
         self.slots.fill_(PAD_SLOT)
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
+        self.block_slots = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
-        self._header_host = torch.zeros(4, n, dtype=torch.long, pin_memory=pin)
+        self._header_host = torch.zeros(5, n, dtype=torch.long, pin_memory=pin)
         self._tables_host = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._slots_host = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)
+        # (batch size, cold kind code) -> (graph, its logits); kind 0: no cold block in the batch
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.num_replays = 0
         self.num_eager = 0
 
     def can_run(self, batch: list[ScheduledSeq]) -> bool:
         return (is_pure_decode(batch) and len(batch) <= self.max_batch
-                and all(len(item.seq.block_table) <= self.max_blocks and max(item.seq.block_table) < self.num_hot_blocks
-                        for item in batch))
+                and all(len(item.seq.block_table) <= self.max_blocks for item in batch))
 
     def num_splits(self, size: int) -> int:
         from .triton_attention import choose_num_splits
 
         return choose_num_splits(size, self.decoder.num_kv_heads, self.max_model_len)
 
-    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits [len(batch), vocab] float32 for a pure-decode batch."""
+    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
+        """Logits [len(batch), vocab] float32 for a pure-decode batch; None when its cold
+        blocks are not laid out as leading runs of one kind (the caller runs it eagerly)."""
         rows = DecodeInputs.from_batch(batch, self.block_size)
         size = graph_batch_size(len(batch), self.ladder)
-        self._load(rows.padded(size))
+        kind = self._load(rows.padded(size))
+        if kind is None:
+            return None
         if not self.use_graphs:
             self.num_eager += 1
-            return self._run(size)[: len(batch)]
-        if size not in self.graphs:
-            self._capture(size)
-        graph, logits = self.graphs[size]
+            return self._run(size, kind)[: len(batch)]
+        if (size, kind) not in self.graphs:
+            self._capture(size, kind)
+        graph, logits = self.graphs[size, kind]
         graph.replay()
         self.num_replays += 1
         return logits[: len(batch)]
 
     def capture_all(self) -> None:
-        """Capture every ladder size now (largest first) on padding-only inputs."""
+        """Capture every ladder size now (largest first) on padding-only inputs, for
+        batches without cold blocks and for each cold kind the KV cache holds."""
         if not self.use_graphs:
             return
-        for size in reversed(self.ladder):
-            if size not in self.graphs:
-                self._load(DecodeInputs([], [], [], [], []).padded(size))
-                self._capture(size)
+        for kind in (0, *self.decoder.cold_kinds()):
+            for size in reversed(self.ladder):
+                if (size, kind) not in self.graphs:
+                    self._load(DecodeInputs([], [], [], [], []).padded(size))
+                    self._capture(size, kind)
 
-    def _load(self, rows: DecodeInputs) -> None:
-        """Copy the rows into the static buffers: two copies from pinned memory. The host
-        buffers are reused: safe because the previous step ended by reading its tokens."""
+    def _load(self, rows: DecodeInputs) -> int | None:
+        """Copy the rows into the static buffers (copies from pinned memory) and return
+        the batch's cold kind code (0: none), or None for a layout the graphs do not
+        take. The host buffers are reused: safe because the previous step ended by
+        reading its tokens."""
         n = len(rows.input_ids)
         width = max(1, max(len(t) for t in rows.block_tables))
-        self._header_host[:, :n] = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens],
-                                                dtype=torch.long)
-        self._tables_host[:n, :width] = torch.tensor([t + [0] * (width - len(t)) for t in rows.block_tables],
-                                                     dtype=torch.int32)
+        table = np.zeros((n, width), dtype=np.int64)
+        for i, t in enumerate(rows.block_tables):
+            table[i, : len(t)] = t
+        cold_blocks, kind = np.zeros(n, dtype=np.int64), 0
+        if self.pages is not None and (table >= self.pages.num_pages).any():
+            kinds, page_ids, slot_ids = self.pages.locate_table(table)
+            layout = cold_prefix_layout(kinds)
+            if layout is None or layout[1] not in self.decoder.cold_kinds():
+                return None
+            cold_blocks, kind = layout
+            table = page_ids
+            self._slots_host[:n, :width] = torch.from_numpy(slot_ids.astype(np.int32))
+            self.block_slots[:n, :width].copy_(self._slots_host[:n, :width], non_blocking=True)
+        self._header_host[:4, :n] = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens],
+                                                 dtype=torch.long)
+        self._header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
+        self._tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
         self.header[:, :n].copy_(self._header_host[:, :n], non_blocking=True)
         self.block_tables[:n, :width].copy_(self._tables_host[:n, :width], non_blocking=True)
+        return kind
 
-    def _run(self, size: int) -> torch.Tensor:
+    def _run(self, size: int, kind: int = 0) -> torch.Tensor:
         return self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
-                                    self.block_tables[:size], self.context_lens[:size], self.num_splits(size))
+                                    self.block_tables[:size], self.context_lens[:size], self.num_splits(size),
+                                    cold_kind=kind, block_slots=self.block_slots[:size],
+                                    cold_blocks=self.cold_blocks[:size])
 
-    def _capture(self, size: int) -> None:
+    def _capture(self, size: int, kind: int = 0) -> None:
         # Warm-up runs compile the Triton kernels outside the capture; they compute the
         # same step as the replay will (same inputs, same K/V slots), so they are harmless.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(size)
+                self._run(size, kind)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._run(size)
+            logits = self._run(size, kind)
         self._pool = graph.pool()
-        self.graphs[size] = (graph, logits)
+        self.graphs[size, kind] = (graph, logits)

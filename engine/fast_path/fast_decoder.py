@@ -5,7 +5,8 @@ It runs the engine's own `LlamaModel` weights. `fuse_projections` concatenates e
 layer's q/k/v and gate/up weights into one tensor and points the original modules'
 parameters at slices of it, so the portable path still sees the same weights (no
 second copy), while the fast path does one matmul where the eager model does three
-(and two). Every input is a tensor of fixed shape: nothing here reads a tensor back
+(and two). With cold KV, rows whose oldest blocks are quantized attend through the
+two-run cold kernel (triton_cold_prefix_attention.py). Every input is a tensor of fixed shape: nothing here reads a tensor back
 to the host, so the whole step can be captured and replayed.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 from ..model import LlamaModel
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_attention import paged_decode_attention
+from .triton_cold_prefix_attention import INT4, INT8, cold_prefix_decode_attention
 
 
 def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -58,10 +60,10 @@ def fuse_projections(model: LlamaModel) -> list[dict[str, torch.Tensor | None]]:
 class FastDecoder:
     """One decode token per row: logits [B, vocab] (float32) from fixed-shape inputs."""
 
-    def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, model: LlamaModel, kv_layers: list[tuple]):
         cfg = model.config
         self.model = model
-        self.kv_layers = kv_layers
+        self.set_kv_layers(kv_layers)
         self.fused = fuse_projections(model)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -71,22 +73,42 @@ class FastDecoder:
         self.scale = self.head_dim**-0.5
         self.inv_freq = model.rotary.inv_freq.float().contiguous()
 
+    def set_kv_layers(self, kv_layers: list[tuple]) -> None:
+        """Per layer (k_cache, v_cache) or (k_cache, v_cache, ColdLayer | None)."""
+        self.kv_layers = [(kv[0], kv[1], kv[2] if len(kv) > 2 else None) for kv in kv_layers]
+
+    def cold_kinds(self) -> tuple[int, ...]:
+        """Kind codes of the cold blocks this KV cache can hold (1 int8, 2 int4)."""
+        cold = self.kv_layers[0][2] if self.kv_layers else None
+        if cold is None:
+            return ()
+        return tuple(code for code, scales in ((INT8, cold.scales8_k), (INT4, cold.scales4_k)) if scales is not None)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                block_tables: torch.Tensor, context_lens: torch.Tensor, num_splits: int) -> torch.Tensor:
+                block_tables: torch.Tensor, context_lens: torch.Tensor, num_splits: int, cold_kind: int = 0,
+                block_slots: torch.Tensor | None = None, cold_blocks: torch.Tensor | None = None) -> torch.Tensor:
+        """cold_kind 0: every block is hot. Otherwise each row's first cold_blocks[b]
+        table entries are cold blocks of that kind (pages in block_tables, slots in
+        block_slots), the rest hot."""
         batch = input_ids.shape[0]
         h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.model.embed_tokens(input_ids)
         residual = None
-        for layer, fused, (k_cache, v_cache) in zip(self.model.layers, self.fused, self.kv_layers):
+        for layer, fused, (k_cache, v_cache, cold) in zip(self.model.layers, self.fused, self.kv_layers):
             hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
             qkv = F.linear(hidden, fused["qkv"], fused["qkv_bias"])
             q = qkv[:, : h_q * d].view(batch, h_q, d)
             k = qkv[:, h_q * d : (h_q + h_kv) * d].view(batch, h_kv, d)
             v = qkv[:, (h_q + h_kv) * d :].view(batch, h_kv, d)
             rope_and_cache(q, k, v, positions, self.inv_freq, k_cache, v_cache, slots)
-            attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale,
-                                          num_splits, self.sliding_window)
+            if cold_kind:
+                attn = cold_prefix_decode_attention(q, k_cache, v_cache, cold, block_tables, block_slots, cold_blocks,
+                                                    cold_kind, context_lens, self.scale, num_splits,
+                                                    self.sliding_window)
+            else:
+                attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale,
+                                              num_splits, self.sliding_window)
             x = F.linear(attn.view(batch, h_q * d), layer.self_attn.o_proj.weight)
             hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
             x = F.linear(silu_and_mul(F.linear(hidden, fused["gate_up"])), layer.mlp.down_proj.weight)

@@ -200,6 +200,14 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)
         return _mixed_step(q, k_cache, v_cache, meta, scale)
     splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
+    if has_cold_blocks and getattr(meta, "cold_prefix_blocks", None) is not None:
+        from .triton_cold_prefix_attention import cold_prefix_decode_attention
+
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        return cold_prefix_decode_attention(q, k_cache, v_cache, cold, tables,
+                                            meta.block_slots.to(torch.int32).contiguous(), meta.cold_prefix_blocks,
+                                            meta.cold_prefix_kind, meta.context_lens, scale, splits,
+                                            meta.sliding_window)
     if has_cold_blocks:
         from .triton_cold_attention import cold_paged_decode_attention
 

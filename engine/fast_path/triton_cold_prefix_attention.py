@@ -1,0 +1,177 @@
+"""Paged decode attention for the usual cold layout: cold blocks first, then hot ones.
+
+Same flash-decoding scheme and merge as triton_attention.py, but each sequence's
+context is two runs (cold_layout.py): its leading `cold_blocks[b]` blocks are all of
+one cold kind (int8, or int4 packed two per byte), the rest are hot. A split loops
+over its share of the cold run and then over its share of the hot run. Each loop has
+one kind of load and no decision per tile, so Triton can pipeline it like the hot
+kernel, and an int8 tile costs half the bytes of a hot one (int4: a quarter).
+
+As in triton_cold_attention.py the integer codes go into the dot products as they are
+(exact in bf16/fp16) and each token's scale multiplies its scores (keys) or its
+probabilities (values); int4 with several scale groups per head is scaled per element.
+"""
+from __future__ import annotations
+
+import torch
+
+from .availability import has_triton
+from .triton_attention import TILE_TOKENS, merge_splits, split_buffers
+
+INT8, INT4 = 1, 2  # kind codes, as in engine.kv_cache.KIND_CODE
+# Launch defaults; engine/bench/kv_quant_gpu.py sweeps them on the GPU (BENCHMARKS.md).
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+if has_triton():
+    import triton
+    import triton.language as tl
+
+    from .triton_attention import _store_split
+
+    @triton.jit
+    def _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale):
+        s = tl.dot(q, tl.trans(k)) * (k_scale[None, :] * scale)
+        s = tl.where(in_range[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _load_cold(data_ptr, scale_ptr, base, scale_base, in_range, d, d2,
+                   KIND: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP4: tl.constexpr, DTYPE: tl.constexpr):
+        """One tile's codes in DTYPE and its per-token scales (1 where int4 is scaled per element)."""
+        if KIND == 1:
+            x = tl.load(data_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0).to(DTYPE)
+            token_scale = tl.load(scale_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+        else:
+            packed = tl.load(data_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
+            codes = tl.interleave((packed & 0xF) - 8, (packed >> 4) - 8)  # even dims low nibble, odd high
+            if GROUP4 == HEAD_DIM:
+                x = codes.to(DTYPE)
+                token_scale = tl.load(scale_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+            else:
+                s = tl.load(scale_ptr + scale_base[:, None] + (d // GROUP4)[None, :], mask=in_range[:, None], other=0.0)
+                x = (codes.to(tl.float32) * s.to(tl.float32)).to(DTYPE)
+                token_scale = tl.full(in_range.shape, 1.0, tl.float32)
+        return x, token_scale
+
+    @triton.jit
+    def _cold_prefix_split_kernel(
+        q_ptr, k_ptr, v_ptr, tables_ptr, slots_ptr, cold_blocks_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr,
+        ck_ptr, cv_ptr, cks_ptr, cvs_ptr,
+        scale, window,
+        stride_qb, stride_qh,
+        stride_hb, stride_ht, stride_hh,
+        stride_tb,
+        stride_cp, stride_cs, stride_ct, stride_ch,
+        stride_sp, stride_ss, stride_st, stride_sh,
+        stride_pb, stride_ph, stride_ps,
+        stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        KIND: tl.constexpr, GROUP4: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        cold_end = tl.minimum(tl.load(cold_blocks_ptr + b).to(tl.int32) * BLOCK_SIZE, ctx)
+        first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
+        span = ctx - first
+        per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), TILE) * TILE
+        lo = first + split * per_split
+        hi = tl.minimum(lo + per_split, ctx)
+
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        d2 = tl.arange(0, HEAD_DIM // 2)
+        heads = kvh * GROUP + g
+        is_head = g < GROUP
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
+        dtype = q_ptr.dtype.element_ty
+
+        m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        cold_hi = tl.minimum(hi, cold_end)
+        for start in range(lo, cold_hi, TILE):
+            t = start + tl.arange(0, TILE)
+            in_range = t < cold_hi
+            entry = b * stride_tb + t // BLOCK_SIZE
+            page = tl.load(tables_ptr + entry, mask=in_range, other=0).to(tl.int64)
+            slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
+            tok = t % BLOCK_SIZE
+            base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
+            scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
+            k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, dtype)
+            v, v_scale = _load_cold(cv_ptr, cvs_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, dtype)
+            m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
+
+        ones = tl.full([TILE], 1.0, tl.float32)
+        for start in range(tl.maximum(lo, cold_end), hi, TILE):
+            t = start + tl.arange(0, TILE)
+            in_range = t < hi
+            page = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+            offs = page * stride_hb + (t % BLOCK_SIZE) * stride_ht + kvh * stride_hh
+            k = tl.load(k_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
+            v = tl.load(v_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
+            m_i, l_i, acc = _softmax_update(q, k, v, ones, ones, in_range, m_i, l_i, acc, scale)
+
+        _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
+                     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS)
+
+
+def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold,
+                                 block_tables: torch.Tensor, block_slots: torch.Tensor, cold_blocks: torch.Tensor,
+                                 kind: int, context_lens: torch.Tensor, scale: float, num_splits: int,
+                                 sliding_window: int | None = None, num_warps: int = NUM_WARPS,
+                                 num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS) -> torch.Tensor:
+    """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
+    slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
+    are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
+    kv_cache.ColdLayer. Returns [B, H, D] in q's dtype."""
+    batch, heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    if kind not in (INT8, INT4):
+        raise ValueError(f"kind must be {INT8} (int8) or {INT4} (int4), got {kind}")
+    if num_splits < 1 or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    if block_slots.shape != block_tables.shape or block_slots.stride() != block_tables.stride():
+        raise ValueError("block tables and slots must have the same shape and strides")
+    if kind == INT8:
+        data_k, data_v, scales_k, scales_v = cold.int8_k, cold.int8_v, cold.scales8_k, cold.scales8_v
+    else:
+        data_k, data_v, scales_k, scales_v = cold.int4_k, cold.int4_v, cold.scales4_k, cold.scales4_v
+    if scales_k is None:
+        raise ValueError(f"the KV cache has no {'int8' if kind == INT8 else 'int4'} blocks enabled")
+    if kind == INT8:  # one scale per block and head: no token stride
+        scale_strides = (scales_k.stride(0), scales_k.stride(1), 0, scales_k.stride(2))
+        group4 = head_dim
+    else:
+        scale_strides = (scales_k.stride(0), scales_k.stride(1), scales_k.stride(2), scales_k.stride(3))
+        group4 = head_dim // scales_k.shape[-1]
+    group = heads // kv_heads
+    out, part, lse = split_buffers(q, num_splits)
+    _cold_prefix_split_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, block_slots, cold_blocks, context_lens, part, lse, out,
+        data_k, data_v, scales_k, scales_v,
+        scale, sliding_window or 0,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        data_k.stride(0), data_k.stride(1), data_k.stride(2), data_k.stride(3),
+        *scale_strides,
+        part.stride(0), part.stride(1), part.stride(2) if num_splits > 1 else 0,
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    merge_splits(out, part, lse, num_splits)
+    return out
