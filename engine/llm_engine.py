@@ -281,7 +281,7 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence, token: int, now: float) -> None:
         p = seq.params
         prev_len = len(seq.output_text)
-        seq.output_text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=p.skip_special_tokens)
+        seq.output_text = seq.detokenizer.update(self.tokenizer, seq.output_token_ids)
         if seq.num_output_tokens >= p.min_tokens:
             if token in p.stop_token_ids:
                 return self._finish(seq, "stop", now, stop_reason=token)

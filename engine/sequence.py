@@ -7,6 +7,7 @@ from enum import Enum, auto
 
 import torch
 
+from .detokenizer import IncrementalDetokenizer
 from .sampling_params import SamplingParams
 
 
@@ -56,6 +57,7 @@ class Sequence:
         self.num_preemptions = 0
         self.needs_recompute_fault = False  # counted as a KV page fault when it resumes
         self.output_text = ""
+        self.detokenizer = IncrementalDetokenizer(params.skip_special_tokens)
         self.logprobs: list[dict[int, float]] = []
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
