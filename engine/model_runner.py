@@ -157,7 +157,11 @@ class ModelRunner:
         return self.fast_attention(*args, **kwargs)
 
     def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
-        hidden = self.model(input_ids, meta, self.kv_layers, attention_fn)
+        decoder = getattr(self.fast_decode, "decoder", None) if check else None
+        if decoder is not None:  # fast path on a device with the fused ops: prefill and mixed steps too
+            hidden = decoder.forward_step(input_ids, meta, attention_fn)
+        else:
+            hidden = self.model(input_ids, meta, self.kv_layers, attention_fn)
         logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_zeros(0, 0)
         if check and logits.numel() and not torch.isfinite(logits).all():
             raise FastPathError("non_finite_logits", "non-finite logits on the fast path")

@@ -485,11 +485,14 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd):
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
     """The fused decode step over cold-then-hot tables (the graphs' cold variant, run
-    eagerly on CPU) inside the engine equals the portable cold attention."""
+    eagerly on CPU) and the fast path's chunked prefill and mixed steps over cold blocks
+    (grouped SDPA over dequantized gathers, the cold decode kernel for decode rows)
+    inside the engine equal the portable cold attention."""
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
+    from engine.fast_path.triton_attention import triton_paged_attention
 
-    config = dict(block_size=8, kv_cold_dtype=kind, kv_hot_window=16)
+    config = dict(block_size=8, kv_cold_dtype=kind, kv_hot_window=16, max_num_batched_tokens=24)
     expected = LLM(tiny_model, **config)  # no Triton on CPU: the portable attention, cooling as usual
     llm = LLM(tiny_model, **config)
     runner = llm.engine.runner
@@ -498,6 +501,7 @@ def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
     forward = decoder.forward
     decoder.forward = lambda *a, **kw: (kinds_seen.append(kw["cold_kind"]), forward(*a, **kw))[1]
     runner.fast_decode = DecodeGraphs(decoder, 8, 256, runner.device, pages=runner.pages, use_graphs=False)
+    runner.fast_attention = triton_paged_attention
     prompts = [list(range(3, 3 + n)) for n in (41, 57, 9)]
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3)
     got = llm.generate(prompts, params)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import AttentionMetadata
 from ..model import LlamaModel
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_attention import paged_decode_attention
@@ -58,7 +59,9 @@ def fuse_projections(model: LlamaModel) -> list[dict[str, torch.Tensor | None]]:
 
 
 class FastDecoder:
-    """One decode token per row: logits [B, vocab] (float32) from fixed-shape inputs."""
+    """The model's forward with fused ops: `forward` is the decode step (one token per
+    row, fixed-shape inputs, logits [B, vocab] float32; what the CUDA graphs capture);
+    `forward_step` runs prefill and mixed steps eagerly with the same fused ops."""
 
     def __init__(self, model: LlamaModel, kv_layers: list[tuple]):
         cfg = model.config
@@ -88,29 +91,48 @@ class FastDecoder:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 block_tables: torch.Tensor, context_lens: torch.Tensor, num_splits: int, cold_kind: int = 0,
                 block_slots: torch.Tensor | None = None, cold_blocks: torch.Tensor | None = None) -> torch.Tensor:
-        """cold_kind 0: every block is hot. Otherwise each row's first cold_blocks[b]
-        table entries are cold blocks of that kind (pages in block_tables, slots in
-        block_slots), the rest hot."""
-        batch = input_ids.shape[0]
+        """Logits of a decode step. cold_kind 0: every block is hot. Otherwise each row's
+        first cold_blocks[b] table entries are cold blocks of that kind (pages in
+        block_tables, slots in block_slots), the rest hot."""
+
+        def attend(q, k_cache, v_cache, cold):
+            if cold_kind:
+                return cold_prefix_decode_attention(q, k_cache, v_cache, cold, block_tables, block_slots, cold_blocks,
+                                                    cold_kind, context_lens, self.scale, num_splits,
+                                                    self.sliding_window)
+            return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale, num_splits,
+                                          self.sliding_window)
+
+        return self.model.compute_logits(self.hidden_states(input_ids, positions, slots, attend))
+
+    @torch.inference_mode()
+    def forward_step(self, input_ids: torch.Tensor, meta: AttentionMetadata, attention_fn) -> torch.Tensor:
+        """Final hidden states [T, hidden] of any step (prefill, mixed, decode) with the
+        fused ops and projections; `attention_fn` has `paged_attention`'s signature."""
+
+        def attend(q, k_cache, v_cache, cold):
+            if cold is not None:
+                return attention_fn(q, k_cache, v_cache, meta, self.scale, cold=cold)
+            return attention_fn(q, k_cache, v_cache, meta, self.scale)
+
+        return self.hidden_states(input_ids, meta.positions, meta.slot_mapping, attend)
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      attend) -> torch.Tensor:
+        tokens = input_ids.shape[0]
         h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.model.embed_tokens(input_ids)
         residual = None
         for layer, fused, (k_cache, v_cache, cold) in zip(self.model.layers, self.fused, self.kv_layers):
             hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
             qkv = F.linear(hidden, fused["qkv"], fused["qkv_bias"])
-            q = qkv[:, : h_q * d].view(batch, h_q, d)
-            k = qkv[:, h_q * d : (h_q + h_kv) * d].view(batch, h_kv, d)
-            v = qkv[:, (h_q + h_kv) * d :].view(batch, h_kv, d)
+            q = qkv[:, : h_q * d].view(tokens, h_q, d)
+            k = qkv[:, h_q * d : (h_q + h_kv) * d].view(tokens, h_kv, d)
+            v = qkv[:, (h_q + h_kv) * d :].view(tokens, h_kv, d)
             rope_and_cache(q, k, v, positions, self.inv_freq, k_cache, v_cache, slots)
-            if cold_kind:
-                attn = cold_prefix_decode_attention(q, k_cache, v_cache, cold, block_tables, block_slots, cold_blocks,
-                                                    cold_kind, context_lens, self.scale, num_splits,
-                                                    self.sliding_window)
-            else:
-                attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale,
-                                              num_splits, self.sliding_window)
-            x = F.linear(attn.view(batch, h_q * d), layer.self_attn.o_proj.weight)
+            attn = attend(q, k_cache, v_cache, cold)
+            x = F.linear(attn.reshape(tokens, h_q * d), layer.self_attn.o_proj.weight)
             hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
             x = F.linear(silu_and_mul(F.linear(hidden, fused["gate_up"])), layer.mlp.down_proj.weight)
         hidden, _ = add_rms_norm(x, residual, self.model.norm.weight, self.eps)
-        return self.model.compute_logits(hidden)
+        return hidden

@@ -10,8 +10,10 @@ host lists in every layer (a host sync per layer). Here a step is split instead:
   (flash attention), with a bottom-right causal mask when a cached prefix or an earlier
   chunk precedes it.
 The index tensors and masks are built once per step (the first layer; one host sync for
-the context lengths) and reused by every layer. Sliding windows and cold (quantized)
-blocks stay on the portable path.
+the context lengths) and reused by every layer. With cold (quantized) blocks, decode
+rows go to the cold-aware decode kernel and a prefill group's gathered context is
+dequantized as it is gathered (that group's context only, for this layer; the cache
+itself stays quantized). Sliding windows stay on the portable path.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ class PrefillGroup:
     token_rows: torch.Tensor  # [g * query_len] rows of the flat batch, sequence by sequence
     tables: torch.Tensor  # [g, blocks covering context_len]
     mask: torch.Tensor | None  # [query_len, context_len] bottom-right causal; None: plain causal
+    kinds: torch.Tensor | None = None  # [g, blocks] kind codes and slots of cold entries (None: all hot)
+    slots: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -43,6 +47,8 @@ class StepPlan:
     decode_context_lens: torch.Tensor | None
     decode_max_context: int
     groups: list[PrefillGroup]
+    decode_kinds: torch.Tensor | None = None
+    decode_slots: torch.Tensor | None = None
 
 
 def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
@@ -54,13 +60,17 @@ def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
 
 def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
     context_lens = meta.context_lens.tolist()
+    has_cold = meta.block_kinds is not None
     decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
-    decode_rows = decode_tables = decode_ctx = None
+    decode_rows = decode_tables = decode_ctx = decode_kinds = decode_slots = None
     if decode:
         seqs = _to_device(decode, device)
         decode_rows = _to_device([meta.query_start[i] for i in decode], device)
         decode_tables = meta.block_tables.index_select(0, seqs)
         decode_ctx = meta.context_lens.index_select(0, seqs)
+        if has_cold:
+            decode_kinds = meta.block_kinds.index_select(0, seqs)
+            decode_slots = meta.block_slots.index_select(0, seqs)
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, n in enumerate(meta.query_lens):
         if n > 1:
@@ -69,13 +79,18 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
     for (n, ctx), seqs in by_shape.items():
         rows = [r for i in seqs for r in range(meta.query_start[i], meta.query_start[i] + n)]
         blocks = -(-ctx // block_size)
-        tables = meta.block_tables.index_select(0, _to_device(seqs, device))[:, :blocks]
+        index = _to_device(seqs, device)
+        tables = meta.block_tables.index_select(0, index)[:, :blocks]
         mask = None
         if ctx != n:  # query i sits at position ctx - n + i and sees keys up to it
             mask = torch.ones(n, ctx, dtype=torch.bool, device=device).tril_(diagonal=ctx - n)
-        groups.append(PrefillGroup(n, ctx, _to_device(rows, device), tables, mask))
+        kinds = slots = None
+        if has_cold:
+            kinds = meta.block_kinds.index_select(0, index)[:, :blocks]
+            slots = meta.block_slots.index_select(0, index)[:, :blocks]
+        groups.append(PrefillGroup(n, ctx, _to_device(rows, device), tables, mask, kinds, slots))
     return StepPlan(decode_rows, decode_tables, decode_ctx,
-                    max((context_lens[i] for i in decode), default=0), groups)
+                    max((context_lens[i] for i in decode), default=0), groups, decode_kinds, decode_slots)
 
 
 class MixedStepAttention:
@@ -94,7 +109,7 @@ class MixedStepAttention:
         return self._plan
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                 meta: AttentionMetadata, scale: float, cold=None) -> torch.Tensor:
         _, block_size, kv_heads, head_dim = k_cache.shape
         heads = q.shape[1]
         plan = self.plan(meta, block_size, q.device)
@@ -102,19 +117,29 @@ class MixedStepAttention:
         if plan.decode_rows is not None:
             num = plan.decode_rows.shape[0]
             splits = self.choose_splits(num, kv_heads, plan.decode_max_context)
-            dec = self.decode_attention(q.index_select(0, plan.decode_rows), k_cache, v_cache, plan.decode_tables,
-                                        plan.decode_context_lens, scale, splits)
+            q_dec = q.index_select(0, plan.decode_rows)
+            if cold is not None and plan.decode_kinds is not None:
+                from .triton_cold_attention import cold_paged_decode_attention
+
+                dec = cold_paged_decode_attention(q_dec, k_cache, v_cache, cold, plan.decode_tables, plan.decode_kinds,
+                                                  plan.decode_slots, plan.decode_context_lens, scale, splits)
+            else:
+                dec = self.decode_attention(q_dec, k_cache, v_cache, plan.decode_tables, plan.decode_context_lens,
+                                            scale, splits)
             out.index_copy_(0, plan.decode_rows, dec)
         group = heads // kv_heads
         for g in plan.groups:
             seqs, n, ctx = g.num_seqs, g.query_len, g.context_len
             qg = q.index_select(0, g.token_rows).view(seqs, n, heads, head_dim).transpose(1, 2)
 
-            def context(cache):  # [g, heads, ctx, D]: gathered through the tables, GQA expanded
-                blocks = cache[g.tables].reshape(seqs, -1, kv_heads, head_dim)[:, :ctx]
+            def context(cache, which):  # [g, heads, ctx, D]: gathered through the tables, GQA expanded
+                blocks = cache[g.tables]
+                if cold is not None and g.kinds is not None:
+                    blocks = cold.gather(which, g.kinds, g.tables, g.slots, blocks, q.dtype)
+                blocks = blocks.reshape(seqs, -1, kv_heads, head_dim)[:, :ctx]
                 return blocks.transpose(1, 2).repeat_interleave(group, dim=1)
 
-            kg, vg = context(k_cache).to(q.dtype), context(v_cache).to(q.dtype)
+            kg, vg = context(k_cache, 0).to(q.dtype), context(v_cache, 1).to(q.dtype)
             if g.mask is None:
                 og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale)
             else:

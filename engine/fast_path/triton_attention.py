@@ -193,12 +193,12 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            meta: AttentionMetadata, scale: float, cold=None) -> torch.Tensor:
     """Drop-in for `paged_attention`: Triton for decode rows (hot blocks, or hot and cold
     blocks in one pass: triton_cold_attention.py), grouped SDPA for prefill rows
-    (prefill_attention.py); prefill over windows or cold blocks: the portable path."""
+    (prefill_attention.py, also over cold blocks); prefill over windows: the portable path."""
     has_cold_blocks = cold is not None and getattr(meta, "block_kinds", None) is not None
     if meta.max_query_len != 1:
-        if meta.sliding_window is not None or cold is not None:
+        if meta.sliding_window is not None:
             return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)
-        return _mixed_step(q, k_cache, v_cache, meta, scale)
+        return _mixed_step(q, k_cache, v_cache, meta, scale, cold=cold if has_cold_blocks else None)
     splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
     if has_cold_blocks and getattr(meta, "cold_prefix_blocks", None) is not None:
         from .triton_cold_prefix_attention import cold_prefix_decode_attention
