@@ -184,6 +184,23 @@ class BlockManager:
         self.host_pool.release(seq.host_block_table)
         seq.host_block_table = []
 
+    def resize_host(self, num_blocks: int, swapped: list[Sequence]) -> dict[tuple, tuple]:
+        """Replace the host pool by one of `num_blocks`, moving the swapped-out sequences'
+        blocks into it. Returns old (kind, page, slot) -> new (kind, page, slot), the
+        copies the KV cache must make."""
+        old_pool, new_pool = self.host_pool, HostBlockPool(num_blocks, self.slots_per_page)
+        remap: dict[tuple, tuple] = {}
+        for seq in swapped:
+            new_ids = []
+            for block_id in seq.host_block_table:
+                old = old_pool.pages.locate(block_id)
+                new_id = new_pool.take(old[0])
+                remap[old] = new_pool.pages.locate(new_id)
+                new_ids.append(new_id)
+            seq.host_block_table = new_ids
+        self.host_pool = new_pool
+        return remap
+
     # --- accounting -------------------------------------------------------------
     @property
     def num_used_blocks(self) -> int:

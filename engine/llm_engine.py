@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,35 +18,19 @@ from .kv_cache import KVCache, KVShape
 from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
 from .numa_memory import device_numa_node
-from .outputs import CompletionOutput, RequestOutput
+from .output_processor import OutputProcessor
+from .outputs import RequestOutput
 from .fast_path import attach_fast_path, greedy_on_device
 from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
-from .stats import EngineCounters, FinishedRequestStats, KVSnapshot, StepStats
+from .sequence import Request, Sequence, SequenceStatus
+from .stats import EngineCounters, KVSnapshot, StepStats
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
-
-
-@dataclass(slots=True)
-class Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    arrival_time: float
-    counted_prompt: bool = False
-    num_cached_tokens: int = 0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def is_finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,6 +92,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None
+        self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
         log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
                  self.model_name, self.device, self.dtype, num_blocks, config.block_size,
                  num_blocks * self.block_bytes >> 20, num_host_blocks, self.host_numa_node)
@@ -177,8 +161,7 @@ class LLMEngine:
         now = time.time()
         for seq in req.seqs:
             if not seq.is_finished:
-                self.scheduler.remove(seq)
-                self._finish(seq, "abort", now)
+                self.output_processor.finish(seq, "abort", now)  # leaves the scheduler, frees its blocks
         self.counters.requests_finished["abort"] += 1
         return True
 
@@ -197,7 +180,7 @@ class LLMEngine:
         self._count_paging(sched)
         stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(sched.scheduled),
                           num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0, num_swapped=0)
-        touched: dict[str, Request] = {}
+        outputs: list[RequestOutput] = []
         if sched.scheduled:
             logits = self.runner.execute(sched.scheduled)
             sampling = [item.seq for item in sched.scheduled if item.completes]
@@ -213,14 +196,7 @@ class LLMEngine:
                 tokens, logprobs = greedy_on_device(logits, sampling), [None] * len(sampling)
                 if tokens is None:
                     tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator)
-                for seq, token, lp in zip(sampling, tokens, logprobs):
-                    self._append(seq, token, lp, now, stats)
-                    touched[seq.request_id] = self.requests[seq.request_id]
-        outputs = [self._output(req) for req in touched.values()]
-        for req in touched.values():
-            if req.is_finished:
-                self._record_finished(req, stats)
-                del self.requests[req.request_id]
+                outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, now, stats)
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.num_swapped = len(self.scheduler.swapped)
@@ -258,76 +234,6 @@ class LLMEngine:
     def _block_bytes_of(self, kind: str) -> int:
         return self.block_bytes if kind == "hot" else self.kv_shape.cold_block_bytes(kind)
 
-    def _append(self, seq: Sequence, token: int, logprob: dict | None, now: float, stats: StepStats) -> None:
-        req = self.requests[seq.request_id]
-        seq.append_token(token)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        if seq.times.first_token is None:
-            seq.times.first_token = now
-            if seq.index == 0:
-                stats.time_to_first_tokens.append(now - seq.times.arrival)
-        elif seq.times.last_token is not None:
-            stats.inter_token_latencies.append(now - seq.times.last_token)
-        seq.times.last_token = now
-        stats.num_generation_tokens += 1
-        self.counters.generation_tokens += 1
-        if not req.counted_prompt:
-            req.counted_prompt = True
-            stats.num_prompt_tokens += len(req.prompt_token_ids)
-            self.counters.prompt_tokens += len(req.prompt_token_ids)
-        self._check_stop(seq, token, now)
-
-    def _check_stop(self, seq: Sequence, token: int, now: float) -> None:
-        p = seq.params
-        prev_len = len(seq.output_text)
-        seq.output_text = seq.detokenizer.update(self.tokenizer, seq.output_token_ids)
-        if seq.num_output_tokens >= p.min_tokens:
-            if token in p.stop_token_ids:
-                return self._finish(seq, "stop", now, stop_reason=token)
-            if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
-                return self._finish(seq, "stop", now)
-            if p.stop:
-                window_start = max(0, prev_len - max(len(s) for s in p.stop))
-                for stop in p.stop:
-                    pos = seq.output_text.find(stop, window_start)
-                    if pos >= 0:
-                        seq.output_text = seq.output_text[:pos]
-                        return self._finish(seq, "stop", now, stop_reason=stop)
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            self._finish(seq, "length", now)
-
-    def _finish(self, seq: Sequence, reason: str, now: float, stop_reason=None) -> None:
-        if seq.status is not SequenceStatus.FINISHED:
-            self.scheduler.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.stop_reason = stop_reason
-        seq.times.finished = now
-
-    def _output(self, req: Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, s.output_text, list(s.output_token_ids),
-                                 list(s.logprobs) if s.params.logprobs is not None else None,
-                                 s.finish_reason, s.stop_reason) for s in req.seqs]
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.is_finished)
-
-    def _record_finished(self, req: Request, stats: StepStats) -> None:
-        first = req.seqs[0]
-        t = first.times
-        scheduled = t.first_scheduled or t.arrival
-        first_token = t.first_token or scheduled
-        finished = max(s.times.finished or first_token for s in req.seqs)
-        stats.finished.append(FinishedRequestStats(
-            finish_reason=first.finish_reason or "abort",
-            num_prompt_tokens=len(req.prompt_token_ids),
-            num_generation_tokens=sum(s.num_output_tokens for s in req.seqs),
-            e2e_latency=finished - req.arrival_time,
-            queue_time=scheduled - req.arrival_time,
-            prefill_time=first_token - scheduled,
-            decode_time=finished - first_token,
-        ))
-        self.counters.requests_finished[first.finish_reason or "abort"] += 1
-
     # --- run-time configuration ---------------------------------------------------
     def reconfigure(self, changes: dict[str, Any]) -> EngineConfig:
         """Apply tunable changes (call between steps). All or nothing: every value is
@@ -359,21 +265,8 @@ class LLMEngine:
                              f"{in_use} are in use by swapped-out sequences")
 
     def _resize_swap(self, nbytes: int) -> None:
-        from .block_pool import HostBlockPool
-
-        old_pool = self.block_manager.host_pool
-        new_pool = HostBlockPool(nbytes // self.block_bytes, self.kv_shape.slots_per_page())
-        remap: dict[tuple, tuple] = {}
-        for seq in self.scheduler.swapped:
-            new_ids = []
-            for block_id in seq.host_block_table:
-                kind = old_pool.pages.locate(block_id)[0]
-                new_id = new_pool.take(kind)
-                remap[old_pool.pages.locate(block_id)] = new_pool.pages.locate(new_id)
-                new_ids.append(new_id)
-            seq.host_block_table = new_ids
-        self.kv_cache.resize_host(new_pool.num_blocks, remap)
-        self.block_manager.host_pool = new_pool
+        remap = self.block_manager.resize_host(nbytes // self.block_bytes, self.scheduler.swapped)
+        self.kv_cache.resize_host(self.block_manager.host_pool.num_blocks, remap)
 
     def _on_fastpath_failure(self, reason: str) -> None:
         self.counters.fastpath_failures[reason] += 1

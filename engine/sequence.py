@@ -1,4 +1,4 @@
-"""A sequence: one completion of a request, with its tokens and KV block table."""
+"""A request and its sequences: each sequence is one completion, with its tokens and KV block table."""
 from __future__ import annotations
 
 import itertools
@@ -113,3 +113,22 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id}#{self.index}, {self.status.name}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+
+@dataclass(slots=True)
+class Request:
+    """A request as the engine holds it: its prompt and its `n` sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float
+    counted_prompt: bool = False
+    num_cached_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)

@@ -1,0 +1,109 @@
+"""Output processing: a step's sampled tokens become sequence state, stop decisions,
+`RequestOutput`s and finished-request statistics (vLLM V1's OutputProcessor).
+
+Per sampled token: append it (with its logprobs) to the sequence, record its
+latencies, extend the text incrementally (engine/detokenizer.py), and check, in this
+order, stop token ids, EOS, stop strings (the text is cut before the match), then
+max_tokens / max_model_len. A finished sequence leaves the scheduler at once.
+"""
+from __future__ import annotations
+
+from .outputs import CompletionOutput, RequestOutput
+from .scheduler import Scheduler
+from .sequence import Request, Sequence, SequenceStatus
+from .stats import EngineCounters, FinishedRequestStats, StepStats
+from .tokenizer import Tokenizer
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, scheduler: Scheduler, counters: EngineCounters, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.counters = counters
+        self.max_model_len = max_model_len
+
+    def process(self, requests: dict[str, Request], seqs: list[Sequence], tokens: list[int],
+                logprobs: list[dict[int, float] | None], now: float, stats: StepStats) -> list[RequestOutput]:
+        """Apply one step's tokens; returns an output per request that got a token and
+        drops the requests that finished from `requests`."""
+        touched: dict[str, Request] = {}
+        for seq, token, lp in zip(seqs, tokens, logprobs):
+            req = requests[seq.request_id]
+            self._append(req, seq, token, lp, now, stats)
+            touched[seq.request_id] = req
+        outputs = [self._output(req) for req in touched.values()]
+        for req in touched.values():
+            if req.is_finished:
+                self._record_finished(req, stats)
+                del requests[req.request_id]
+        return outputs
+
+    def _append(self, req: Request, seq: Sequence, token: int, logprob: dict | None, now: float,
+                stats: StepStats) -> None:
+        seq.append_token(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if seq.times.first_token is None:
+            seq.times.first_token = now
+            if seq.index == 0:
+                stats.time_to_first_tokens.append(now - seq.times.arrival)
+        elif seq.times.last_token is not None:
+            stats.inter_token_latencies.append(now - seq.times.last_token)
+        seq.times.last_token = now
+        stats.num_generation_tokens += 1
+        self.counters.generation_tokens += 1
+        if not req.counted_prompt:
+            req.counted_prompt = True
+            stats.num_prompt_tokens += len(req.prompt_token_ids)
+            self.counters.prompt_tokens += len(req.prompt_token_ids)
+        self._check_stop(seq, token, now)
+
+    def _check_stop(self, seq: Sequence, token: int, now: float) -> None:
+        p = seq.params
+        prev_len = len(seq.output_text)
+        seq.output_text = seq.detokenizer.update(self.tokenizer, seq.output_token_ids)
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in p.stop_token_ids:
+                return self.finish(seq, "stop", now, stop_reason=token)
+            if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
+                return self.finish(seq, "stop", now)
+            if p.stop:
+                window_start = max(0, prev_len - max(len(s) for s in p.stop))
+                for stop in p.stop:
+                    pos = seq.output_text.find(stop, window_start)
+                    if pos >= 0:
+                        seq.output_text = seq.output_text[:pos]
+                        return self.finish(seq, "stop", now, stop_reason=stop)
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            self.finish(seq, "length", now)
+
+    def finish(self, seq: Sequence, reason: str, now: float, stop_reason=None) -> None:
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        seq.times.finished = now
+
+    def _output(self, req: Request) -> RequestOutput:
+        outs = [CompletionOutput(s.index, s.output_text, list(s.output_token_ids),
+                                 list(s.logprobs) if s.params.logprobs is not None else None,
+                                 s.finish_reason, s.stop_reason) for s in req.seqs]
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.is_finished)
+
+    def _record_finished(self, req: Request, stats: StepStats) -> None:
+        first = req.seqs[0]
+        t = first.times
+        scheduled = t.first_scheduled or t.arrival
+        first_token = t.first_token or scheduled
+        finished = max(s.times.finished or first_token for s in req.seqs)
+        stats.finished.append(FinishedRequestStats(
+            finish_reason=first.finish_reason or "abort",
+            num_prompt_tokens=len(req.prompt_token_ids),
+            num_generation_tokens=sum(s.num_output_tokens for s in req.seqs),
+            e2e_latency=finished - req.arrival_time,
+            queue_time=scheduled - req.arrival_time,
+            prefill_time=first_token - scheduled,
+            decode_time=finished - first_token,
+        ))
+        self.counters.requests_finished[first.finish_reason or "abort"] += 1
