@@ -195,7 +195,7 @@ def check_model() -> None:
     fast_logits, slow_logits = record_logits(fast), record_logits(slow)
     hf = hf_model_sharing_weights(model_dir, model)
 
-    ctx = dict(fast=fast, slow=slow, hf=hf, vocab=vocab, model=model, fast_logits=fast_logits,
+    ctx = dict(fast=fast, slow=slow, hf=hf, vocab=vocab, model=model, model_dir=model_dir, fast_logits=fast_logits,
                slow_logits=slow_logits)
     for section in MODEL_SECTIONS:
         try:
@@ -285,6 +285,38 @@ def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
 
 
 
+def check_cold_kv(model_dir, model, vocab, **_):
+    """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
+    over cold blocks) against the portable attention over the same cold blocks."""
+    from engine.attention import paged_attention
+    from engine.bench.gpu_decode import new_engine, prompts
+
+    lens = (600, 2000) if DEVICE == "cuda" else (40, 70)
+    ps = [prompts(vocab, 1, n, seed=2000 + n)[0] for n in lens]
+    for kind in ("int8", "int4"):
+        common = dict(kv_gib=8 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=512, kv_cold_dtype=kind,
+                      kv_hot_window=64 if DEVICE == "cuda" else 16, enable_prefix_caching=False,
+                      max_model_len=4096 if DEVICE == "cuda" else 256)
+        fast = new_engine(model_dir, model, "fast", **common)
+        ref = new_engine(model_dir, model, "fast", **common)
+        ref.runner.fast_decode, ref.runner.fast_attention = None, paged_attention  # cooling on, portable attention
+        f_logits, r_logits = record_logits(fast), record_logits(ref)
+        f_tok, f_ids = generate(fast, ps, 16, f"cold-{kind}-fast")
+        r_tok, r_ids = generate(ref, ps, 16, f"cold-{kind}-ref")
+        graphs = fast.runner.fast_decode
+        cold_graphs = sorted(key for key in graphs.graphs if key[1]) if graphs is not None else []
+        for i, n in enumerate(lens):
+            same = agree(f_tok[i], r_tok[i])
+            errs = [rel(a, b) for a, b in zip(f_logits[f_ids[i]][: same + 1], r_logits[r_ids[i]])]
+            check(f"cold_{kind}_prompt{n}", max(errs) < MODEL_REL_TOL and fast.runner.mode == "fast", agree=same,
+                  logit_rel_err_until_first_flip=errs, quantized_blocks=fast.counters.quantized_blocks[kind])
+        check(f"cold_{kind}_decode_in_graphs", DEVICE == "cpu" or (graphs.num_replays > 0 and bool(cold_graphs)),
+              replays=graphs.num_replays if graphs is not None else 0, cold_graphs=len(cold_graphs))
+        del fast, ref
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
 def check_injected_failure(fast, slow, vocab, **_):
     """An injected failure mid-decode: fallback, same tokens, counted; then back to fast."""
     from engine import SamplingParams
@@ -364,7 +396,8 @@ def time_fused_ops() -> None:
     log(f"fused ops {json.dumps(out)}")
 
 
-MODEL_SECTIONS = [check_greedy, check_batch_invariance, check_contexts, check_injected_failure, quick_timing]
+MODEL_SECTIONS = [check_greedy, check_batch_invariance, check_contexts, check_cold_kv, check_injected_failure,
+                  quick_timing]
 
 
 def main() -> int:

@@ -171,17 +171,62 @@ def prompts(vocab: int, num: int, length: int, seed: int = 0) -> list[list[int]]
     return torch.randint(5, vocab, (num, length), generator=gen).tolist()
 
 
-def record_steps(engine) -> list[list[tuple[int, int]]]:
-    """Wrap the runner so each executed step's (new tokens, context) items are recorded."""
+def record_steps(engine, timings: list | None = None) -> list[list[tuple[int, int]]]:
+    """Wrap the runner so each executed step's (new tokens, context) items are recorded;
+    with `timings`, also (seconds from the call to its logits being ready, pure decode?)."""
     steps: list[list[tuple[int, int]]] = []
     execute = engine.runner.execute
 
     def recording(batch):
         steps.append([(it.num_tokens, it.seq.num_computed_tokens + it.num_tokens) for it in batch])
-        return execute(batch)
+        if timings is None:
+            return execute(batch)
+        start = time.perf_counter()
+        logits = execute(batch)
+        sync()
+        timings.append((time.perf_counter() - start, all(it.num_tokens == 1 for it in batch)))
+        return logits
 
     engine.runner.execute = recording
     return steps
+
+
+def step_time_split(timings: list[tuple[float, bool]], total_s: float, steps: int, decode_steps: int) -> dict:
+    """Runner (model) seconds of decode and of prefill/mixed steps, and the rest (host work)."""
+    decode = sum(t for t, is_decode in timings if is_decode)
+    other = sum(t for t, is_decode in timings if not is_decode)
+    return {"runner_decode_s": decode, "runner_prefill_mixed_s": other, "host_and_sampling_s": total_s - decode - other,
+            "runner_decode_ms_per_step": 1e3 * decode / max(decode_steps, 1),
+            "runner_prefill_mixed_ms_per_step": 1e3 * other / max(steps - decode_steps, 1)}
+
+
+def profile_prefill(engine, vocab: int, path: str, num: int = 16, length: int = 512) -> None:
+    """torch.profiler over one engine step that prefills `num` prompts of `length` tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    for attempt in range(2):  # the first round warms up; the second is profiled
+        for i, p in enumerate(prompts(vocab, num, length, seed=40 + attempt)):
+            engine.add_request(f"prof{attempt}-{i}", p, params)
+        sync()
+        if attempt:
+            start = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                engine.step()
+                sync()
+            wall = time.perf_counter() - start
+        while engine.has_unfinished():
+            engine.step()
+    averages = prof.key_averages()
+    with open(path, "w") as f:
+        f.write(f"one prefill step, {num} x {length} tokens, wall {wall * 1e3:.1f} ms\n")
+        for key in ("self_device_time_total", "self_cuda_time_total"):
+            try:
+                f.write(averages.table(sort_by=key, row_limit=25) + "\n")
+                break
+            except (KeyError, AttributeError, ValueError):
+                continue
+        f.write(averages.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
 
 
 def run_requests(engine, batch_prompts, max_tokens: int) -> dict:
@@ -359,11 +404,10 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
     cmp_prompts = prompts(cfg.vocab_size, 33, 512)  # [0]: batch 1, [1:]: batch 32; same for every system
     cmp_tokens = 64
 
-    fast = new_engine(model_dir, model, "fast", kv_gib=40, swap_space_bytes=4 << 30)
     t = time.perf_counter()
-    fast.runner.fast_decode.capture_all()
-    res["graph_capture_s"] = time.perf_counter() - t
-    log(f"captured {len(fast.runner.fast_decode.graphs)} graphs in {res['graph_capture_s']:.1f}s")
+    fast = new_engine(model_dir, model, "fast", kv_gib=40, swap_space_bytes=4 << 30)
+    res["engine_start_s"] = time.perf_counter() - t  # the engine captures its decode graphs at start
+    log(f"engine started with {len(fast.runner.fast_decode.graphs)} graphs in {res['engine_start_s']:.1f}s")
 
     def batch1():
         b1 = bench_engine_decode(fast, prompts(cfg.vocab_size, 1, 512, seed=20), 256)
@@ -398,6 +442,16 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
             r = run_requests(fast, many, 256)
         finally:
             fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
+        # the same workload again with a sync after each model call: where the time goes
+        timings: list = []
+        timed_steps = record_steps(fast, timings)
+        try:
+            r2 = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=2), 256)
+        finally:
+            fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
+        decode_count = sum(1 for s in timed_steps if all(n == 1 for n, _ in s))
+        res["throughput_split"] = {"seconds": r2["seconds"], **step_time_split(timings, r2["seconds"], len(timed_steps),
+                                                                               decode_count)}
         bound = roofline_seconds(cost, steps, bw, rate)
         decode_steps = [s for s in steps if all(n == 1 for n, _ in s)]
         res["throughput"] = {"tok_s": r["output_tokens"] / r["seconds"], "seconds": r["seconds"], "steps": len(steps),
@@ -408,6 +462,7 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
                              "graph_replays": fast.runner.fast_decode.num_replays - replays,
                              "mode_after": fast.runner.mode}
         log(f"throughput: {json.dumps(res['throughput'])}")
+        log(f"throughput split (synced re-run): {json.dumps(res['throughput_split'])}")
 
     def prefix():
         res["prefix"] = bench_prefix(fast, cfg.vocab_size)
@@ -422,6 +477,7 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
     def profiles():
         profile_decode(fast, 1, 640, f"{out_dir}/profile_b1_ctx640.txt")
         profile_decode(fast, 256, 640, f"{out_dir}/profile_b256_ctx640.txt")
+        profile_prefill(fast, cfg.vocab_size, f"{out_dir}/profile_prefill_16x512.txt")
 
     for name, fn in (("batch1", batch1), ("compare_fast", compare_fast), ("throughput", throughput),
                      ("prefix", prefix), ("swap", swap), ("profiles", profiles)):

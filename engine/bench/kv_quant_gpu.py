@@ -72,6 +72,8 @@ def main() -> int:
     from engine.attention import paged_attention
     from engine.fast_path.triton_attention import choose_num_splits, paged_decode_attention
     from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
+    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+    from engine.kv_cache import KIND_CODE
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
@@ -91,26 +93,54 @@ def main() -> int:
     for kind in ("none", "int8", "int4"):
         q, k, v, cold, meta, cache = build_case(kind, args.batch, args.context, args.hot_window, device)
         splits = choose_num_splits(args.batch, 8, args.context)
+        ref = paged_attention(q, k, v, meta, 128**-0.5, cold=cold if kind != "none" else None)
         if kind == "none":
             fn = lambda: paged_decode_attention(q, k, v, meta.block_tables, meta.context_lens, 128**-0.5, splits)  # noqa: E731
         else:
-            fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
-                                                     meta.block_slots, meta.context_lens, 128**-0.5, splits)
+            code = KIND_CODE[kind]
+            tables, slots = meta.block_tables.int().contiguous(), meta.block_slots.int().contiguous()
+            cold_blocks = (meta.block_kinds != 0).sum(1).int()
+            fn = lambda: cold_prefix_decode_attention(q, k, v, cold, tables, slots, cold_blocks, code,  # noqa: E731
+                                                      meta.context_lens, 128**-0.5, splits)
+            general = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
+                                                          meta.block_slots, meta.context_lens, 128**-0.5, splits)
         out = fn()
-        ref = paged_attention(q, k, v, meta, 128**-0.5, cold=cold if kind != "none" else None)
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
         nbytes = bytes_read(kind, args.batch, args.context, args.hot_window, cache)
         results["kinds"][kind] = {"ms": ms, "bytes": nbytes, "bandwidth_share": nbytes / (ms / 1e3) / copy_bw,
                                   "rel_err_vs_portable": err}
+        if kind != "none":  # the general per-tile kernel (any layout of kinds), for comparison
+            results["kinds"][kind]["general_kernel_ms"] = triton.testing.do_bench(general, warmup=10, rep=100,
+                                                                                  return_mode="median")
+            sweep = {}
+            for warps in (2, 4, 8):
+                for stages in (1, 2, 3):
+                    for tile in (64, 128):
+                        run = lambda: cold_prefix_decode_attention(  # noqa: E731
+                            q, k, v, cold, tables, slots, cold_blocks, code, meta.context_lens, 128**-0.5, splits,
+                            num_warps=warps, num_stages=stages, tile=tile)
+                        try:
+                            sweep[f"w{warps}s{stages}t{tile}"] = triton.testing.do_bench(run, warmup=5, rep=40,
+                                                                                       return_mode="median")
+                        except Exception as exc:  # e.g. out of shared memory for a large tile and many stages
+                            sweep[f"w{warps}s{stages}t{tile}"] = f"{type(exc).__name__}"
+            for splits_try in (splits // 2, splits * 2, splits * 4):
+                run = lambda: cold_prefix_decode_attention(q, k, v, cold, tables, slots, cold_blocks, code,  # noqa: E731
+                                                           meta.context_lens, 128**-0.5, splits_try)
+                sweep[f"splits{splits_try}"] = triton.testing.do_bench(run, warmup=5, rep=40, return_mode="median")
+            results[f"{kind}_prefix_kernel_sweep_ms"] = sweep
+            timed = {k_: v_ for k_, v_ in sweep.items() if isinstance(v_, float)}
+            best = min(timed, key=timed.get)
+            print(f"{kind} sweep best {best} {timed[best] * 1e3:.1f} us; default {ms * 1e3:.1f} us", flush=True)
         del q, k, v, cold, meta, cache
         torch.cuda.empty_cache()
-    # launch-parameter sweep for the cold kernel (int8), to see what limits it
+    # launch-parameter sweep for the general cold kernel (int8), kept from the first calls
     q, k, v, cold, meta, cache = build_case("int8", args.batch, args.context, args.hot_window, device)
     splits = choose_num_splits(args.batch, 8, args.context)
     sweep = {}
-    for warps in (2, 4, 8):
-        for stages in (1, 2, 3):
+    for warps in (2, 4):
+        for stages in (1, 2):
             fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
                                                      meta.block_slots, meta.context_lens, 128**-0.5, splits,
                                                      num_warps=warps, num_stages=stages)
