@@ -31,9 +31,13 @@ class OutputProcessor:
             req = requests[seq.request_id]
             self._append(req, seq, token, lp, now, stats)
             touched[seq.request_id] = req
-        outputs = [self._output(req) for req in touched.values()]
+        stats.num_generation_tokens += len(seqs)
+        self.counters.generation_tokens += len(seqs)
+        outputs = []
         for req in touched.values():
-            if req.is_finished:
+            finished = req.is_finished
+            outputs.append(self._output(req, finished))
+            if finished:
                 self._record_finished(req, stats)
                 del requests[req.request_id]
         return outputs
@@ -43,15 +47,14 @@ class OutputProcessor:
         seq.append_token(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
-        if seq.times.first_token is None:
-            seq.times.first_token = now
+        times = seq.times
+        if times.first_token is None:
+            times.first_token = now
             if seq.index == 0:
-                stats.time_to_first_tokens.append(now - seq.times.arrival)
-        elif seq.times.last_token is not None:
-            stats.inter_token_latencies.append(now - seq.times.last_token)
-        seq.times.last_token = now
-        stats.num_generation_tokens += 1
-        self.counters.generation_tokens += 1
+                stats.time_to_first_tokens.append(now - times.arrival)
+        elif times.last_token is not None:
+            stats.inter_token_latencies.append(now - times.last_token)
+        times.last_token = now
         if not req.counted_prompt:
             req.counted_prompt = True
             stats.num_prompt_tokens += len(req.prompt_token_ids)
@@ -62,7 +65,8 @@ class OutputProcessor:
         p = seq.params
         prev_len = len(seq.output_text)
         seq.output_text = seq.detokenizer.update(self.tokenizer, seq.output_token_ids)
-        if seq.num_output_tokens >= p.min_tokens:
+        num_output = len(seq.output_token_ids)
+        if num_output >= p.min_tokens:
             if token in p.stop_token_ids:
                 return self.finish(seq, "stop", now, stop_reason=token)
             if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
@@ -74,7 +78,7 @@ class OutputProcessor:
                     if pos >= 0:
                         seq.output_text = seq.output_text[:pos]
                         return self.finish(seq, "stop", now, stop_reason=stop)
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_output >= p.max_tokens or len(seq.prompt_token_ids) + num_output >= self.max_model_len:
             self.finish(seq, "length", now)
 
     def finish(self, seq: Sequence, reason: str, now: float, stop_reason=None) -> None:
@@ -85,11 +89,12 @@ class OutputProcessor:
         seq.stop_reason = stop_reason
         seq.times.finished = now
 
-    def _output(self, req: Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, s.output_text, list(s.output_token_ids),
-                                 list(s.logprobs) if s.params.logprobs is not None else None,
+    def _output(self, req: Request, finished: bool) -> RequestOutput:
+        # Copies: the server reads outputs on another thread while the sequences grow.
+        outs = [CompletionOutput(s.index, s.output_text, s.output_token_ids.copy(),
+                                 s.logprobs.copy() if s.params.logprobs is not None else None,
                                  s.finish_reason, s.stop_reason) for s in req.seqs]
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, req.is_finished)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished)
 
     def _record_finished(self, req: Request, stats: StepStats) -> None:
         first = req.seqs[0]

@@ -16,6 +16,7 @@ Effective priority is the request's priority plus one level per
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -84,7 +85,8 @@ class Scheduler:
         return seq.priority + (self.step_count - seq.arrival_step) // self.config.priority_aging_steps
 
     def _order(self, seqs: list[Sequence]) -> list[Sequence]:
-        return sorted(seqs, key=lambda s: (-self.effective_priority(s), s.times.arrival, s.seq_id))
+        step, aging = self.step_count, self.config.priority_aging_steps  # effective_priority, inlined
+        return sorted(seqs, key=lambda s: (-(s.priority + (step - s.arrival_step) // aging), s.times.arrival, s.seq_id))
 
     # --- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -93,23 +95,25 @@ class Scheduler:
         token_budget = self.config.max_num_batched_tokens
         bm = self.block_manager
 
-        queue = self._order(self.running)
+        block_size = bm.block_size
+        queue = deque(self._order(self.running))
         still_running: list[Sequence] = []
         while queue:
-            seq = queue.pop(0)
+            seq = queue.popleft()
             num = min(seq.num_uncomputed_tokens, token_budget)
             if num == 0:
                 still_running.append(seq)
                 continue
             target = seq.num_computed_tokens + num
-            while not bm.can_append(seq, target):
-                victim = queue.pop() if queue else seq
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            bm.append_slots(seq, target)
+            if target > len(seq.block_table) * block_size:  # else its blocks already hold the tokens
+                while not bm.can_append(seq, target):
+                    victim = queue.pop() if queue else seq
+                    self._preempt(victim, out)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+                bm.append_slots(seq, target)
             out.scheduled.append(ScheduledSeq(seq, num))
             still_running.append(seq)
             token_budget -= num

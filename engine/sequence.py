@@ -131,4 +131,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
+        for seq in self.seqs:
+            if seq.status is not SequenceStatus.FINISHED:
+                return False
+        return True

@@ -45,7 +45,8 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         # Ids past the tokenizer's vocabulary (a model may pad its embedding) decode to nothing.
-        ids = [i for i in ids if i < self.vocab_size]
+        if ids and max(ids) >= self.vocab_size:
+            ids = [i for i in ids if i < self.vocab_size]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
