@@ -88,7 +88,7 @@ class LLMEngine:
                                       pages=self.block_manager.pool.pages)
             self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
         self.runner.on_fastpath_failure = self._on_fastpath_failure
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws, on the logits' device
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None

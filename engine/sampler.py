@@ -1,9 +1,12 @@
-"""Turns a batch of logits into next tokens, one row per sequence.
+"""Turns a batch of logits into next tokens, one row per sequence, on the logits' device.
 
 Penalties follow vLLM: repetition over prompt and output tokens (divide positive
 logits, multiply negative ones), presence and frequency over output tokens (OpenAI's
-definition). Then temperature, top-k, top-p, min-p, and a draw from the sequence's
-own generator when it has a seed, so its output does not depend on the batch.
+definition). Then temperature, top-k, top-p, min-p, and a draw. Every step is one
+tensor operation over the batch with per-row parameters, so on CUDA the [B, vocab]
+logits stay on the device; only the chosen token ids (and any requested logprobs)
+come back. A row with a seed is drawn from its own CPU generator (its probabilities,
+one row, are copied over), so its output depends on neither the batch nor the device.
 Log-probabilities are those of the raw model output (as vLLM V1 returns them).
 """
 from __future__ import annotations
@@ -16,69 +19,139 @@ from .sequence import Sequence
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
-def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+def _is_plain_greedy(seq: Sequence) -> bool:
     p = seq.params
-    if p.repetition_penalty != 1.0:
-        ids = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
-        vals = logits[ids]
-        logits[ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and seq.token_counts:
-        ids = torch.tensor(list(seq.token_counts), dtype=torch.long)
-        counts = torch.tensor(list(seq.token_counts.values()), dtype=logits.dtype)
-        logits[ids] -= p.frequency_penalty * counts + p.presence_penalty
-    return logits
+    return (p.temperature < GREEDY_BELOW_TEMPERATURE and p.logprobs is None and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty and seq.num_output_tokens >= p.min_tokens)
 
 
-def _filter(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
-    p = seq.params
-    if p.top_k > 0 and p.top_k < logits.numel():
-        kth = torch.topk(logits, p.top_k).values[-1]
+def _scatter_index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    index = torch.tensor([rows, cols], dtype=torch.long)
+    index = index.to(device, non_blocking=True)
+    return index[0], index[1]
+
+
+def _ban(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> None:
+    """Stop tokens (and EOS, unless ignored) cannot end a sequence before min_tokens."""
+    rows, cols = [], []
+    for i, seq in enumerate(seqs):
+        p = seq.params
+        if seq.num_output_tokens < p.min_tokens:
+            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
+            rows += [i] * len(banned)
+            cols += banned
+    if rows:
+        r, c = _scatter_index(rows, cols, logits.device)
+        logits[r, c] = float("-inf")
+
+
+def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    rep_rows, rep_cols, rep_penalty = [], [], []
+    out_rows, out_cols, out_terms = [], [], []  # (frequency, presence, count) per output token
+    for i, seq in enumerate(seqs):
+        p = seq.params
+        if p.repetition_penalty != 1.0:
+            ids = seq.seen_token_ids()
+            rep_rows += [i] * len(ids)
+            rep_cols += ids
+            rep_penalty += [p.repetition_penalty] * len(ids)
+        if (p.presence_penalty or p.frequency_penalty) and seq.token_counts:
+            out_rows += [i] * len(seq.token_counts)
+            out_cols += seq.token_counts.keys()
+            out_terms += [(p.frequency_penalty, p.presence_penalty, n) for n in seq.token_counts.values()]
+    dev, dtype = logits.device, logits.dtype
+    if rep_rows:
+        r, c = _scatter_index(rep_rows, rep_cols, dev)
+        penalty = torch.tensor(rep_penalty, dtype=dtype).to(dev, non_blocking=True)
+        vals = logits[r, c]
+        logits[r, c] = torch.where(vals > 0, vals / penalty, vals * penalty)
+    if out_rows:
+        r, c = _scatter_index(out_rows, out_cols, dev)
+        terms = torch.tensor(out_terms, dtype=dtype).to(dev, non_blocking=True)
+        logits[r, c] -= terms[:, 0] * terms[:, 2] + terms[:, 1]
+
+
+def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Top-k, top-p and min-p over rows already divided by their temperature; rows
+    whose parameters disable a filter are left exactly as they are."""
+    num_rows, vocab = logits.shape
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in (s.params for s in seqs)]
+    if min(top_k) < vocab:
+        k = torch.tensor(top_k, dtype=torch.long).to(logits.device, non_blocking=True)
+        kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        cumulative = sorted_probs.cumsum(0)
-        drop_sorted = cumulative - sorted_probs > p.top_p  # keep the smallest set reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    top_p = [s.params.top_p for s in seqs]
+    if min(top_p) < 1.0:
+        p = torch.tensor(top_p, dtype=probs.dtype).to(logits.device, non_blocking=True)[:, None]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs > p) & (p < 1.0)  # the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
-    if p.min_p > 0.0:
-        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    min_p = [s.params.min_p for s in seqs]
+    if max(min_p) > 0.0:
+        m = torch.tensor(min_p, dtype=probs.dtype).to(logits.device, non_blocking=True)[:, None]
+        logits = logits.masked_fill(probs < m * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     return logits
+
+
+def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator) -> torch.Tensor:
+    """One token per row of filtered logits. A row whose probabilities overflowed
+    (extreme penalties) degrades to greedy instead of failing the batch."""
+    probs = torch.softmax(logits, dim=-1)
+    bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0.0)
+    fallback = torch.nan_to_num(logits, nan=float("-inf")).argmax(dim=-1)
+    safe = torch.where(bad[:, None], torch.full_like(probs, 1.0), probs)
+    seeded = [i for i, s in enumerate(seqs) if s.generator is not None]
+    unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
+    tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
+    if unseeded:
+        rows = torch.tensor(unseeded, dtype=torch.long).to(logits.device, non_blocking=True)
+        probs_unseeded = safe[rows] if generator.device.type == logits.device.type else safe[rows].to(generator.device)
+        tokens[rows] = torch.multinomial(probs_unseeded, 1, generator=generator)[:, 0].to(logits.device)
+    if seeded:
+        host = safe[seeded].cpu()
+        drawn = [torch.multinomial(host[j], 1, generator=seqs[i].generator) for j, i in enumerate(seeded)]
+        tokens[torch.tensor(seeded, dtype=torch.long).to(logits.device)] = torch.cat(drawn).to(logits.device)
+    return torch.where(bad, fallback, tokens)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
            generator: torch.Generator) -> tuple[list[int], list[dict[int, float] | None]]:
-    logits = logits.float().cpu()
-    tokens: list[int] = []
-    logprobs: list[dict[int, float] | None] = []
-    for row, seq in zip(logits, seqs):
-        p = seq.params
-        raw = row
-        row = row.clone()
-        if seq.num_output_tokens < p.min_tokens:
-            banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
-            if banned:
-                row[torch.tensor(banned, dtype=torch.long)] = float("-inf")
-        row = _apply_penalties(row, seq)
-        if p.temperature < GREEDY_BELOW_TEMPERATURE:
-            token = int(row.argmax())
-        else:
-            row = _filter(row / p.temperature, seq)
-            probs = torch.softmax(row, dim=-1)
-            if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
-                # Extreme penalties can overflow a row; degrade this sequence to greedy
-                # rather than fail the whole batch in multinomial.
-                token = int(torch.nan_to_num(row, nan=float("-inf")).argmax())
-            else:
-                token = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
-        tokens.append(token)
-        if p.logprobs is not None:
-            lp = torch.log_softmax(raw, dim=-1)
-            top = torch.topk(lp, p.logprobs) if p.logprobs > 0 else None
-            entry = {} if top is None else {int(i): float(v) for v, i in zip(top.values, top.indices)}
-            entry.setdefault(token, float(lp[token]))
-            logprobs.append(entry)
-        else:
-            logprobs.append(None)
-    return tokens, logprobs
+    """Next token per row; `generator` (on the logits' device) draws for unseeded rows."""
+    raw = logits.float()
+    if all(_is_plain_greedy(s) for s in seqs):
+        return raw.argmax(dim=-1).tolist(), [None] * len(seqs)
+    logits = raw.clone()
+    _ban(logits, seqs, eos_token_ids)
+    _apply_penalties(logits, seqs)
+    greedy = [s.params.temperature < GREEDY_BELOW_TEMPERATURE for s in seqs]
+    tokens = logits.argmax(dim=-1)
+    if not all(greedy):
+        temperature = torch.tensor([1.0 if g else s.params.temperature for g, s in zip(greedy, seqs)],
+                                   dtype=logits.dtype).to(logits.device, non_blocking=True)
+        drawn = _draw(_filter(logits / temperature[:, None], seqs), seqs, generator)
+        is_greedy = torch.tensor(greedy).to(logits.device, non_blocking=True)
+        tokens = torch.where(is_greedy, tokens, drawn)
+    token_list = tokens.tolist()
+    return token_list, _logprobs(raw, seqs, token_list)
+
+
+def _logprobs(raw: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list[dict[int, float] | None]:
+    wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    out: list[dict[int, float] | None] = [None] * len(seqs)
+    if not wanted:
+        return out
+    lp = torch.log_softmax(raw[wanted], dim=-1)
+    k = max(seqs[i].params.logprobs for i in wanted)
+    top = torch.topk(lp, k, dim=-1) if k > 0 else None
+    chosen = lp.gather(1, torch.tensor([tokens[i] for i in wanted], device=lp.device)[:, None])[:, 0].tolist()
+    values = top.values.tolist() if top is not None else None
+    indices = top.indices.tolist() if top is not None else None
+    for j, i in enumerate(wanted):
+        n = seqs[i].params.logprobs
+        entry = {} if n == 0 else {idx: val for val, idx in zip(values[j][:n], indices[j][:n])}
+        entry.setdefault(tokens[i], chosen[j])
+        out[i] = entry
+    return out

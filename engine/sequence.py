@@ -67,6 +67,7 @@ class Sequence:
             # Each completion of an n>1 request gets its own stream, deterministically.
             self.generator = torch.Generator().manual_seed(params.seed + index)
         self.token_counts: dict[int, int] = {}  # output token -> occurrences, for penalties
+        self._prompt_id_set: frozenset[int] | None = None  # built on first use by the repetition penalty
 
     # --- tokens -------------------------------------------------------------
     @property
@@ -105,6 +106,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def seen_token_ids(self) -> list[int]:
+        """Distinct ids of the prompt and output (the repetition penalty's set)."""
+        if self._prompt_id_set is None:
+            self._prompt_id_set = frozenset(self.prompt_token_ids)
+        return list(self._prompt_id_set.union(self.token_counts))
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
