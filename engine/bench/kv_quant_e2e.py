@@ -2,9 +2,10 @@
 
 The llama3-8b-shape model (random weights drawn on the GPU), 8 requests of 32,768 random
 prompt tokens each, all submitted at once, for kv_cold_dtype none, int8 and int4 (hot
-window 128). Reports the prefill time, the decode step time while all 8 sequences
-decode (median over `--decode-steps` steps; the engine's whole step, host work
-included), the decode tokens/s that gives, and the whole run's output tokens/s.
+window 128). Reports the prefill time, the decode step time once all 8 sequences decode
+(median over `--decode-steps` steps, after which the requests are aborted; the engine's
+whole step, host work included), the decode tokens/s that gives, and the output
+tokens/s of the whole run.
 Usage: python -m engine.bench.kv_quant_e2e --out DIR
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
     from .gpu_decode import sync
 
     n = len(batch_prompts)
-    params = SamplingParams(temperature=0.0, max_tokens=decode_steps + 1, ignore_eos=True)
+    # Long enough that no request ends before the measured steps; aborted after them.
+    params = SamplingParams(temperature=0.0, max_tokens=engine.max_model_len - len(batch_prompts[0]) - 1,
+                            ignore_eos=True)
     graphs = engine.runner.fast_decode
     sync()
     start = time.perf_counter()
@@ -42,6 +45,9 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
         output_tokens += len(outs)
         if prefill_s is not None and engine.last_step.batch_size == n:
             step_s.append(elapsed)
+            if len(step_s) == decode_steps:
+                for i in range(n):
+                    engine.abort(f"e2e{i}")
         first.update(o.request_id for o in outs)
         if prefill_s is None and len(first) == n:
             prefill_s = time.perf_counter() - start

@@ -57,6 +57,45 @@ def build_case(kind: str, batch: int, context: int, hot_window: int, device: tor
     return q, k, v, cold, meta, cache
 
 
+def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int):
+    """Diagnostic: read every cold int8 K and V tile exactly as the decode kernel addresses
+    them, convert to float and sum; no dot products, no softmax. Its bandwidth is what the
+    access pattern itself allows."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _stream(tables_ptr, slots_ptr, ck_ptr, cv_ptr, out_ptr, cold_tokens, stride_tb,
+                stride_cp, stride_cs, stride_ct, stride_ch,
+                BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        per_split = tl.cdiv(tl.cdiv(cold_tokens, NUM_SPLITS), TILE) * TILE
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, cold_tokens)
+        d = tl.arange(0, HEAD_DIM)
+        acc = tl.zeros([TILE, HEAD_DIM], tl.float32)
+        for start in range(lo, hi, TILE):
+            t = start + tl.arange(0, TILE)
+            in_range = t < hi
+            entry = b * stride_tb + t // BLOCK_SIZE
+            page = tl.load(tables_ptr + entry, mask=in_range, other=0).to(tl.int64)
+            slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
+            base = page * stride_cp + slot * stride_cs + (t % BLOCK_SIZE) * stride_ct + kvh * stride_ch
+            k = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
+            v = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
+            acc += k.to(tl.float32) + v.to(tl.float32)
+        tl.store(out_ptr + (b * tl.num_programs(1) + kvh) * NUM_SPLITS + split, tl.sum(tl.sum(acc, 1), 0))
+
+    batch, kv_heads = tables.shape[0], cold.int8_k.shape[3]
+    out = torch.empty(batch * kv_heads * splits, device=tables.device)
+    data = cold.int8_k
+    return lambda: _stream[(batch, kv_heads, splits)](
+        tables, slots, cold.int8_k, cold.int8_v, out, cold_tokens, tables.stride(0),
+        data.stride(0), data.stride(1), data.stride(2), data.stride(3),
+        BLOCK_SIZE=16, TILE=64, HEAD_DIM=data.shape[-1], NUM_SPLITS=splits, num_warps=num_warps,
+        num_stages=num_stages)
+
+
 def bytes_read(kind: str, batch: int, context: int, hot_window: int, cache) -> int:
     shape = cache.shape
     per_token_hot = 2 * shape.num_kv_heads * shape.head_dim * 2  # K and V, bf16
@@ -130,6 +169,17 @@ def main() -> int:
                                                            meta.context_lens, 128**-0.5, splits_try)
                 sweep[f"splits{splits_try}"] = triton.testing.do_bench(run, warmup=5, rep=40, return_mode="median")
             results[f"{kind}_prefix_kernel_sweep_ms"] = sweep
+            if kind == "int8":
+                cold_tokens = (args.context - args.hot_window) // 16 * 16
+                stream_bytes = args.batch * cold_tokens // 16 * cache.shape.cold_block_bytes("int8")
+                diag = {}
+                for warps, stages in ((2, 1), (2, 2), (4, 2), (4, 3), (8, 3)):
+                    t_ms = triton.testing.do_bench(stream_int8(cold, tables, slots, cold_tokens, splits, warps, stages),
+                                                   warmup=5, rep=40, return_mode="median")
+                    diag[f"w{warps}s{stages}"] = {"ms": t_ms, "bandwidth_share": stream_bytes / (t_ms / 1e3) / copy_bw}
+                results["int8_stream_only_diagnostic"] = diag
+                print("int8 stream-only (no dots):", {k_: round(v_["bandwidth_share"], 2) for k_, v_ in diag.items()},
+                      flush=True)
             timed = {k_: v_ for k_, v_ in sweep.items() if isinstance(v_, float)}
             best = min(timed, key=timed.get)
             print(f"{kind} sweep best {best} {timed[best] * 1e3:.1f} us; default {ms * 1e3:.1f} us", flush=True)

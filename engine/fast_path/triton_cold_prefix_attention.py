@@ -19,8 +19,8 @@ from .availability import has_triton
 from .triton_attention import TILE_TOKENS, merge_splits, split_buffers
 
 INT8, INT4 = 1, 2  # kind codes, as in engine.kv_cache.KIND_CODE
-# Launch defaults; engine/bench/kv_quant_gpu.py sweeps them on the GPU (BENCHMARKS.md).
-NUM_WARPS = 4
+# Launch defaults: the best of a sweep on the H200 at 32k x 8 (engine/bench/kv_quant_gpu.py, BENCHMARKS.md).
+NUM_WARPS = 2
 NUM_STAGES = 2
 
 if has_triton():
