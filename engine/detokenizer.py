@@ -46,6 +46,7 @@ class IncrementalDetokenizer:
         if tail and not window.endswith(REPLACEMENT_CHAR):
             self._stable = self.text
             self._prefix_offset, self._read_offset = self._read_offset, len(ids)
-            self._prefix_text = tokenizer.decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip)
+            self._prefix_text = (tail if tokenizer.decode_is_concatenative else
+                                 tokenizer.decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip))
         return self.text
 

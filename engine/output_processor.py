@@ -90,10 +90,15 @@ class OutputProcessor:
         seq.times.finished = now
 
     def _output(self, req: Request, finished: bool) -> RequestOutput:
-        # Copies: the server reads outputs on another thread while the sequences grow.
-        outs = [CompletionOutput(s.index, s.output_text, s.output_token_ids.copy(),
-                                 s.logprobs.copy() if s.params.logprobs is not None else None,
-                                 s.finish_reason, s.stop_reason) for s in req.seqs]
+        # The server reads outputs on another thread while sequences grow: each output
+        # gets the live lists and its length, and copies that prefix when first read.
+        outs = []
+        for s in req.seqs:
+            # A finished sequence's lists no longer grow: handed over whole.
+            num_tokens = None if s.status is SequenceStatus.FINISHED else len(s.output_token_ids)
+            outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids,
+                                         s.logprobs if s.params.logprobs is not None else None,
+                                         s.finish_reason, s.stop_reason, num_tokens))
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished)
 
     def _record_finished(self, req: Request, stats: StepStats) -> None:

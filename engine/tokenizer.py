@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders
 
 
 def _token_content(value) -> str | None:
@@ -32,6 +33,10 @@ class Tokenizer:
             ids.append(eid)
         self.eos_token_ids: list[int] = ids
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # Byte-level BPE (GPT-2, Llama 3, Qwen): the text of a + b is the text of a then
+        # that of b whenever a's ends in a whole character (the incremental detokenizer
+        # then needs one decode per step, not two).
+        self.decode_is_concatenative = isinstance(self._tok.decoder, decoders.ByteLevel)
 
     @property
     def eos_token_id(self) -> int | None:

@@ -9,6 +9,8 @@ checks and building outputs; the same code runs on the host beside the GPU.
 Cases:
   decode256: 256 requests, 64-token prompts, 64 greedy new tokens (ignore_eos)
   long8:     8 requests, 8,192-token prompts, 32 greedy new tokens (ignore_eos)
+  decode256x256 (not run by default): 256 requests, 64-token prompts, 256 new tokens,
+             the output length of the 256 x (512+256) throughput benchmark
 
     .venv/bin/python scripts/bench_host_overhead.py [--json out.json] [--profile]
 """
@@ -35,7 +37,9 @@ from engine.sampling_params import SamplingParams  # noqa: E402
 CASES = {
     "decode256": dict(num_requests=256, prompt_len=64, max_tokens=64),
     "long8": dict(num_requests=8, prompt_len=8192, max_tokens=32),
+    "decode256x256": dict(num_requests=256, prompt_len=64, max_tokens=256),
 }
+DEFAULT_CASES = "decode256,long8"
 
 
 def run_case(model_dir: str, name: str, num_requests: int, prompt_len: int, max_tokens: int,
@@ -100,7 +104,7 @@ def run_case(model_dir: str, name: str, num_requests: int, prompt_len: int, max_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated: {', '.join(CASES)}")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--profile", action="store_true", help="print a cProfile top list per case")
     parser.add_argument("--top", type=int, default=30, help="rows of the profile to print")

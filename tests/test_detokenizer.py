@@ -103,6 +103,7 @@ class _WindowRecorder:
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         self.sizes: list[int] = []
+        self.decode_is_concatenative = tok.decode_is_concatenative
 
     def decode(self, ids, skip_special_tokens=True):
         self.sizes.append(len(ids))
@@ -119,6 +120,12 @@ def test_each_step_decodes_a_short_window(tok, text):
     assert detok.text == text
     assert max(recorder.sizes) <= 8  # a character spans at most 4 byte-level tokens
     assert sum(recorder.sizes) <= 6 * len(ids)
+    assert len(recorder.sizes) == len(ids)  # byte-level: one decode per token
+
+
+def test_only_byte_level_decoders_count_as_concatenative(tok, tmp_path_factory):
+    assert tok.decode_is_concatenative
+    assert not _sp_tokenizer(tmp_path_factory).decode_is_concatenative
 
 
 @pytest.mark.parametrize("skip", [True, False])
