@@ -27,7 +27,8 @@ def cold_prefix_layout(kinds: np.ndarray) -> tuple[np.ndarray, int] | None:
     leading = np.arange(kinds.shape[1])[None, :] < counts[:, None]
     if not np.array_equal(cold, leading):
         return None
-    codes = np.unique(kinds[cold])
-    if len(codes) != 1:
+    codes = kinds[cold]
+    kind = int(codes.min())
+    if int(codes.max()) != kind:
         return None
-    return counts, int(codes[0])
+    return counts, kind
