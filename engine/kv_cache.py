@@ -86,11 +86,16 @@ class _Arena:
             self.bytes = torch.zeros((num_pages, s.page_bytes), dtype=torch.uint8, device=device)
         self.hot = self.bytes.view(s.dtype).view(num_pages, 2, s.num_layers, s.block_size, s.num_kv_heads, s.head_dim)
         slots = s.slots_per_page()
-        tail = (2, s.num_layers, s.block_size, s.num_kv_heads)
-        d8 = s.tokens_elems
-        self.int8 = self.bytes[:, : slots["int8"] * d8].view(torch.int8).view(num_pages, slots["int8"], *tail, s.head_dim)
-        d4 = s.tokens_elems // 2
-        self.int4 = self.bytes[:, : slots["int4"] * d4].view(num_pages, slots["int4"], *tail, s.head_dim // 2)
+        # Cold slots are stored head-major (a block's tokens of one head are adjacent: 16 x
+        # 128 B = 2 KiB for int8 at head_dim 128, one contiguous read for the decode kernel)
+        # and viewed token-major like the hot pages, [.., block_size, kv_heads, ..]; every
+        # reader goes through the views' strides.
+        tail = (2, s.num_layers, s.num_kv_heads, s.block_size)
+        self.slot_bytes = {"int8": s.tokens_elems, "int4": s.tokens_elems // 2}
+        self.int8 = (self.bytes[:, : slots["int8"] * self.slot_bytes["int8"]].view(torch.int8)
+                     .view(num_pages, slots["int8"], *tail, s.head_dim).transpose(4, 5))
+        self.int4 = (self.bytes[:, : slots["int4"] * self.slot_bytes["int4"]]
+                     .view(num_pages, slots["int4"], *tail, s.head_dim // 2).transpose(4, 5))
         self.scales8: torch.Tensor | None = None
         self.scales4: torch.Tensor | None = None
         for kind in cold_kinds:
@@ -103,8 +108,8 @@ class _Arena:
                                        dtype=torch.float32, device=self.device)
         if kind == "int4" and self.scales4 is None:
             groups = s.head_dim // int4_group_size(s.head_dim)
-            self.scales4 = torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.block_size, s.num_kv_heads, groups),
-                                       dtype=torch.float16, device=self.device)
+            self.scales4 = torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.num_kv_heads, s.block_size, groups),
+                                       dtype=torch.float16, device=self.device).transpose(4, 5)  # head-major, as the codes
 
     def has_kind(self, kind: str) -> bool:
         return (self.scales8 if kind == "int8" else self.scales4) is not None
@@ -231,8 +236,8 @@ class KVCache:
             stream.synchronize()  # host pages may be reused by the next scheduling pass
 
     @staticmethod
-    def _copy(src: _Arena, dst: _Arena, pairs, non_blocking: bool) -> None:
-        if src.device.type != dst.device.type:
+    def _copy(src: _Arena, dst: _Arena, pairs, non_blocking: bool, per_block: bool | None = None) -> None:
+        if per_block if per_block is not None else src.device.type != dst.device.type:
             # Host <-> device: one contiguous copy per block straight between the pinned
             # host page and the device page (an indexed gather would stage through
             # pageable memory and halve the PCIe rate).
@@ -240,8 +245,10 @@ class KVCache:
                 if kind == HOT:
                     dst.bytes[dp].copy_(src.bytes[sp], non_blocking=non_blocking)
                     continue
-                data, scales = ("int8", "scales8") if kind == "int8" else ("int4", "scales4")
-                getattr(dst, data)[dp, ds].copy_(getattr(src, data)[sp, ss], non_blocking=non_blocking)
+                scales = "scales8" if kind == "int8" else "scales4"
+                size = src.slot_bytes[kind]  # a slot is one contiguous byte range of its page
+                dst.bytes[dp, ds * size : (ds + 1) * size].copy_(src.bytes[sp, ss * size : (ss + 1) * size],
+                                                                  non_blocking=non_blocking)
                 getattr(dst, scales)[dp, ds].copy_(getattr(src, scales)[sp, ss], non_blocking=non_blocking)
             return
         for kind in (HOT, *COLD_KINDS):

@@ -195,3 +195,23 @@ def test_swap_moves_cold_blocks_compactly(tiny_model):
     # cold blocks travel at a quarter of a float32 page (plus scales), so bytes per block fall below a page
     assert 0 < c.swap_out_bytes < (c.swap_out_bytes // bb + 1) * bb
     assert c.swap_out_bytes % bb != 0
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_per_block_copy_moves_cold_slots_byte_for_byte(kind):
+    """The host<->device swap path (one contiguous copy per block, run here between two
+    CPU arenas) carries a cold block's codes and scales exactly, whatever the layout."""
+    from engine.kv_cache import KVCache, _Arena
+
+    cache = KVCache(2, 8, 0, 4, 2, 16, torch.float32, torch.device("cpu"), None, (kind,))
+    cache.device_pool.hot.normal_()
+    cache.quantize([(0, (kind, 5, 1)), (1, (kind, 6, 0))])
+    dst = _Arena(cache.shape, 4, torch.device("cpu"), None, (kind,))
+    KVCache._copy(cache.device_pool, dst, [((kind, 5, 1), (kind, 2, 3)), ((kind, 6, 0), (kind, 0, 0))],
+                  non_blocking=False, per_block=True)
+    data, scales = (kind, "scales8" if kind == "int8" else "scales4")
+    src_data, dst_data = getattr(cache.device_pool, data), getattr(dst, data)
+    src_scales, dst_scales = getattr(cache.device_pool, scales), getattr(dst, scales)
+    assert torch.equal(dst_data[2, 3], src_data[5, 1]) and torch.equal(dst_data[0, 0], src_data[6, 0])
+    assert torch.equal(dst_scales[2, 3], src_scales[5, 1]) and torch.equal(dst_scales[0, 0], src_scales[6, 0])
+    assert src_data[5, 1].abs().sum() > 0 and dst_data[1, 0].abs().sum() == 0  # untouched slots stay empty

@@ -153,7 +153,7 @@ def main() -> int:
             results["kinds"][kind]["general_kernel_ms"] = triton.testing.do_bench(general, warmup=10, rep=100,
                                                                                   return_mode="median")
             sweep = {}
-            for warps in (2, 4, 8):
+            for warps in (2, 4):
                 for stages in (1, 2, 3):
                     for tile in (64, 128):
                         run = lambda: cold_prefix_decode_attention(  # noqa: E731
