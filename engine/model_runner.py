@@ -81,7 +81,10 @@ class ModelRunner:
                 slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             if item.completes:
                 sample_rows.append(len(input_ids) - 1)
-        max_blocks = max(len(item.seq.block_table) for item in batch)
+        # int32 tables padded to a multiple of 16 entries: the Triton kernels then see the
+        # same argument types and alignments as in the captured decode graphs, and reuse
+        # their compiled variants instead of compiling new ones mid-serving.
+        max_blocks = -(-max(len(item.seq.block_table) for item in batch) // 16) * 16
         tables = torch.zeros(len(batch), max_blocks, dtype=torch.long)
         kinds = slots_in_page = None
         num_pages = self.kv_cache.num_blocks
@@ -99,7 +102,7 @@ class ModelRunner:
             query_start=query_start,
             query_lens=query_lens,
             context_lens=torch.tensor(context_lens, device=dev),
-            block_tables=tables.to(dev),
+            block_tables=tables.to(dev, torch.int32),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             positions=torch.tensor(positions, dtype=torch.long, device=dev),
             max_query_len=max(query_lens),
