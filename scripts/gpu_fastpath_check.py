@@ -317,6 +317,40 @@ def check_cold_kv(model_dir, model, vocab, **_):
             torch.cuda.empty_cache()
 
 
+def check_sampling(fast, vocab, **_):
+    """The batched sampler on the device: seeded requests repeat exactly (alone and in a
+    batch with unseeded ones), penalties, top-k/p, min-p and logprobs run, and the
+    engine stays on the fast path."""
+    from engine import SamplingParams
+    from engine.bench.gpu_decode import prompts
+
+    ps = prompts(vocab, 6, 40, seed=77)
+    seeded = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.02, repetition_penalty=1.1,
+                             presence_penalty=0.2, max_tokens=16, seed=100 + i, logprobs=2, ignore_eos=True)
+              for i in range(3)]
+    unseeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+
+    def run(tag, batch):
+        ids = []
+        for i, (p, params) in enumerate(batch):
+            fast.add_request(f"{tag}-{i}", p, params)
+            ids.append(f"{tag}-{i}")
+        done = {}
+        while fast.has_unfinished():
+            for out in fast.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0]
+        return [done[r] for r in ids]
+
+    first = run("sample-a", list(zip(ps[:3], seeded)) + [(p, unseeded) for p in ps[3:]])
+    again = run("sample-b", list(zip(ps[:3], seeded)))
+    same = [a.token_ids == b.token_ids for a, b in zip(first[:3], again)]
+    ok_logprobs = all(o.logprobs is not None and len(o.logprobs) == 16 for o in first[:3])
+    in_vocab = all(0 <= t < vocab and len(o.token_ids) == 16 for o in first for t in o.token_ids)
+    check("sampling_on_device", all(same) and ok_logprobs and in_vocab and fast.runner.mode == "fast",
+          seeded_repeat=same, logprobs=ok_logprobs, in_vocab=in_vocab, mode=fast.runner.mode)
+
+
 def check_injected_failure(fast, slow, vocab, **_):
     """An injected failure mid-decode: fallback, same tokens, counted; then back to fast."""
     from engine import SamplingParams
@@ -396,8 +430,8 @@ def time_fused_ops() -> None:
     log(f"fused ops {json.dumps(out)}")
 
 
-MODEL_SECTIONS = [check_greedy, check_batch_invariance, check_contexts, check_cold_kv, check_injected_failure,
-                  quick_timing]
+MODEL_SECTIONS = [check_greedy, check_batch_invariance, check_contexts, check_cold_kv, check_sampling,
+                  check_injected_failure, quick_timing]
 
 
 def main() -> int:
