@@ -57,7 +57,8 @@ def build_case(kind: str, batch: int, context: int, hot_window: int, device: tor
     return q, k, v, cold, meta, cache
 
 
-def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int):
+def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int,
+                tile: int = 64):
     """Diagnostic: read every cold int8 K and V tile exactly as the decode kernel addresses
     them, convert to float and sum; no dot products, no softmax. Its bandwidth is what the
     access pattern itself allows."""
@@ -92,7 +93,7 @@ def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: i
     return lambda: _stream[(batch, kv_heads, splits)](
         tables, slots, cold.int8_k, cold.int8_v, out, cold_tokens, tables.stride(0),
         data.stride(0), data.stride(1), data.stride(2), data.stride(3),
-        BLOCK_SIZE=16, TILE=64, HEAD_DIM=data.shape[-1], NUM_SPLITS=splits, num_warps=num_warps,
+        BLOCK_SIZE=16, TILE=tile, HEAD_DIM=data.shape[-1], NUM_SPLITS=splits, num_warps=num_warps,
         num_stages=num_stages)
 
 
@@ -173,10 +174,14 @@ def main() -> int:
                 cold_tokens = (args.context - args.hot_window) // 16 * 16
                 stream_bytes = args.batch * cold_tokens // 16 * cache.shape.cold_block_bytes("int8")
                 diag = {}
-                for warps, stages in ((2, 1), (2, 2), (4, 2), (4, 3), (8, 3)):
-                    t_ms = triton.testing.do_bench(stream_int8(cold, tables, slots, cold_tokens, splits, warps, stages),
-                                                   warmup=5, rep=40, return_mode="median")
-                    diag[f"w{warps}s{stages}"] = {"ms": t_ms, "bandwidth_share": stream_bytes / (t_ms / 1e3) / copy_bw}
+                for warps, stages, tile, n_splits in ((2, 2, 64, splits), (8, 3, 64, splits), (4, 2, 128, splits),
+                                                      (8, 3, 128, splits), (8, 3, 256, splits), (4, 2, 64, 4 * splits),
+                                                      (8, 3, 128, 4 * splits)):
+                    t_ms = triton.testing.do_bench(
+                        stream_int8(cold, tables, slots, cold_tokens, n_splits, warps, stages, tile),
+                        warmup=5, rep=40, return_mode="median")
+                    diag[f"w{warps}s{stages}t{tile}splits{n_splits}"] = {
+                        "ms": t_ms, "bandwidth_share": stream_bytes / (t_ms / 1e3) / copy_bw}
                 results["int8_stream_only_diagnostic"] = diag
                 print("int8 stream-only (no dots):", {k_: round(v_["bandwidth_share"], 2) for k_, v_ in diag.items()},
                       flush=True)
