@@ -122,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {r['num_steps']} steps, host work per step median {r['host_ms_per_step_median']:.2f} ms, "
                   f"mean {r['host_ms_per_step_mean']:.2f} ms, max {r['host_ms_per_step_max']:.2f} ms")
             results.append(r)
-    meta = {"python": sys.version.split()[0], "torch": torch.__version__,
+    import tokenizers
+
+    meta = {"python": sys.version.split()[0], "torch": torch.__version__, "tokenizers": tokenizers.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
