@@ -219,7 +219,14 @@ def test_fused_small_ops_match_torch_references():
     gate_up = torch.randn(3, 2 * 300, generator=gen)
     torch.testing.assert_close(ops.silu_and_mul(gate_up), ops.silu_and_mul_reference(gate_up))
 
-    tokens, heads, kv_heads, dim = 4, 8, 2, 32
+
+@needs_triton
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (12, 4), (20, 4), (1, 1)])  # q heads in one, two, three parts
+def test_fused_rope_and_cache_matches_torch_reference(heads, kv_heads):
+    from engine.fast_path import fused_ops as ops
+
+    gen = torch.Generator().manual_seed(heads)
+    tokens, dim = 4, 32
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
     q = qkv[:, : heads * dim].view(tokens, heads, dim)
     k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 from .availability import has_triton
 
+Q_HEADS_PER_PROGRAM = 8
+
 if has_triton():
     import triton
     import triton.language as tl
@@ -71,31 +73,41 @@ if has_triton():
     def _rope_and_cache_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr,
                                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                                stride_cb, stride_ct, stride_ch, num_heads, num_kv_heads,
-                               BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+                               BLOCK_SIZE: tl.constexpr, Q_HEADS_PER_PROGRAM: tl.constexpr,
+                               KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+        """Program (t, 0): token t's K rotation and K/V cache write; program (t, c > 0):
+        rotation of q heads [(c - 1) * Q_HEADS_PER_PROGRAM, c * Q_HEADS_PER_PROGRAM)."""
         t = tl.program_id(0)
+        part = tl.program_id(1)
         pos = tl.load(pos_ptr + t).to(tl.float32)
         j = tl.arange(0, HALF)
         freqs = pos * tl.load(inv_freq_ptr + j)
         ty = q_ptr.dtype.element_ty
         cos = tl.cos(freqs).to(ty).to(tl.float32)
         sin = tl.sin(freqs).to(ty).to(tl.float32)
-        q1, q2, h, jj, hmask = _rotate(q_ptr, t * stride_qt, stride_qh, num_heads, cos, sin, HEADS_PAD, HALF)
-        qptr = q_ptr + t * stride_qt + h[:, None] * stride_qh + jj[None, :]
-        tl.store(qptr, q1, mask=hmask)
-        tl.store(qptr + HALF, q2, mask=hmask)
-        slot = tl.load(slot_ptr + t)
-        if slot >= 0:
-            k1, k2, kh, kj, kmask = _rotate(k_ptr, t * stride_kt, stride_kh, num_kv_heads, cos, sin,
-                                            KV_HEADS_PAD, HALF)
-            slot = slot.to(tl.int64)
-            cache = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
-                     + kh[:, None] * stride_ch + kj[None, :])
-            tl.store(kc_ptr + cache, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
-            tl.store(kc_ptr + cache + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
-            vsrc = v_ptr + t * stride_vt + kh[:, None] * stride_vh + kj[None, :]
-            tl.store(vc_ptr + cache, tl.load(vsrc, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty), mask=kmask)
-            tl.store(vc_ptr + cache + HALF, tl.load(vsrc + HALF, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty),
-                     mask=kmask)
+        if part > 0:
+            first = (part - 1) * Q_HEADS_PER_PROGRAM
+            base = t * stride_qt + first * stride_qh
+            q1, q2, h, jj, hmask = _rotate(q_ptr, base, stride_qh, num_heads - first, cos, sin,
+                                           Q_HEADS_PER_PROGRAM, HALF)
+            qptr = q_ptr + base + h[:, None] * stride_qh + jj[None, :]
+            tl.store(qptr, q1, mask=hmask)
+            tl.store(qptr + HALF, q2, mask=hmask)
+        else:
+            slot = tl.load(slot_ptr + t)
+            if slot >= 0:
+                k1, k2, kh, kj, kmask = _rotate(k_ptr, t * stride_kt, stride_kh, num_kv_heads, cos, sin,
+                                                KV_HEADS_PAD, HALF)
+                slot = slot.to(tl.int64)
+                cache = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
+                         + kh[:, None] * stride_ch + kj[None, :])
+                tl.store(kc_ptr + cache, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
+                tl.store(kc_ptr + cache + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
+                vsrc = v_ptr + t * stride_vt + kh[:, None] * stride_vh + kj[None, :]
+                tl.store(vc_ptr + cache, tl.load(vsrc, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty),
+                         mask=kmask)
+                tl.store(vc_ptr + cache + HALF, tl.load(vsrc + HALF, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty),
+                         mask=kmask)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -130,11 +142,14 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     kv_heads = k.shape[1]
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("K and V caches must share strides with a contiguous head dimension")
-    _rope_and_cache_kernel[(tokens,)](
+    per_program = min(Q_HEADS_PER_PROGRAM, triton.next_power_of_2(heads))
+    # One program per (token, part): at batch 1 a single program per token was latency-bound.
+    _rope_and_cache_kernel[(tokens, 1 + triton.cdiv(heads, per_program))](
         q, k, v, positions, inv_freq, slots, k_cache, v_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, kv_heads,
-        BLOCK_SIZE=k_cache.shape[1], HEADS_PAD=triton.next_power_of_2(heads), KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2,
+        BLOCK_SIZE=k_cache.shape[1], Q_HEADS_PER_PROGRAM=per_program,
+        KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2,
     )
 
 
