@@ -17,6 +17,7 @@ Every figure goes to DIR/results.json; a table is printed last.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import subprocess
@@ -163,6 +164,8 @@ def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **confi
     for kv in engine.runner.kv_layers if hasattr(engine.runner, "kv_layers") else engine.kv_cache.layers:
         kv[0].normal_()  # never time on zeros (untouched blocks are read only by padded rows anyway)
         kv[1].normal_()
+    gc.collect()
+    gc.freeze()  # as the server does after start-up: no full collections over the engine's objects
     return engine
 
 
