@@ -193,7 +193,9 @@ class LLMEngine:
                 self.block_manager.commit_full_blocks(seq)
             self._cool(item.seq for item in sched.scheduled)
             if sampling:
-                tokens, logprobs = greedy_on_device(logits, sampling), [None] * len(sampling)
+                take = getattr(self.runner, "take_sampled_tokens", None)  # read with the fast path's check
+                tokens = take() if take is not None else None
+                tokens, logprobs = tokens or greedy_on_device(logits, sampling), [None] * len(sampling)
                 if tokens is None:
                     tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator)
                 outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, now, stats)

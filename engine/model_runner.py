@@ -17,6 +17,7 @@ import torch
 from .attention import AttentionMetadata, paged_attention
 from .block_pool import PageAllocator
 from .fast_path.cold_layout import cold_prefix_layout
+from .fast_path.gpu_sampling import can_sample_greedy_on_device
 from .kv_cache import KVCache
 from .model import LlamaModel
 from .scheduler import ScheduledSeq
@@ -48,6 +49,9 @@ class ModelRunner:
         # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
         # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
         self.fast_decode = None
+        # Greedy tokens a fast decode step already read back with its finiteness check
+        # (one host synchronisation for both); the engine takes them instead of sampling.
+        self.sampled_tokens: list[int] | None = None
 
     def refresh_kv_views(self) -> None:
         """Per-layer (k, v, cold) views of the arena; call again after cold KV is enabled."""
@@ -115,9 +119,15 @@ class ModelRunner:
         )
         return torch.tensor(input_ids, dtype=torch.long, device=dev), meta, sample_rows
 
+    def take_sampled_tokens(self) -> list[int] | None:
+        """The last step's greedy tokens if the fast decode path read them already, else None."""
+        tokens, self.sampled_tokens = self.sampled_tokens, None
+        return tokens
+
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits [num sampling sequences, vocab] in float32, in batch order."""
+        self.sampled_tokens = None
         if self.mode == "fast" and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
                 logits = self._fast_decode_checked(batch)
@@ -143,8 +153,18 @@ class ModelRunner:
             reason, self._injected_failure = self._injected_failure, None
             raise FastPathError("injected", f"injected fast-path failure: {reason}")
         logits = self.fast_decode.execute(batch)
-        if logits is not None and not torch.isfinite(logits).all():
+        if logits is None:
+            return None
+        if can_sample_greedy_on_device(logits, [item.seq for item in batch]):
+            # The step's one host synchronisation: the greedy tokens and the finiteness
+            # flag come back in a single transfer.
+            packed = torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all().view(1).long()]).tolist()
+            finite, tokens = bool(packed[-1]), packed[:-1]
+        else:  # the sampler reads its own results; the check costs a second synchronisation
+            finite, tokens = bool(torch.isfinite(logits).all()), None
+        if not finite:
             raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
+        self.sampled_tokens = tokens
         return logits
 
     def _switch_to_fallback(self, exc: Exception) -> None:

@@ -152,6 +152,37 @@ def test_fast_decode_failure_switches_to_fallback_and_output_is_unchanged(tiny_m
     assert fake.calls == calls  # fallback is sticky: the fast decode is not tried again
 
 
+@pytest.mark.parametrize("behaviour", ["ok", "nan"])
+def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, monkeypatch, behaviour):
+    """On the fast decode path a plain-greedy step's tokens come back together with the
+    non-finite check (one host synchronisation); a non-finite step still falls back and
+    every request gets the portable path's tokens."""
+    import engine.model_runner as model_runner
+
+    def greedy_anywhere(logits, seqs):  # the real check also demands CUDA logits
+        return all(s.params.is_greedy and s.params.logprobs is None for s in seqs)
+
+    monkeypatch.setattr(model_runner, "can_sample_greedy_on_device", greedy_anywhere)
+    expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, GREEDY)]
+    llm = LLM(tiny_model)
+    runner = llm.engine.runner
+    runner.fast_decode = FakeDecode(runner, behaviour)
+    reads = []
+    take = runner.take_sampled_tokens
+    runner.take_sampled_tokens = lambda: (reads.append(runner.sampled_tokens), take())[1]
+    transfers = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (transfers.append(t.shape), tolist(t))[1])
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert got == expected
+    if behaviour == "ok":
+        assert runner.mode == "fast" and sum(r is not None for r in reads) == GREEDY.max_tokens - 1
+        decode_reads = [shape for shape in transfers if shape == (len(PROMPTS) + 1,)]
+        assert len(decode_reads) == GREEDY.max_tokens - 1  # tokens + flag, once per decode step
+    else:
+        assert runner.mode == "fallback" and all(r is None for r in reads)
+
+
 def test_fast_decode_used_for_pure_decode_steps_only(tiny_model):
     llm = LLM(tiny_model)
     runner = llm.engine.runner
