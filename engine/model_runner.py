@@ -59,6 +59,11 @@ class ModelRunner:
         fast_decode = getattr(self, "fast_decode", None)
         if fast_decode is not None and hasattr(fast_decode, "decoder"):
             fast_decode.decoder.set_kv_layers(self.kv_layers)
+            if fast_decode.graphs:  # a cold kind switched on at run time: its graphs now, not mid-decode
+                try:
+                    fast_decode.capture_all()
+                except Exception as exc:  # the decode step itself will fall back if it fails again
+                    log.warning("capturing decode graphs for a new cold kind failed: %s", exc)
 
     def inject_fastpath_failure(self, reason: str) -> None:
         """Make the next fast-path step fail with `reason` (fault injection for tests)."""
