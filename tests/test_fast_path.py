@@ -555,3 +555,47 @@ def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
 
 
 KIND_CODES = {"int8": 1, "int4": 2}
+
+
+@needs_triton
+@pytest.mark.slow
+def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
+    """After a run-time switch from int8 to int4 a sequence holds both kinds: the decode
+    graphs decline the batch (None) and the step runs eagerly through the per-tile cold
+    kernel; tokens and log-probabilities equal the portable path's with the same switch."""
+    from engine.fast_path.cuda_graphs import DecodeGraphs
+    from engine.fast_path.fast_decoder import FastDecoder
+    from engine.fast_path.triton_attention import triton_paged_attention
+
+    def run(llm, fast: bool):
+        engine, declined = llm.engine, []
+        runner = engine.runner
+        if fast:
+            graphs = DecodeGraphs(FastDecoder(runner.model, runner.kv_layers), 8, 256, runner.device,
+                                  pages=runner.pages, use_graphs=False)
+            execute = graphs.execute
+            graphs.execute = lambda batch: (lambda out: (declined.append(out is None), out)[1])(execute(batch))
+            runner.fast_decode, runner.fast_attention = graphs, triton_paged_attention
+        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=2)
+        engine.add_request("a", list(range(5, 45)), params)
+        engine.add_request("b", list(range(50, 75)), params)
+        outs, step = {}, 0
+        while engine.has_unfinished():
+            if step == 3:
+                engine.reconfigure({"kv_cold_dtype": "int4"})
+            for o in engine.step():
+                outs[o.request_id] = o.outputs[0]
+            step += 1
+        return outs, declined
+
+    config = dict(block_size=8, kv_cold_dtype="int8", kv_hot_window=8)
+    want, _ = run(LLM(tiny_model, **config), fast=False)
+    llm = LLM(tiny_model, **config)
+    got, declined = run(llm, fast=True)
+    assert any(declined) and not all(declined)  # graphs took the one-kind steps, declined the mixed ones
+    assert llm.engine.runner.mode == "fast"
+    for rid in want:
+        assert got[rid].token_ids == want[rid].token_ids
+        for lp_g, lp_w in zip(got[rid].logprobs, want[rid].logprobs):
+            assert lp_g.keys() == lp_w.keys()
+            assert all(abs(lp_g[t] - lp_w[t]) < 1e-4 for t in lp_w)
