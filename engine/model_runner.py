@@ -147,10 +147,7 @@ class ModelRunner:
             try:
                 return self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
             except Exception as exc:  # any fast-path failure: fall back, keep serving
-                reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__
-                log.error("fast path failed (%s: %s); switching to fallback", reason, exc)
-                self.mode = "fallback"
-                self.on_fastpath_failure(str(reason))
+                self._switch_to_fallback(exc)
         return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
 
     def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
