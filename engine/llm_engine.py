@@ -21,7 +21,7 @@ from .numa_memory import device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .fast_path import attach_fast_path, greedy_on_device
-from .sampler import sample
+from .sampler import NonFiniteLogits, sample
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, SequenceStatus
@@ -182,8 +182,8 @@ class LLMEngine:
                           num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0, num_swapped=0)
         outputs: list[RequestOutput] = []
         if sched.scheduled:
-            logits = self.runner.execute(sched.scheduled)
             sampling = [item.seq for item in sched.scheduled if item.completes]
+            tokens, logprobs = self._execute_and_sample(sched.scheduled, sampling)
             now = time.time()
             for item in sched.scheduled:
                 seq = item.seq
@@ -193,11 +193,6 @@ class LLMEngine:
                 self.block_manager.commit_full_blocks(seq)
             self._cool(item.seq for item in sched.scheduled)
             if sampling:
-                take = getattr(self.runner, "take_sampled_tokens", None)  # read with the fast path's check
-                tokens = take() if take is not None else None
-                tokens, logprobs = tokens or greedy_on_device(logits, sampling), [None] * len(sampling)
-                if tokens is None:
-                    tokens, logprobs = sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator)
                 outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, now, stats)
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
@@ -205,6 +200,28 @@ class LLMEngine:
         stats.duration = time.perf_counter() - start
         self.last_step = stats
         return outputs
+
+    def _execute_and_sample(self, batch, sampling: list[Sequence]) -> tuple[list[int], list]:
+        """Run the step and choose its tokens. On the fast decode path the non-finite check
+        comes back with the tokens (one host sync); if it fails, the step runs again on
+        the portable path, with the seeded generators rewound."""
+        logits = self.runner.execute(batch)
+        if not sampling:
+            return [], []
+        take = getattr(self.runner, "take_sampled_tokens", None)  # greedy, read with the fast path's check
+        tokens = (take() if take is not None else None) or greedy_on_device(logits, sampling)
+        if tokens is not None:
+            return tokens, [None] * len(sampling)
+        flag = self.runner.take_finite_flag() if hasattr(self.runner, "take_finite_flag") else None
+        generators = [self.generator] + [s.generator for s in sampling if s.generator] if flag is not None else []
+        rewind = [(g, g.get_state()) for g in generators]
+        try:
+            return sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator, finite=flag)
+        except NonFiniteLogits:
+            for generator, state in rewind:
+                generator.set_state(state)
+            self.runner.non_finite_after_all()
+            return sample(self.runner.execute(batch), sampling, self.tokenizer.eos_token_ids, self.generator)
 
     def _cool(self, seqs) -> None:
         """Quantize full blocks that left the hot window (not in fallback: no quantized

@@ -52,6 +52,8 @@ class ModelRunner:
         # Greedy tokens a fast decode step already read back with its finiteness check
         # (one host synchronisation for both); the engine takes them instead of sampling.
         self.sampled_tokens: list[int] | None = None
+        # Otherwise the check's flag, still on the device, for the sampler to read with its tokens.
+        self.finite_flag: torch.Tensor | None = None
 
     def refresh_kv_views(self) -> None:
         """Per-layer (k, v, cold) views of the arena; call again after cold KV is enabled."""
@@ -129,10 +131,20 @@ class ModelRunner:
         tokens, self.sampled_tokens = self.sampled_tokens, None
         return tokens
 
+    def take_finite_flag(self) -> torch.Tensor | None:
+        """The last fast decode step's unread finiteness check (a device bool), else None."""
+        flag, self.finite_flag = self.finite_flag, None
+        return flag
+
+    def non_finite_after_all(self) -> None:
+        """The sampler found the deferred check false: switch to the fallback path (the
+        caller runs the step again, which rewrites the same K/V slots)."""
+        self._switch_to_fallback(FastPathError("non_finite_logits", "non-finite logits on the fast path"))
+
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits [num sampling sequences, vocab] in float32, in batch order."""
-        self.sampled_tokens = None
+        self.sampled_tokens = self.finite_flag = None
         if self.mode == "fast" and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
                 logits = self._fast_decode_checked(batch)
@@ -157,16 +169,16 @@ class ModelRunner:
         logits = self.fast_decode.execute(batch)
         if logits is None:
             return None
+        finite = torch.isfinite(logits).all()
         if can_sample_greedy_on_device(logits, [item.seq for item in batch]):
             # The step's one host synchronisation: the greedy tokens and the finiteness
             # flag come back in a single transfer.
-            packed = torch.cat([logits.argmax(dim=-1), torch.isfinite(logits).all().view(1).long()]).tolist()
-            finite, tokens = bool(packed[-1]), packed[:-1]
-        else:  # the sampler reads its own results; the check costs a second synchronisation
-            finite, tokens = bool(torch.isfinite(logits).all()), None
-        if not finite:
-            raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
-        self.sampled_tokens = tokens
+            *tokens, ok = torch.cat([logits.argmax(dim=-1), finite.view(1).long()]).tolist()
+            if not ok:
+                raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
+            self.sampled_tokens = tokens
+        else:  # the sampler reads the flag with its tokens (engine.step)
+            self.finite_flag = finite
         return logits
 
     def _switch_to_fallback(self, exc: Exception) -> None:

@@ -117,12 +117,28 @@ def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator
     return torch.where(bad, fallback, tokens)
 
 
+class NonFiniteLogits(RuntimeError):
+    """The `finite` flag handed to `sample` was false: the tokens drawn are not to be used."""
+
+
+def _read(tokens: torch.Tensor, finite: torch.Tensor | None) -> list[int]:
+    """Token ids to the host; a device-side finiteness flag rides on the same transfer."""
+    if finite is None:
+        return tokens.tolist()
+    *ids, ok = torch.cat([tokens, finite.view(1).to(tokens.dtype)]).tolist()
+    if not ok:
+        raise NonFiniteLogits("non-finite logits")
+    return ids
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
-           generator: torch.Generator) -> tuple[list[int], list[dict[int, float] | None]]:
-    """Next token per row; `generator` (on the logits' device) draws for unseeded rows."""
+           generator: torch.Generator, finite: torch.Tensor | None = None) -> tuple[list[int], list[dict[int, float] | None]]:
+    """Next token per row; `generator` (on the logits' device) draws for unseeded rows.
+    `finite`: a 0-d bool tensor computed on the device (are the logits finite?), read
+    with the tokens; when false, NonFiniteLogits is raised instead of returning."""
     raw = logits.float()
     if all(_is_plain_greedy(s) for s in seqs):
-        return raw.argmax(dim=-1).tolist(), [None] * len(seqs)
+        return _read(raw.argmax(dim=-1), finite), [None] * len(seqs)
     logits = raw.clone()
     _ban(logits, seqs, eos_token_ids)
     _apply_penalties(logits, seqs)
@@ -134,7 +150,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
         drawn = _draw(_filter(logits / temperature[:, None], seqs), seqs, generator)
         is_greedy = torch.tensor(greedy).to(logits.device, non_blocking=True)
         tokens = torch.where(is_greedy, tokens, drawn)
-    token_list = tokens.tolist()
+    token_list = _read(tokens, finite)
     return token_list, _logprobs(raw, seqs, token_list)
 
 

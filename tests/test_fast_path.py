@@ -599,3 +599,25 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
         for lp_g, lp_w in zip(got[rid].logprobs, want[rid].logprobs):
             assert lp_g.keys() == lp_w.keys()
             assert all(abs(lp_g[t] - lp_w[t]) < 1e-4 for t in lp_w)
+
+
+@pytest.mark.parametrize("behaviour", ["ok", "nan"])
+def test_sampled_decode_reads_the_non_finite_check_with_its_tokens(tiny_model, monkeypatch, behaviour):
+    """Non-greedy steps on the fast decode path: the finiteness flag rides on the
+    sampler's token read; a non-finite step switches to fallback, rewinds the seeded
+    generators and runs again, so seeded outputs equal the portable path's."""
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=6, seed=7, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, params)]
+    llm = LLM(tiny_model)
+    runner = llm.engine.runner
+    runner.fast_decode = FakeDecode(runner, behaviour)
+    transfers = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (transfers.append(t.shape), tolist(t))[1])
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    assert got == expected
+    assert runner.mode == ("fast" if behaviour == "ok" else "fallback")
+    with_flag = [shape for shape in transfers if shape == (len(PROMPTS) + 1,)]
+    assert len(with_flag) == (params.max_tokens - 1 if behaviour == "ok" else 1)
+    if behaviour == "nan":
+        assert llm.engine.counters.fastpath_failures["non_finite_logits"] == 1
