@@ -9,8 +9,10 @@ Decoding the window from `prefix` rather than from `read` gives the tail its lef
 context: a multi-byte character split over tokens, or a decoder that strips the
 first token's leading space (sentencepiece's Metaspace), come out as in the full
 decode. The offsets advance only when the window's text ends in a whole character
-(no trailing U+FFFD), so the next window starts at a clean boundary; until then the
-tail, replacement character included, is shown as the full decode shows it.
+(no trailing U+FFFD) and not in a sentencepiece byte-fallback token (a later byte may
+turn the whole byte group into replacement characters), so the next window starts at a
+clean boundary; until then the tail, replacement character included, is shown as the full
+decode shows it.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ class IncrementalDetokenizer:
             return self.text
         tail = window[len(self._prefix_text):]
         self.text = self._stable + tail
-        if tail and not window.endswith(REPLACEMENT_CHAR):
+        if tail and not window.endswith(REPLACEMENT_CHAR) and ids[-1] not in tokenizer.byte_fallback_ids:
             self._stable = self.text
             self._prefix_offset, self._read_offset = self._read_offset, len(ids)
             self._prefix_text = (tail if tokenizer.decode_is_concatenative else

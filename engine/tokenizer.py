@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 def _token_content(value) -> str | None:
@@ -37,6 +41,11 @@ class Tokenizer:
         # that of b whenever a's ends in a whole character (the incremental detokenizer
         # then needs one decode per step, not two).
         self.decode_is_concatenative = isinstance(self._tok.decoder, decoders.ByteLevel)
+        # Sentencepiece byte fallback (<0x20>, <0xE2>, ...): consecutive byte tokens decode as
+        # one group, and a later invalid byte turns the whole group, earlier valid bytes
+        # included, into replacement characters. Text ending in one is not final yet.
+        self.byte_fallback_ids: frozenset[int] = frozenset() if self.decode_is_concatenative else frozenset(
+            i for token, i in self._tok.get_vocab(with_added_tokens=False).items() if _BYTE_TOKEN.fullmatch(token))
 
     @property
     def eos_token_id(self) -> int | None:

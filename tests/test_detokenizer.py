@@ -88,6 +88,18 @@ def test_sentencepiece_style_decoder_matches_full_decode(tmp_path_factory, data,
     assert_matches_full_decode(tok, ids, skip)
 
 
+def test_a_valid_byte_later_grouped_with_an_invalid_one_is_not_committed(tmp_path_factory):
+    """Found by the test above: a space byte then a lone continuation byte decode, as a
+    byte-fallback group, to two replacement characters; the space shown one step
+    earlier must not stay in the text."""
+    tok = _sp_tokenizer(tmp_path_factory)
+    ids = tok.encode("Hello, world!", add_special_tokens=False) + [tok._tok.token_to_id("<0x20>"),
+                                                                    tok._tok.token_to_id("<0x80>")]
+    assert tok.decode(ids, skip_special_tokens=False).endswith("!\ufffd\ufffd")  # the byte tokens are specials here
+    assert_matches_full_decode(tok, ids, skip_special_tokens=False)
+    assert len(tok.byte_fallback_ids) == 256
+
+
 _SP: dict[str, Tokenizer] = {}
 
 
@@ -104,6 +116,7 @@ class _WindowRecorder:
         self.tok = tok
         self.sizes: list[int] = []
         self.decode_is_concatenative = tok.decode_is_concatenative
+        self.byte_fallback_ids = tok.byte_fallback_ids
 
     def decode(self, ids, skip_special_tokens=True):
         self.sizes.append(len(ids))
