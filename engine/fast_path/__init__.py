@@ -31,7 +31,7 @@ def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True, captur
     middle of serving). Returns None when attached, else why not (the runner keeps the
     portable path). Decode batches with cold blocks leading each table replay graphs of
     their own; other cold layouts run eagerly through the general cold kernel; prefill
-    over cold blocks takes the portable path."""
+    over cold blocks runs the grouped SDPA path over dequantized gathers."""
     reason = unavailable_reason(runner.device, runner.kv_cache.dtype)
     if reason is not None:
         log.info("fast path unavailable: %s; using the portable path", reason)
