@@ -31,6 +31,40 @@ if has_triton():
     import triton.language as tl
 
     @triton.jit
+    def _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS: tl.constexpr, TILE: tl.constexpr):
+        """(context length, first key, end) of this program's split: the sequence's keys
+        (the last `window` of them with a sliding window) cut into tile-aligned parts."""
+        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
+        per_split = tl.cdiv(tl.cdiv(ctx - first, NUM_SPLITS), TILE) * TILE
+        lo = first + split * per_split
+        return ctx, lo, tl.minimum(lo + per_split, ctx)
+
+    @triton.jit
+    def _group_queries(q_ptr, b, kvh, stride_qb, stride_qh,
+                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """The query heads sharing KV head `kvh`, padded to GROUP_PAD rows of zeros."""
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        heads = kvh * GROUP + g
+        is_head = g < GROUP
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
+        return q, heads, is_head, d
+
+    @triton.jit
+    def _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale):
+        """One tile of online softmax; per-token scales multiply the scores (keys) and the
+        probabilities (values): how the cold kernels dequantize without a copy."""
+        s = tl.dot(q, tl.trans(k)) * (k_scale[None, :] * scale)
+        s = tl.where(in_range[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
                      stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                      NUM_SPLITS: tl.constexpr):
@@ -63,18 +97,8 @@ if has_triton():
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        ctx = tl.load(ctx_ptr + b).to(tl.int32)
-        first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
-        span = ctx - first
-        per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), TILE) * TILE
-        lo = first + split * per_split
-        hi = tl.minimum(lo + per_split, ctx)
-
-        g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_DIM)
-        heads = kvh * GROUP + g
-        is_head = g < GROUP
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
+        ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
+        q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
 
         m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)

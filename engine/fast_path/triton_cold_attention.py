@@ -21,7 +21,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from .triton_attention import _store_split
+    from .triton_attention import _group_queries, _split_bounds, _store_split
 
     @triton.jit
     def _load_mixed(hot_ptr, i8_ptr, s8_ptr, i4_ptr, s4_ptr, page, slot, tok, kvh, kind, in_range, d, d2,
@@ -93,19 +93,9 @@ if has_triton():
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        ctx = tl.load(ctx_ptr + b).to(tl.int32)
-        first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
-        span = ctx - first
-        per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), TILE) * TILE
-        lo = first + split * per_split
-        hi = tl.minimum(lo + per_split, ctx)
-
-        g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_DIM)
+        ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
+        q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
         d2 = tl.arange(0, HEAD_DIM // 2)
-        heads = kvh * GROUP + g
-        is_head = g < GROUP
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
 
         m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)

@@ -27,18 +27,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from .triton_attention import _store_split
-
-    @triton.jit
-    def _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale):
-        s = tl.dot(q, tl.trans(k)) * (k_scale[None, :] * scale)
-        s = tl.where(in_range[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(v.dtype), v)
-        return m_new, l_i, acc
+    from .triton_attention import _group_queries, _softmax_update, _split_bounds, _store_split
 
     @triton.jit
     def _load_cold(data_ptr, scale_ptr, base, scale_base, in_range, d, d2,
@@ -79,20 +68,10 @@ if has_triton():
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        ctx = tl.load(ctx_ptr + b).to(tl.int32)
+        ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
         cold_end = tl.minimum(tl.load(cold_blocks_ptr + b).to(tl.int32) * BLOCK_SIZE, ctx)
-        first = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
-        span = ctx - first
-        per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), TILE) * TILE
-        lo = first + split * per_split
-        hi = tl.minimum(lo + per_split, ctx)
-
-        g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_DIM)
+        q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
         d2 = tl.arange(0, HEAD_DIM // 2)
-        heads = kvh * GROUP + g
-        is_head = g < GROUP
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
         dtype = q_ptr.dtype.element_ty
 
         m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
