@@ -384,56 +384,66 @@ def test_gpu_decode_bench_refuses_cleanly_without_cuda(tmp_path, capsys):
 
 
 # --- cold (quantized) KV blocks in the Triton decode kernel --------------------------
-@needs_triton
-@pytest.mark.parametrize("splits, hd", [(1, 32), (4, 32), (2, 256)])  # 256: two int4 scale groups per head
-def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
-    """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
-    dequantizing in registers) equals the portable path's dequantize-then-attend."""
-    from engine.attention import AttentionMetadata, paged_attention, write_kv
-    from engine.fast_path.triton_attention import triton_paged_attention
-    from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
+def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads=2, window=8):
+    """A one-layer KV cache holding sequences of `ctx` tokens of random K/V, whose blocks
+    older than `window` are quantized, block j of sequence i to kind_of(i, j), into slots
+    from first_cold_page[kind] on. Returns (k, v, cold, decode metadata, padded
+    (tables, kinds, slots))."""
+    from engine.attention import AttentionMetadata, write_kv
     from engine.kv_cache import KIND_CODE, KVCache
 
-    gen = torch.Generator().manual_seed(splits)
-    bs, kvh, heads, window = 8, 2, 4, 8
-    cache = KVCache(1, 64, 0, bs, kvh, hd, torch.float32, torch.device("cpu"), None, ("int8", "int4"))
+    cache = KVCache(1, num_pages, 0, bs, kv_heads, hd, torch.float32, torch.device("cpu"), None,
+                    tuple(first_cold_page))
     k, v, cold = cache.layer_views(0)
     per_page = cache.shape.slots_per_page()
-    ctx = [1, 9, 17, 40, 70]
     tables, kinds, slots, hot_tables, pairs = [], [], [], [], []
-    next_page, next_cold, used = 0, {"int8": 40, "int4": 52}, {"int8": 0, "int4": 0}
+    next_page, used = 0, dict.fromkeys(first_cold_page, 0)
     for i, n in enumerate(ctx):
         row, kind_row, slot_row, hot_row = [], [], [], []
         for j in range(-(-n // bs)):
             hot_row.append(next_page)
             row.append(next_page), kind_row.append(0), slot_row.append(0)
             if (j + 1) * bs <= n - window:
-                kind = ("int8", "int4")[(i + j) % 2]
-                page, slot = next_cold[kind] + used[kind] // per_page[kind], used[kind] % per_page[kind]
+                kind = kind_of(i, j)
+                page, slot = first_cold_page[kind] + used[kind] // per_page[kind], used[kind] % per_page[kind]
                 used[kind] += 1
                 pairs.append((next_page, (kind, page, slot)))
                 row[-1], kind_row[-1], slot_row[-1] = page, KIND_CODE[kind], slot
             next_page += 1
         tables.append(row), kinds.append(kind_row), slots.append(slot_row), hot_tables.append(hot_row)
     token_slots = torch.tensor([hot_tables[i][t // bs] * bs + t % bs for i, n in enumerate(ctx) for t in range(n)])
-    write_kv(k, v, torch.randn(len(token_slots), kvh, hd, generator=gen),
-             torch.randn(len(token_slots), kvh, hd, generator=gen), token_slots)
+    write_kv(k, v, torch.randn(len(token_slots), kv_heads, hd, generator=gen),
+             torch.randn(len(token_slots), kv_heads, hd, generator=gen), token_slots)
     cache.quantize(pairs)
-    assert used["int8"] and used["int4"]
+    assert all(used.values())  # every kind asked for was used
     width = max(map(len, tables))
-
-    def pad(rows):
-        return torch.tensor([r + [0] * (width - len(r)) for r in rows])
-
+    padded = [torch.tensor([r + [0] * (width - len(r)) for r in rows]) for rows in (tables, kinds, slots)]
     meta = AttentionMetadata(
         query_start=list(range(len(ctx))), query_lens=[1] * len(ctx), context_lens=torch.tensor(ctx),
-        block_tables=pad(tables), slot_mapping=torch.zeros(0, dtype=torch.long),
-        positions=torch.tensor([n - 1 for n in ctx]), max_query_len=1, max_context_len=max(ctx),
-        block_kinds=pad(kinds), block_slots=pad(slots))
+        block_tables=padded[0], slot_mapping=torch.zeros(0, dtype=torch.long),
+        positions=torch.tensor([max(n - 1, 0) for n in ctx]), max_query_len=1, max_context_len=max(ctx),
+        block_kinds=padded[1], block_slots=padded[2])
+    return k, v, cold, meta, padded
+
+
+@needs_triton
+@pytest.mark.parametrize("splits, hd", [(1, 32), (4, 32), (2, 256)])  # 256: two int4 scale groups per head
+def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
+    """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
+    dequantizing in registers) equals the portable path's dequantize-then-attend."""
+    from engine.attention import paged_attention
+    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
+
+    gen = torch.Generator().manual_seed(splits)
+    ctx = [1, 9, 17, 40, 70]
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(
+        gen, hd, ctx, num_pages=64, first_cold_page={"int8": 40, "int4": 52},
+        kind_of=lambda i, j: ("int8", "int4")[(i + j) % 2])
+    heads = 4
     q = torch.randn(len(ctx), heads, hd, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
-    out = cold_paged_decode_attention(q, k, v, cold, pad(tables).int(), pad(kinds), pad(slots),
-                                      torch.tensor(ctx), 0.3, splits)
+    out = cold_paged_decode_attention(q, k, v, cold, tables.int(), kinds, slots, torch.tensor(ctx), 0.3, splits)
     assert torch.isfinite(out).all()
     assert (out - ref).norm() / ref.norm() < 1e-5
     routed = triton_paged_attention(q, k, v, meta, 0.3, cold=cold)
@@ -464,51 +474,22 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd):
     cross block, tile, split and hot/cold boundaries and a padded row."""
     import numpy as np
 
-    from engine.attention import AttentionMetadata, paged_attention, write_kv
+    from engine.attention import paged_attention
     from engine.fast_path.cold_layout import cold_prefix_layout
     from engine.fast_path.triton_attention import triton_paged_attention
     from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
-    from engine.kv_cache import KIND_CODE, KVCache
+    from engine.kv_cache import KIND_CODE
 
     gen = torch.Generator().manual_seed(splits + hd)
-    bs, kvh, heads, window = 8, 2, 4, 8
-    cache = KVCache(1, 96, 0, bs, kvh, hd, torch.float32, torch.device("cpu"), None, (kind,))
-    k, v, cold = cache.layer_views(0)
-    per_page = cache.shape.slots_per_page()[kind]
     ctx = [1, 9, 17, 40, 70, 150, 0]
-    tables, kinds, slots, hot_tables, pairs = [], [], [], [], []
-    next_page, cold_page0, used = 0, 80, 0
-    for n in ctx:
-        row, kind_row, slot_row, hot_row = [], [], [], []
-        for j in range(-(-n // bs)):
-            hot_row.append(next_page)
-            row.append(next_page), kind_row.append(0), slot_row.append(0)
-            if (j + 1) * bs <= n - window:
-                page, slot = cold_page0 + used // per_page, used % per_page
-                used += 1
-                pairs.append((next_page, (kind, page, slot)))
-                row[-1], kind_row[-1], slot_row[-1] = page, KIND_CODE[kind], slot
-            next_page += 1
-        tables.append(row), kinds.append(kind_row), slots.append(slot_row), hot_tables.append(hot_row)
-    token_slots = torch.tensor([hot_tables[i][t // bs] * bs + t % bs for i, n in enumerate(ctx) for t in range(n)])
-    write_kv(k, v, torch.randn(len(token_slots), kvh, hd, generator=gen),
-             torch.randn(len(token_slots), kvh, hd, generator=gen), token_slots)
-    cache.quantize(pairs)
-    width = max(map(len, tables))
-
-    def pad(rows):
-        return torch.tensor([r + [0] * (width - len(r)) for r in rows])
-
-    counts, code = cold_prefix_layout(pad(kinds).numpy())
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, hd, ctx, num_pages=96, first_cold_page={kind: 80},
+                                                          kind_of=lambda i, j: kind)
+    heads = 4
+    counts, code = cold_prefix_layout(kinds.numpy())
     assert code == KIND_CODE[kind] and counts.max() > 0
-    meta = AttentionMetadata(
-        query_start=list(range(len(ctx))), query_lens=[1] * len(ctx), context_lens=torch.tensor(ctx),
-        block_tables=pad(tables), slot_mapping=torch.zeros(0, dtype=torch.long),
-        positions=torch.tensor([max(n - 1, 0) for n in ctx]), max_query_len=1, max_context_len=max(ctx),
-        block_kinds=pad(kinds), block_slots=pad(slots))
     q = torch.randn(len(ctx), heads, hd, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
-    out = cold_prefix_decode_attention(q, k, v, cold, pad(tables).int(), pad(slots).int(),
+    out = cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(),
                                        torch.from_numpy(np.ascontiguousarray(counts)), code, torch.tensor(ctx),
                                        0.3, splits)
     assert torch.isfinite(out).all() and out[-1].abs().max() == 0  # the padded row is zeros
