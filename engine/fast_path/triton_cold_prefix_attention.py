@@ -30,30 +30,15 @@ if has_triton():
     from .triton_attention import _group_queries, _softmax_update, _split_bounds, _store_split
 
     @triton.jit
-    def _load_words(data_ptr, base, in_range, WORDS: tl.constexpr):
-        """A tile's codes as 32-bit words. Byte-typed loads pipelined into a dot get
-        8-byte asynchronous copies (the dot operand's width in bf16); words get
-        16-byte ones, which is what lets an int8 tile stream at the hot tile's rate."""
-        words_ptr = (data_ptr + base).to(tl.pointer_type(tl.int32))
-        return tl.load(words_ptr[:, None] + tl.arange(0, WORDS)[None, :], mask=in_range[:, None], other=0)
-
-    @triton.jit
-    def _load_cold(data_ptr, scale_ptr, base, scale_base, in_range, d,
+    def _load_cold(data_ptr, scale_ptr, base, scale_base, in_range, d, d2,
                    KIND: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP4: tl.constexpr, DTYPE: tl.constexpr):
         """One tile's codes in DTYPE and its per-token scales (1 where int4 is scaled per element)."""
         if KIND == 1:
-            w = _load_words(data_ptr, base, in_range, HEAD_DIM // 4)
-            # Byte j of a word is dim 4i+j; shifting left then arithmetically right sign-extends it.
-            b0, b1, b2, b3 = (w << 24) >> 24, (w << 16) >> 24, (w << 8) >> 24, w >> 24
-            x = tl.interleave(tl.interleave(b0, b2), tl.interleave(b1, b3)).to(DTYPE)
+            x = tl.load(data_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0).to(DTYPE)
             token_scale = tl.load(scale_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
         else:
-            w = _load_words(data_ptr, base, in_range, HEAD_DIM // 8)
-            # Nibble j of a word (low nibble first) is dim 8i+j, stored with a +8 offset.
-            n0, n1, n2, n3 = (w & 0xF) - 8, ((w >> 4) & 0xF) - 8, ((w >> 8) & 0xF) - 8, ((w >> 12) & 0xF) - 8
-            n4, n5, n6, n7 = ((w >> 16) & 0xF) - 8, ((w >> 20) & 0xF) - 8, ((w >> 24) & 0xF) - 8, ((w >> 28) & 0xF) - 8
-            codes = tl.interleave(tl.interleave(tl.interleave(n0, n4), tl.interleave(n2, n6)),
-                                  tl.interleave(tl.interleave(n1, n5), tl.interleave(n3, n7)))
+            packed = tl.load(data_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
+            codes = tl.interleave((packed & 0xF) - 8, (packed >> 4) - 8)  # even dims low nibble, odd high
             if GROUP4 == HEAD_DIM:
                 x = codes.to(DTYPE)
                 token_scale = tl.load(scale_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
@@ -86,6 +71,7 @@ if has_triton():
         ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
         cold_end = tl.minimum(tl.load(cold_blocks_ptr + b).to(tl.int32) * BLOCK_SIZE, ctx)
         q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
+        d2 = tl.arange(0, HEAD_DIM // 2)
         dtype = q_ptr.dtype.element_ty
 
         m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
@@ -101,8 +87,8 @@ if has_triton():
             tok = t % BLOCK_SIZE
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
-            k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, KIND, HEAD_DIM, GROUP4, dtype)
-            v, v_scale = _load_cold(cv_ptr, cvs_ptr, base, scale_base, in_range, d, KIND, HEAD_DIM, GROUP4, dtype)
+            k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, dtype)
+            v, v_scale = _load_cold(cv_ptr, cvs_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, dtype)
             m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
 
         ones = tl.full([TILE], 1.0, tl.float32)
@@ -142,9 +128,6 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         data_k, data_v, scales_k, scales_v = cold.int4_k, cold.int4_v, cold.scales4_k, cold.scales4_v
     if scales_k is None:
         raise ValueError(f"the KV cache has no {'int8' if kind == INT8 else 'int4'} blocks enabled")
-    if head_dim % 8 or any(s % 4 for s in data_k.stride()[:3]):
-        raise ValueError("cold rows are read as 32-bit words: head_dim must be a multiple of 8 and "
-                         f"the cold pool's strides multiples of 4 bytes, got head_dim {head_dim}, strides {data_k.stride()}")
     if kind == INT8:  # one scale per block and head: no token stride
         scale_strides = (scales_k.stride(0), scales_k.stride(1), 0, scales_k.stride(2))
         group4 = head_dim
