@@ -79,6 +79,9 @@ class EngineConfig:
     """Most recent tokens per sequence kept in full precision when kv_cold_dtype is set."""
     mode: str = "fast"
     """fast (custom kernels where available) or fallback (portable torch path only)."""
+    async_scheduling: bool = True
+    """On the fast path, launch each greedy decode step before the host has read the previous
+    step's tokens, so the host's output work overlaps the GPU (engine/async_decode.py)."""
     tensor_parallel_size: int = 1
     """GPUs one model is split across [1, 8] (engine/parallel): cuda:N.. of `device`, one worker
     process per rank after the first; on CPU the ranks are gloo processes. Must divide the
@@ -97,6 +100,8 @@ class EngineConfig:
         check_range("max_model_len", self.max_model_len, 0)
         check_range("watermark", self.watermark, 0.0, 0.5)
         check_range("priority_aging_steps", self.priority_aging_steps, 1)
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be true or false, got {self.async_scheduling!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         check_range("tensor_parallel_size", self.tensor_parallel_size, 1, 8)

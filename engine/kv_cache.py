@@ -29,6 +29,7 @@ from .numa_memory import empty_on_node
 log = logging.getLogger(__name__)
 
 COLD_KINDS = ("int8", "int4")
+QUANTIZE_CHUNK = 64  # blocks per quantization batch: 256 MiB of float32 for the 8B shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,23 +200,30 @@ class KVCache:
 
     # --- quantization ---------------------------------------------------------
     def quantize(self, pairs: list[tuple[int, tuple[str, int, int]]]) -> None:
-        """pairs: (hot page, (kind, cold page, slot)). Reads each hot block once."""
+        """pairs: (hot page, (kind, cold page, slot)). Reads each hot block once, in chunks
+        of QUANTIZE_CHUNK blocks (a long prefill cools thousands at once: their float32
+        copies would not fit beside a full pool). Enqueued without waiting for the GPU:
+        indices travel through pinned memory."""
         d = self.device_pool
         for kind in COLD_KINDS:
             sel = [(h, p, s) for h, (k, p, s) in pairs if k == kind]
-            if not sel:
-                continue
-            hot = d.hot[torch.tensor([h for h, _, _ in sel], device=self.device)]
-            pages = torch.tensor([p for _, p, _ in sel], device=self.device)
-            slots = torch.tensor([s for _, _, s in sel], device=self.device)
-            if kind == "int8":
-                q, scale = quantize_int8(hot)
-                d.int8[pages, slots] = q
-                d.scales8[pages, slots] = scale
-            else:
-                q, scale = quantize_int4(hot)
-                d.int4[pages, slots] = q
-                d.scales4[pages, slots] = scale
+            for start in range(0, len(sel), QUANTIZE_CHUNK):
+                chunk = sel[start:start + QUANTIZE_CHUNK]
+                hot_ids, pages, slots = self._to_device(torch.tensor(chunk, dtype=torch.long).T.contiguous())
+                hot = d.hot[hot_ids]
+                if kind == "int8":
+                    q, scale = quantize_int8(hot)
+                    d.int8[pages, slots] = q
+                    d.scales8[pages, slots] = scale
+                else:
+                    q, scale = quantize_int4(hot)
+                    d.int4[pages, slots] = q
+                    d.scales4[pages, slots] = scale
+
+    def _to_device(self, index: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return index
+        return index.pin_memory().to(self.device, non_blocking=True)
 
     # --- swap -------------------------------------------------------------------
     def swap(self, swap_out: list[tuple[tuple, tuple]], swap_in: list[tuple[tuple, tuple]]) -> None:

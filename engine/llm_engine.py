@@ -20,10 +20,11 @@ from .model_runner import ModelRunner
 from .numa_memory import device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
-from .fast_path import attach_fast_path, greedy_on_device
+from .async_decode import InflightStep, TokenReadback, continuation_rows, plain_greedy
+from .fast_path import attach_fast_path, greedy_on_device, is_pure_decode
 from .sampler import NonFiniteLogits, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Request, Sequence, SequenceStatus
 from .stats import EngineCounters, KVSnapshot, StepStats
 from .tokenizer import Tokenizer
@@ -92,6 +93,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None
+        self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
+        self._readback: TokenReadback | None = None
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
         log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
                  self.model_name, self.device, self.dtype, num_blocks, config.block_size,
@@ -174,32 +177,129 @@ class LLMEngine:
 
     # --- the step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Run one step; returns the outputs of the requests that got a token. With a
+        decode step in flight (async scheduling), this launches the next one first and
+        then processes the one in flight."""
         start = time.perf_counter()
-        sched = self.scheduler.schedule()
-        self.kv_cache.swap(sched.swap_out, sched.swap_in)
-        self._count_paging(sched)
-        stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(sched.scheduled),
-                          num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0, num_swapped=0)
+        prev, self._inflight = self._inflight, None
+        if prev is not None and not any(item.seq.status is SequenceStatus.RUNNING for item in prev.batch):
+            prev.tokens.synchronize()  # all its sequences finished or were aborted meanwhile
+            prev = None
+        if prev is None:
+            sched = self.scheduler.schedule()
+            self.kv_cache.swap(sched.swap_out, sched.swap_in)
+            self._count_paging(sched)
+            stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(sched.scheduled),
+                              num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0,
+                              num_swapped=0)
+            prev = self._launch(sched.scheduled, stats)
+            if prev is None:
+                return self._step_synchronously(sched.scheduled, stats, start)
+        self._advance(prev.batch)
+        self._inflight = self._continue(prev)
+        return self._finish(prev, start)
+
+    def _step_synchronously(self, batch: list[ScheduledSeq], stats: StepStats, start: float) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
-        if sched.scheduled:
-            sampling = [item.seq for item in sched.scheduled if item.completes]
-            tokens, logprobs = self._execute_and_sample(sched.scheduled, sampling)
-            now = time.time()
-            for item in sched.scheduled:
-                seq = item.seq
-                if seq.times.first_scheduled is None:
-                    seq.times.first_scheduled = now
-                seq.num_computed_tokens += item.num_tokens
-                self.block_manager.commit_full_blocks(seq)
-            self._cool(item.seq for item in sched.scheduled)
+        if batch:
+            sampling = [item.seq for item in batch if item.completes]
+            tokens, logprobs = self._execute_and_sample(batch, sampling)
+            self._advance(batch)
             if sampling:
-                outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, now, stats)
+                outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, time.time(), stats)
+        return self._close_step(stats, start, outputs)
+
+    def _advance(self, batch: list[ScheduledSeq]) -> None:
+        """The batch's tokens are computed: count them, cache full blocks, cool old ones."""
+        now = time.time()
+        running = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
+        for item in running:
+            seq = item.seq
+            if seq.times.first_scheduled is None:
+                seq.times.first_scheduled = now
+            seq.num_computed_tokens += item.num_tokens
+            self.block_manager.commit_full_blocks(seq)
+        self._cool(item.seq for item in running)
+
+    def _close_step(self, stats: StepStats, start: float, outputs: list[RequestOutput]) -> list[RequestOutput]:
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.num_swapped = len(self.scheduler.swapped)
         stats.duration = time.perf_counter() - start
         self.last_step = stats
         return outputs
+
+    # --- async scheduling (engine/async_decode.py) --------------------------------
+    def _launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
+        """Start a greedy decode batch on the graphs without waiting for its tokens."""
+        launch = getattr(self.runner, "launch_greedy_decode", None)
+        if (not self.config.async_scheduling or launch is None or getattr(self.runner, "fast_decode", None) is None
+                or not is_pure_decode(batch)
+                or not all(plain_greedy(item.seq) for item in batch)):
+            return None
+        pending = launch(batch, self._token_readback())
+        return InflightStep(batch, pending, stats) if pending is not None else None
+
+    def _continue(self, prev: InflightStep) -> InflightStep | None:
+        """Launch the step after `prev`, fed by prev's tokens on the device, when the
+        scheduler would schedule exactly that batch."""
+        if not self.config.async_scheduling or self.scheduler.waiting or self.scheduler.swapped:
+            return None
+        found = continuation_rows(prev, self.scheduler.running, self.max_model_len)
+        if found is None or len(found[0]) > self.config.max_num_batched_tokens:
+            return None
+        rows, index = found
+        bm = self.block_manager
+        if sum(bm.num_new_blocks(r.seq, r.seq.num_computed_tokens + 1) for r in rows) > bm.pool.num_free_blocks:
+            return None  # the scheduler would preempt: let it
+        for r in rows:
+            bm.append_slots(r.seq, r.seq.num_computed_tokens + 1)
+        fed, keep = prev.tokens.device_tokens, []
+        if len(index) != len(prev.batch):
+            index_host = torch.tensor(index, dtype=torch.long, pin_memory=self.device.type == "cuda")
+            keep.append(index_host)
+            fed = fed.index_select(0, index_host.to(self.device, non_blocking=True))
+        self.scheduler.step_count += 1  # a step the scheduler did not have to plan
+        stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(rows), num_batched_tokens=len(rows),
+                          num_running=0, num_waiting=0, num_swapped=0)
+        pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
+        return InflightStep(rows, pending, stats, keep) if pending is not None else None
+
+    def _finish(self, prev: InflightStep, start: float) -> list[RequestOutput]:
+        """Read prev's tokens (the step's one host synchronisation) and turn them into outputs."""
+        tokens, finite = prev.tokens.wait()
+        if not finite:
+            tokens = self._rerun_on_fallback(prev.batch)
+        live = [(item.seq, token) for item, token in zip(prev.batch, tokens)
+                if item.seq.status is SequenceStatus.RUNNING]
+        outputs: list[RequestOutput] = []
+        if live:
+            seqs, toks = [s for s, _ in live], [t for _, t in live]
+            outputs = self.output_processor.process(self.requests, seqs, toks, [None] * len(seqs), time.time(),
+                                                    prev.stats)
+        return self._close_step(prev.stats, start, outputs)
+
+    def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
+        """The deferred check found non-finite logits: drop the step launched from them,
+        switch to the fallback path and compute this batch again there."""
+        self._inflight = None
+        self.runner.non_finite_after_all()
+        rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
+        for item in rows:  # _advance counted these tokens already; the rerun computes them again
+            item.seq.num_computed_tokens -= item.num_tokens
+        try:
+            tokens, _ = sample(self.runner.execute(rows), [item.seq for item in rows], self.tokenizer.eos_token_ids,
+                               self.generator)
+        finally:
+            for item in rows:
+                item.seq.num_computed_tokens += item.num_tokens
+        by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
+        return [by_seq.get(id(item.seq), -1) for item in batch]
+
+    def _token_readback(self) -> TokenReadback:
+        if self._readback is None:
+            self._readback = TokenReadback(self.device, self.runner.fast_decode.max_batch)
+        return self._readback
 
     def _execute_and_sample(self, batch, sampling: list[Sequence]) -> tuple[list[int], list]:
         """Run the step and choose its tokens. On the fast decode path the non-finite check
@@ -259,6 +359,8 @@ class LLMEngine:
         validated before any is applied. Returns the new configuration."""
         for name, value in changes.items():
             validate_tunable(name, value)
+        if self._inflight is not None:  # its copies are done before graphs are captured or buffers change
+            self._inflight.tokens.synchronize()
         cold = changes.get("kv_cold_dtype", "none")
         if cold != "none" and not self.kv_cache.has_kind(cold):
             self.kv_cache.enable_kind(cold)

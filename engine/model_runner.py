@@ -10,7 +10,7 @@ so no request sees the failure.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -21,6 +21,9 @@ from .fast_path.gpu_sampling import can_sample_greedy_on_device
 from .kv_cache import KVCache
 from .model import LlamaModel
 from .scheduler import ScheduledSeq
+
+if TYPE_CHECKING:
+    from .async_decode import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +164,28 @@ class ModelRunner:
             except Exception as exc:  # any fast-path failure: fall back, keep serving
                 self._switch_to_fallback(exc)
         return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
+
+    @torch.inference_mode()
+    def launch_greedy_decode(self, batch: list[ScheduledSeq], readback: "TokenReadback",
+                             fed_ids: torch.Tensor | None = None) -> "PendingTokens | None":
+        """Start a greedy decode step on the decode graphs and return its tokens, still
+        on their way to the host (async scheduling, engine/async_decode.py). `fed_ids`:
+        the rows' input tokens on the device, when the host has not read them yet. None
+        when the step cannot run this way (nothing was launched then); a fast-path
+        failure switches to the fallback path, as in `execute`."""
+        if self.mode != "fast" or self.fast_decode is None or not self.fast_decode.fits(batch):
+            return None
+        try:
+            if self._injected_failure is not None:
+                reason, self._injected_failure = self._injected_failure, None
+                raise FastPathError("injected", f"injected fast-path failure: {reason}")
+            logits = self.fast_decode.execute(batch, fed_ids=fed_ids)
+            if logits is None:
+                return None
+            return readback.start(logits.argmax(dim=-1), torch.isfinite(logits).all())
+        except Exception as exc:
+            self._switch_to_fallback(exc)
+            return None
 
     def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
         if self._injected_failure is not None:

@@ -187,7 +187,9 @@ def check_model() -> None:
     model_dir, model = build(PRESET, device=DEVICE, dtype=DTYPE_NAME if DEVICE == "cuda" else None)
     vocab = model.config.vocab_size
     log(f"{PRESET} model built on {DEVICE}")
-    common = dict(kv_gib=20 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=2048, enable_prefix_caching=False)
+    # Synchronous steps: record_logits sees every step's logits (async steps keep them on the device).
+    common = dict(kv_gib=20 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=2048, enable_prefix_caching=False,
+                  async_scheduling=False)
     fast = new_engine(model_dir, model, "fast", **common)
     slow = new_engine(model_dir, model, "fallback", **common)
     check("fast_path_attached", fast.fast_path_unavailable is None and fast.runner.fast_decode is not None,
@@ -366,6 +368,35 @@ def check_sampling(fast, vocab, fast_logits, **_):
           logit_rel_diff_until_first_difference=explained)
 
 
+def check_async_scheduling(fast, vocab, model_dir, model, **_):
+    """Decode steps launched ahead on the device's tokens (async scheduling) give the same
+    greedy tokens as synchronous steps: requests of different lengths and limits, so rows
+    leave the batch while steps are in flight."""
+    from engine import SamplingParams
+    from engine.bench.gpu_decode import new_engine, prompts
+
+    ahead = new_engine(model_dir, model, "fast", kv_gib=20 if DEVICE == "cuda" else 0.02,
+                       max_num_batched_tokens=2048, enable_prefix_caching=False)
+    fed = []
+    launch = ahead.runner.launch_greedy_decode
+    ahead.runner.launch_greedy_decode = lambda batch, rb, fed_ids=None: (fed.append(fed_ids is not None),
+                                                                         launch(batch, rb, fed_ids=fed_ids))[1]
+    ps = [p[: 5 + 37 * i] for i, p in enumerate(prompts(vocab, 8, 300, seed=55))]
+    got, want = [], []
+    for engine, out in ((ahead, got), (fast, want)):
+        for i, p in enumerate(ps):
+            engine.add_request(f"async-{id(engine)}-{i}", p,
+                               SamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True))
+        done = {}
+        while engine.has_unfinished():
+            done.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
+        out.extend(done[f"async-{id(engine)}-{i}"] for i in range(len(ps)))
+    check("async_scheduling_same_tokens", got == want and sum(fed) > 0 and ahead.runner.mode == "fast",
+          identical_requests=sum(a == b for a, b in zip(got, want)), requests=len(ps),
+          launches_fed_from_device=sum(fed), launches=len(fed), mode=ahead.runner.mode)
+    del ahead
+
+
 def check_injected_failure(fast, slow, vocab, **_):
     """An injected failure mid-decode: fallback, same tokens, counted; then back to fast."""
     from engine import SamplingParams
@@ -446,7 +477,7 @@ def time_fused_ops() -> None:
 
 
 MODEL_SECTIONS = [check_greedy, check_batch_invariance, check_contexts, check_cold_kv, check_sampling,
-                  check_injected_failure, quick_timing]
+                  check_async_scheduling, check_injected_failure, quick_timing]
 
 
 def main() -> int:

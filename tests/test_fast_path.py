@@ -126,7 +126,7 @@ class FakeDecode:
                                                ("inject", "injected")])
 def test_fast_decode_failure_switches_to_fallback_and_output_is_unchanged(tiny_model, behaviour, reason):
     expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, GREEDY)]
-    llm = LLM(tiny_model)
+    llm = LLM(tiny_model, async_scheduling=False)  # the synchronous step (async: test_async_decode.py)
     runner = llm.engine.runner
     fake = runner.fast_decode = FakeDecode(runner, "ok" if behaviour == "inject" else behaviour)
     failures: list[str] = []
@@ -164,7 +164,7 @@ def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, m
 
     monkeypatch.setattr(model_runner, "can_sample_greedy_on_device", greedy_anywhere)
     expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, GREEDY)]
-    llm = LLM(tiny_model)
+    llm = LLM(tiny_model, async_scheduling=False)
     runner = llm.engine.runner
     runner.fast_decode = FakeDecode(runner, behaviour)
     reads = []
@@ -184,7 +184,7 @@ def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, m
 
 
 def test_fast_decode_used_for_pure_decode_steps_only(tiny_model):
-    llm = LLM(tiny_model)
+    llm = LLM(tiny_model, async_scheduling=False)
     runner = llm.engine.runner
     fake = runner.fast_decode = FakeDecode(runner, "ok")
     llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))

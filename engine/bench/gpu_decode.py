@@ -175,23 +175,34 @@ def prompts(vocab: int, num: int, length: int, seed: int = 0) -> list[list[int]]
 
 
 def record_steps(engine, timings: list | None = None) -> list[list[tuple[int, int]]]:
-    """Wrap the runner so each executed step's (new tokens, context) items are recorded;
-    with `timings`, also (seconds from the call to its logits being ready, pure decode?)."""
+    """Wrap the runner so each executed step's (new tokens, context) items are recorded,
+    steps launched ahead by async scheduling too; with `timings`, also (seconds from the
+    call to its result being ready, pure decode?) — that syncs after every step, so it
+    also turns the overlap off. `unrecord_steps` restores the runner."""
     steps: list[list[tuple[int, int]]] = []
-    execute = engine.runner.execute
+    runner = engine.runner
 
-    def recording(batch):
-        steps.append([(it.num_tokens, it.seq.num_computed_tokens + it.num_tokens) for it in batch])
-        if timings is None:
-            return execute(batch)
-        start = time.perf_counter()
-        logits = execute(batch)
-        sync()
-        timings.append((time.perf_counter() - start, all(it.num_tokens == 1 for it in batch)))
-        return logits
+    def wrap(method):
+        def recording(batch, *args, **kwargs):
+            steps.append([(it.num_tokens, it.seq.num_computed_tokens + it.num_tokens) for it in batch])
+            if timings is None:
+                return method(batch, *args, **kwargs)
+            start = time.perf_counter()
+            result = method(batch, *args, **kwargs)
+            sync()
+            timings.append((time.perf_counter() - start, all(it.num_tokens == 1 for it in batch)))
+            return result
+        return recording
 
-    engine.runner.execute = recording
+    runner.execute = wrap(runner.execute)
+    if hasattr(runner, "launch_greedy_decode"):
+        runner.launch_greedy_decode = wrap(runner.launch_greedy_decode)
     return steps
+
+
+def unrecord_steps(engine) -> None:
+    for name in ("execute", "launch_greedy_decode"):
+        engine.runner.__dict__.pop(name, None)
 
 
 def step_time_split(timings: list[tuple[float, bool]], total_s: float, steps: int, decode_steps: int) -> dict:
@@ -421,6 +432,14 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
         b1["graph_replay_s"] = replay
         b1["graph_mbu"] = bytes_per_token / replay / bw
         res["batch1_fast"] = strip(b1)
+        fast.config = fast.config.replace(async_scheduling=False)
+        try:
+            b1s = bench_engine_decode(fast, prompts(cfg.vocab_size, 1, 512, seed=21), 256)
+        finally:
+            fast.config = fast.config.replace(async_scheduling=True)
+        res["batch1_sync_steps"] = {"decode_tok_s": b1s["decode_tok_s"],
+                                    "mbu": b1s["decode_tok_s"] * bytes_per_token / bw}
+        log(f"batch-1 without async scheduling: {b1s['decode_tok_s']:.1f} tok/s")
         log(f"batch-1 fast: {b1['decode_tok_s']:.1f} tok/s, MBU {b1['mbu']:.3f}; bare replay {replay * 1e3:.3f} ms "
             f"(MBU {b1['graph_mbu']:.3f})")
         res["graph_replay_ms"] = {}
@@ -449,14 +468,22 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
         try:
             r = run_requests(fast, many, 256)
         finally:
-            fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
+            unrecord_steps(fast)
         # the same workload again with a sync after each model call: where the time goes
         timings: list = []
         timed_steps = record_steps(fast, timings)
         try:
             r2 = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=2), 256)
         finally:
-            fast.runner.execute = type(fast.runner).execute.__get__(fast.runner)
+            unrecord_steps(fast)
+        # and without async scheduling (each decode step waits for its tokens): the overlap's effect
+        fast.config = fast.config.replace(async_scheduling=False)
+        try:
+            r3 = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=4), 256)
+        finally:
+            fast.config = fast.config.replace(async_scheduling=True)
+        res["throughput_sync_steps"] = {"tok_s": r3["output_tokens"] / r3["seconds"], "seconds": r3["seconds"]}
+        log(f"throughput without async scheduling: {json.dumps(res['throughput_sync_steps'])}")
         decode_count = sum(1 for s in timed_steps if all(n == 1 for n, _ in s))
         res["throughput_split"] = {"seconds": r2["seconds"], **step_time_split(timings, r2["seconds"], len(timed_steps),
                                                                                decode_count)}

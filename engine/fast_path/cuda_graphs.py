@@ -99,9 +99,12 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         self.block_slots = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
-        self._header_host = torch.zeros(5, n, dtype=torch.long, pin_memory=pin)
-        self._tables_host = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)
-        self._slots_host = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)
+        # Two sets of host twins, alternating: with a step in flight (async scheduling)
+        # the next step's rows are written while the previous copies may be pending.
+        self._host_sets = [(torch.zeros(5, n, dtype=torch.long, pin_memory=pin),
+                            torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
+                            torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)) for _ in range(2)]
+        self._host_turn = 0
         # (batch size, cold kind code) -> (graph, its logits); kind 0: no cold block in the batch
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
@@ -109,22 +112,29 @@ class DecodeGraphs:
         self.num_eager = 0
 
     def can_run(self, batch: list[ScheduledSeq]) -> bool:
-        return (is_pure_decode(batch) and len(batch) <= self.max_batch
-                and all(len(item.seq.block_table) <= self.max_blocks for item in batch))
+        return is_pure_decode(batch) and self.fits(batch)
+
+    def fits(self, batch: list[ScheduledSeq]) -> bool:
+        return len(batch) <= self.max_batch and all(len(item.seq.block_table) <= self.max_blocks for item in batch)
 
     def num_splits(self, size: int) -> int:
         from .triton_attention import choose_num_splits
 
         return choose_num_splits(size, self.decoder.num_kv_heads, self.max_model_len)
 
-    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
+    def execute(self, batch: list[ScheduledSeq], fed_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Logits [len(batch), vocab] float32 for a pure-decode batch; None when its cold
-        blocks are not laid out as leading runs of one kind (the caller runs it eagerly)."""
+        blocks are not laid out as leading runs of one kind (the caller runs it eagerly).
+        `fed_ids` ([len(batch)], on the device): the rows' input tokens when the host has
+        not seen them yet (the previous step's tokens, async scheduling); each row then
+        computes position `num_computed_tokens` of its sequence."""
         rows = DecodeInputs.from_batch(batch, self.block_size)
         size = graph_batch_size(len(batch), self.ladder)
         kind = self._load(rows.padded(size))
         if kind is None:
             return None
+        if fed_ids is not None:
+            self.input_ids[: len(batch)].copy_(fed_ids)
         if not self.use_graphs:
             self.num_eager += 1
             return self._run(size, kind)[: len(batch)]
@@ -149,8 +159,10 @@ class DecodeGraphs:
     def _load(self, rows: DecodeInputs) -> int | None:
         """Copy the rows into the static buffers (copies from pinned memory) and return
         the batch's cold kind code (0: none), or None for a layout the graphs do not
-        take. The host buffers are reused: safe because the previous step ended by
-        reading its tokens."""
+        take. The host buffers alternate between two sets: safe because the step two
+        loads back (at most two are in flight) has been read."""
+        header_host, tables_host, slots_host = self._host_sets[self._host_turn]
+        self._host_turn ^= 1
         n = len(rows.input_ids)
         width = max(1, max(len(t) for t in rows.block_tables))
         table = np.zeros((n, width), dtype=np.int64)
@@ -164,14 +176,14 @@ class DecodeGraphs:
                 return None
             cold_blocks, kind = layout
             table = page_ids
-            self._slots_host[:n, :width] = torch.from_numpy(slot_ids.astype(np.int32))
-            self.block_slots[:n, :width].copy_(self._slots_host[:n, :width], non_blocking=True)
-        self._header_host[:4, :n] = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens],
-                                                 dtype=torch.long)
-        self._header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
-        self._tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
-        self.header[:, :n].copy_(self._header_host[:, :n], non_blocking=True)
-        self.block_tables[:n, :width].copy_(self._tables_host[:n, :width], non_blocking=True)
+            slots_host[:n, :width] = torch.from_numpy(slot_ids.astype(np.int32))
+            self.block_slots[:n, :width].copy_(slots_host[:n, :width], non_blocking=True)
+        header_host[:4, :n] = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens],
+                                           dtype=torch.long)
+        header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
+        tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
+        self.header[:, :n].copy_(header_host[:, :n], non_blocking=True)
+        self.block_tables[:n, :width].copy_(tables_host[:n, :width], non_blocking=True)
         return kind
 
     def _run(self, size: int, kind: int = 0) -> torch.Tensor:

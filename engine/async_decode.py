@@ -1,0 +1,110 @@
+"""Overlapping the host with the GPU on decode steps (vLLM V1's async scheduling, in small).
+
+A synchronous decode step leaves the GPU idle while the host turns the step's tokens
+into outputs (append, detokenize, stop checks) and schedules the next step. Here,
+once a pure greedy decode step is running on the decode graphs, the engine launches
+the step after it before it reads the first one's tokens: the next step's input ids
+are the first step's tokens on the device, so nothing waits for the host. The host
+then processes the first step's tokens while the GPU runs the second.
+
+A continuation is launched only when the scheduler would have scheduled exactly that
+batch: nothing waiting or swapped out, every running sequence in the batch, a block
+for each one's next position, plain greedy sampling. A sequence that turns out to
+finish (a stop token) had one extra token computed: its row is dropped, and the K/V
+it wrote lies past the sequence's end, in a block that is freed with it; any later
+use of that block comes after it in stream order. A sequence that will finish by
+length for certain is left out of the continuation.
+
+Non-finite logits are found when a step's tokens are read (the flag travels with
+them): the continuation launched from them is dropped, the engine switches to the
+fallback path and runs the step again there, as the synchronous path does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .scheduler import ScheduledSeq
+from .sequence import Sequence, SequenceStatus
+from .stats import StepStats
+
+
+def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
+    """Is the next token an argmax of the raw logits (no penalties, logprobs or
+    min_tokens masking), with `pending` tokens sampled but not yet appended?"""
+    p = seq.params
+    return (p.is_greedy and p.logprobs is None and p.repetition_penalty == 1.0 and not p.presence_penalty
+            and not p.frequency_penalty and seq.num_output_tokens + pending >= p.min_tokens)
+
+
+class TokenReadback:
+    """A step's tokens and finiteness flag, computed on the device, with their copy to
+    pinned host memory under way. Two host buffers alternate: at most two steps are
+    in flight, and a buffer is reused only after the step that used it was read."""
+
+    def __init__(self, device: torch.device, max_rows: int):
+        pin = device.type == "cuda"
+        self._buffers = [torch.zeros(max_rows + 1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self.device = device
+
+    def start(self, tokens: torch.Tensor, finite: torch.Tensor) -> "PendingTokens":
+        host = self._buffers[self._turn][: tokens.numel() + 1]
+        self._turn ^= 1
+        host[:-1].copy_(tokens, non_blocking=True)
+        host[-1:].copy_(finite.view(1), non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return PendingTokens(tokens, host, event)
+
+
+@dataclass(slots=True)
+class PendingTokens:
+    device_tokens: torch.Tensor  # [rows] int64, feeds the next step's input ids
+    host: torch.Tensor  # [rows + 1]: tokens, then the finiteness flag (filled asynchronously)
+    event: object | None  # torch.cuda.Event recorded after the copy; None on CPU (copy done)
+
+    def synchronize(self) -> None:
+        """Wait until the step, and every copy enqueued before it, has finished."""
+        if self.event is not None:
+            self.event.synchronize()
+
+    def wait(self) -> tuple[list[int], bool]:
+        self.synchronize()
+        *tokens, finite = self.host.tolist()
+        return tokens, bool(finite)
+
+
+@dataclass(slots=True)
+class InflightStep:
+    """A launched decode step whose tokens the host has not read yet."""
+
+    batch: list[ScheduledSeq]
+    tokens: PendingTokens
+    stats: StepStats
+    keep_alive: list = field(default_factory=list)  # host tensors an asynchronous copy still reads
+
+
+def continuation_rows(prev: InflightStep, running: list[Sequence],
+                      max_model_len: int) -> tuple[list[ScheduledSeq], list[int]] | None:
+    """The rows of the step after `prev` and their positions in prev's batch, or None
+    when the scheduler might choose otherwise. Sequences that finish by length with
+    prev's token are left out."""
+    live = [item for item in prev.batch if item.seq.status is SequenceStatus.RUNNING]
+    if len(live) != len(running) or {id(i.seq) for i in live} != {id(s) for s in running}:
+        return None
+    rows, index = [], []
+    for i, item in enumerate(prev.batch):
+        seq = item.seq
+        if seq.status is not SequenceStatus.RUNNING:
+            continue
+        if seq.num_output_tokens + 1 >= seq.params.max_tokens or seq.num_tokens + 1 >= max_model_len:
+            continue  # prev's token is its last
+        if not plain_greedy(seq, pending=1):
+            return None
+        rows.append(ScheduledSeq(seq, 1))
+        index.append(i)
+    return (rows, index) if rows else None

@@ -1,0 +1,157 @@
+"""Async scheduling (engine/async_decode.py): decode steps launched before the host has
+read the previous step's tokens give exactly the tokens of synchronous steps, through
+stops mid-batch, length limits, arrivals, aborts, cold KV and a non-finite step.
+
+The fast decode step runs eagerly on CPU (Triton's interpreter, float32), the same
+code the CUDA graphs capture; the synchronous reference is the same engine with
+`async_scheduling=False`."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.fast_path import has_triton
+
+pytestmark = [
+    pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+                       reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter"),
+    pytest.mark.slow,
+]
+
+PROMPTS = [list(range(3, 3 + n)) for n in (21, 5, 13)]
+
+
+def fast_llm(model: str, **config) -> tuple[LLM, list]:
+    """An LLM whose runner has the fused decode step (eager, no graphs) attached, and a
+    list that records, per decode launch, whether its input ids came from the device."""
+    from engine.fast_path.cuda_graphs import DecodeGraphs
+    from engine.fast_path.fast_decoder import FastDecoder
+    from engine.fast_path.triton_attention import triton_paged_attention
+
+    llm = LLM(model, block_size=8, **config)
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(FastDecoder(runner.model, runner.kv_layers), 8, 256, runner.device,
+                          pages=runner.pages, use_graphs=False)
+    fed = []
+    execute = graphs.execute
+
+    def recording(batch, fed_ids=None):
+        fed.append(fed_ids is not None)
+        return execute(batch, fed_ids=fed_ids)
+
+    graphs.execute = recording
+    runner.fast_decode, runner.fast_attention = graphs, triton_paged_attention
+    return llm, fed
+
+
+def tokens_of(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_async_steps_equal_synchronous_steps_with_stops_and_length_limits(tiny_model):
+    """Different max_tokens (rows leave the continuation by length) and a stop token
+    that ends one sequence mid-batch (its extra row is dropped): same tokens, same
+    finish reasons; most decode steps were fed from the device; every block is freed."""
+    sync, _ = fast_llm(tiny_model, async_scheduling=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 4, 12)]
+    free_run = tokens_of(sync.generate(PROMPTS, params))
+    stop = free_run[2][5]  # sequence 2 stops at its 6th token; the others' own tokens decide theirs
+    params[2] = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop])
+    want = sync.generate(PROMPTS, params)
+
+    llm, fed = fast_llm(tiny_model)
+    got = llm.generate(PROMPTS, params)
+    assert tokens_of(got) == tokens_of(want)
+    assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in want]
+    assert got[2].outputs[0].finish_reason == "stop" and len(got[2].outputs[0].token_ids) <= 6
+    assert sum(fed) >= len(fed) // 2 and llm.engine.runner.mode == "fast"
+    assert llm.engine.kv_snapshot().num_used == 0
+
+
+def test_arrivals_and_aborts_between_async_steps(tiny_model):
+    """A request added while a step is in flight is scheduled after it; one aborted while
+    in flight is dropped; the rest equal a synchronous engine driven the same way."""
+    def drive(llm) -> dict[str, list[int]]:
+        engine, done = llm.engine, {}
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        engine.add_request("a", PROMPTS[0], params)
+        engine.add_request("b", PROMPTS[1], params)
+        for step in range(40):
+            if step == 4:
+                engine.add_request("c", PROMPTS[2], params)
+            if step == 7:
+                assert engine.abort("b")
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+            if not engine.has_unfinished():
+                break
+        return done
+
+    want = drive(fast_llm(tiny_model, async_scheduling=False)[0])
+    llm, fed = fast_llm(tiny_model)
+    got = drive(llm)
+    assert got == want and set(got) == {"a", "c"} and any(fed)
+    assert llm.engine.kv_snapshot().num_used == 0
+
+
+def test_async_steps_across_cold_kv_cooling(tiny_model):
+    """Blocks are quantized (int8) while steps are in flight: the continuation's tables
+    point at the cold copies; tokens equal the synchronous engine's."""
+    config = dict(kv_cold_dtype="int8", kv_hot_window=16)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want = tokens_of(fast_llm(tiny_model, async_scheduling=False, **config)[0].generate(PROMPTS, params))
+    llm, fed = fast_llm(tiny_model, **config)
+    assert tokens_of(llm.generate(PROMPTS, params)) == want
+    assert llm.engine.counters.quantized_blocks["int8"] > 0 and any(fed)
+
+
+@pytest.mark.parametrize("failure, reason", [("nan", "non_finite_logits"), ("raise", "RuntimeError")])
+def test_failing_step_in_flight_reruns_on_the_fallback_path(tiny_model, failure, reason):
+    """A continuation whose logits turn non-finite (found when its tokens are read: the
+    step launched from them is dropped and this one computed again) or whose launch
+    raises: the engine switches to the fallback path and the tokens equal an engine
+    that never failed."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
+    llm, fed = fast_llm(tiny_model)
+    graphs = llm.engine.runner.fast_decode
+    execute, calls = graphs.execute, []
+
+    def failing(batch, fed_ids=None):
+        calls.append(fed_ids is not None)
+        if len(calls) == 3 and failure == "raise":
+            raise RuntimeError("kernel launch failed")
+        logits = execute(batch, fed_ids=fed_ids)
+        if len(calls) == 3:
+            logits = logits.clone()
+            logits[0, 0] = float("nan")
+        return logits
+
+    graphs.execute = failing
+    assert tokens_of(llm.generate(PROMPTS, params)) == want
+    # A continuation failed; the fallback is sticky. A non-finite step is found only when its
+    # tokens are read, after the step fed by them was launched (and then dropped).
+    assert llm.engine.runner.mode == "fallback" and calls[2] and len(calls) == (4 if failure == "nan" else 3)
+    assert llm.engine.counters.fastpath_failures[reason] == 1
+    assert llm.engine.kv_snapshot().num_used == 0
+
+
+def test_sampled_requests_keep_the_synchronous_path(tiny_model):
+    """Temperature sampling and logprobs need the host sampler: no step is launched from
+    device tokens, and seeded outputs equal the synchronous engine's."""
+    params = SamplingParams(temperature=0.8, max_tokens=6, seed=3, logprobs=1)
+    want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
+    llm, fed = fast_llm(tiny_model)
+    assert tokens_of(llm.generate(PROMPTS, params)) == want and not any(fed)
+
+
+def test_async_scheduling_must_be_a_bool():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="async_scheduling must be true or false"):
+        EngineConfig(async_scheduling="yes")
