@@ -153,6 +153,25 @@ def main() -> int:
         if kind != "none":  # the general per-tile kernel (any layout of kinds), for comparison
             results["kinds"][kind]["general_kernel_ms"] = triton.testing.do_bench(general, warmup=10, rep=100,
                                                                                   return_mode="median")
+            # How the codes enter the dot products (triton_cold_prefix_attention.COLD_DOTS), and
+            # launch shapes for each: the kernel's loop changes with the variant.
+            variants = {}
+            for dots in (0, 1, 2) if kind == "int8" else (0, 2):  # int4: 1 and 2 are the same
+                for warps, stages, tile in ((2, 2, 64), (4, 2, 64), (2, 3, 64), (4, 2, 128), (4, 3, 128), (8, 2, 128)):
+                    run = lambda: cold_prefix_decode_attention(  # noqa: E731
+                        q, k, v, cold, tables, slots, cold_blocks, code, meta.context_lens, 128**-0.5, splits,
+                        num_warps=warps, num_stages=stages, tile=tile, cold_dots=dots)
+                    try:
+                        o = run()
+                        variants[f"dots{dots}_w{warps}s{stages}t{tile}"] = {
+                            "ms": triton.testing.do_bench(run, warmup=10, rep=100, return_mode="median"),
+                            "rel_err_vs_portable": ((o.float() - ref.float()).norm() / ref.float().norm()).item()}
+                    except Exception as exc:  # e.g. out of shared memory
+                        variants[f"dots{dots}_w{warps}s{stages}t{tile}"] = f"{type(exc).__name__}"
+            results["kinds"][kind]["cold_dots_variants"] = variants
+            print(f"{kind} cold-dot variants (us, err):",
+                  {n: (round(r["ms"] * 1e3, 1), round(r["rel_err_vs_portable"], 4)) if isinstance(r, dict) else r
+                   for n, r in variants.items()}, flush=True)
             sweep = {}
             for warps in (2, 4):
                 for stages in (1, 2, 3):

@@ -56,6 +56,11 @@ if has_triton():
         """One tile of online softmax; per-token scales multiply the scores (keys) and the
         probabilities (values): how the cold kernels dequantize without a copy."""
         s = tl.dot(q, tl.trans(k)) * (k_scale[None, :] * scale)
+        return _softmax_update_scores(s, v, v_scale, in_range, m_i, l_i, acc)
+
+    @triton.jit
+    def _softmax_update_scores(s, v, v_scale, in_range, m_i, l_i, acc):
+        """The online-softmax update for one tile's scaled scores `s` [rows, tile]."""
         s = tl.where(in_range[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])

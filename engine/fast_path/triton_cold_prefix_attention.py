@@ -19,6 +19,18 @@ from .availability import has_triton
 from .triton_attention import TILE_TOKENS, merge_splits, split_buffers
 
 INT8, INT4 = 1, 2  # kind codes, as in engine.kv_cache.KIND_CODE
+# How int8 tiles enter the dot products (COLD_DOTS). Converting int8 codes to bf16 costs
+# about 2.5 instructions per code (the H200's int8 kernel was bound by instruction issue,
+# not by memory: 1,599 instructions per 64-token tile against the hot loop's 672, read in
+# the SASS compiled offline), so:
+#   0: codes converted to q's dtype (the reference; the only one in float32),
+#   1: codes to fp16 by bit arithmetic (the code's byte under an fp16 exponent, one
+#      subtraction), q and probabilities in fp16,
+#   2: keys not converted at all: q quantized to int8 per head, scores from an int8 dot
+#      (int32 accumulation) times both scales; values as in 1.
+# int4 with one scale per head takes fp16 codes by bit arithmetic under 1 and 2.
+DOTS_IN_DTYPE, DOTS_FP16, DOTS_INT8_KEYS = 0, 1, 2
+DEFAULT_COLD_DOTS = DOTS_INT8_KEYS  # for bf16/fp16 queries; float32 always uses DOTS_IN_DTYPE
 # Launch defaults: the best of a sweep on the H200 at 32k x 8 (engine/bench/kv_quant_gpu.py, BENCHMARKS.md).
 NUM_WARPS = 2
 NUM_STAGES = 2
@@ -27,7 +39,8 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from .triton_attention import _group_queries, _softmax_update, _split_bounds, _store_split
+    from .triton_attention import (_group_queries, _softmax_update, _softmax_update_scores, _split_bounds,
+                                   _store_split)
 
     @triton.jit
     def _load_cold(data_ptr, scale_ptr, base, scale_base, in_range, d, d2,
@@ -49,6 +62,21 @@ if has_triton():
         return x, token_scale
 
     @triton.jit
+    def _int8_to_fp16(x):
+        """Exact fp16 of int8 codes without conversion instructions: code + 128 as the low
+        byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
+        return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+
+    @triton.jit
+    def _quantize_rows_int8(q):
+        """q [rows, dim] as int8 codes with a scale per row (symmetric, round half away)."""
+        qf = q.to(tl.float32)
+        q_scale = tl.max(tl.abs(qf), 1) / 127.0
+        q_scale = tl.where(q_scale > 0, q_scale, 1.0)
+        x = qf / q_scale[:, None]
+        return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8), q_scale
+
+    @triton.jit
     def _cold_prefix_split_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, slots_ptr, cold_blocks_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr,
         ck_ptr, cv_ptr, cks_ptr, cvs_ptr,
@@ -63,7 +91,7 @@ if has_triton():
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        KIND: tl.constexpr, GROUP4: tl.constexpr,
+        KIND: tl.constexpr, GROUP4: tl.constexpr, COLD_DOTS: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -78,6 +106,11 @@ if has_triton():
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         cold_hi = tl.minimum(hi, cold_end)
+        FAST_INT4: tl.constexpr = KIND == 2 and COLD_DOTS != 0 and GROUP4 == HEAD_DIM
+        if (KIND == 1 and COLD_DOTS != 0) or FAST_INT4:
+            q16 = q.to(tl.float16)
+        if KIND == 1 and COLD_DOTS == 2:
+            q8, q_scale = _quantize_rows_int8(q)
         for start in range(lo, cold_hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < cold_hi
@@ -87,9 +120,32 @@ if has_triton():
             tok = t % BLOCK_SIZE
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
-            k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, dtype)
-            v, v_scale = _load_cold(cv_ptr, cvs_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, dtype)
-            m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
+            if KIND == 1 and COLD_DOTS != 0:
+                k8 = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
+                v8 = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
+                k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+                v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+                if COLD_DOTS == 1:
+                    s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * scale)
+                else:
+                    s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
+                    s = s * q_scale[:, None] * (k_scale[None, :] * scale)
+                m_i, l_i, acc = _softmax_update_scores(s, _int8_to_fp16(v8), v_scale, in_range, m_i, l_i, acc)
+            elif FAST_INT4:  # nibbles to fp16 under the exponent byte 0x64 (1024 + 8 + code), keys and values
+                pk = tl.load(ck_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
+                pv = tl.load(cv_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
+                k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+                v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+                k16 = (tl.interleave(pk & 0xF, pk >> 4) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+                s = tl.dot(q16, tl.trans(k16)) * (k_scale[None, :] * scale)
+                v16 = (tl.interleave(pv & 0xF, pv >> 4) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+                m_i, l_i, acc = _softmax_update_scores(s, v16, v_scale, in_range, m_i, l_i, acc)
+            else:
+                k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4,
+                                        dtype)
+                v, v_scale = _load_cold(cv_ptr, cvs_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4,
+                                        dtype)
+                m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
 
         ones = tl.full([TILE], 1.0, tl.float32)
         for start in range(tl.maximum(lo, cold_end), hi, TILE):
@@ -109,7 +165,8 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  block_tables: torch.Tensor, block_slots: torch.Tensor, cold_blocks: torch.Tensor,
                                  kind: int, context_lens: torch.Tensor, scale: float, num_splits: int,
                                  sliding_window: int | None = None, num_warps: int = NUM_WARPS,
-                                 num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS) -> torch.Tensor:
+                                 num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS,
+                                 cold_dots: int | None = None) -> torch.Tensor:
     """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
     slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
     are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
@@ -134,6 +191,10 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     else:
         scale_strides = (scales_k.stride(0), scales_k.stride(1), scales_k.stride(2), scales_k.stride(3))
         group4 = head_dim // scales_k.shape[-1]
+    if cold_dots is None:
+        cold_dots = DEFAULT_COLD_DOTS if q.dtype != torch.float32 else DOTS_IN_DTYPE
+    if cold_dots not in (DOTS_IN_DTYPE, DOTS_FP16, DOTS_INT8_KEYS):
+        raise ValueError(f"cold_dots must be 0, 1 or 2, got {cold_dots!r}")
     group = heads // kv_heads
     out, part, lse = split_buffers(q, num_splits)
     _cold_prefix_split_kernel[(batch, kv_heads, num_splits)](
@@ -149,7 +210,7 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4,
+        BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4, COLD_DOTS=cold_dots,
         num_warps=num_warps, num_stages=num_stages,
     )
     merge_splits(out, part, lse, num_splits)
