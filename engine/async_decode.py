@@ -21,13 +21,20 @@ fallback path and runs the step again there, as the synchronous path does.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from .fast_path.cuda_graphs import is_pure_decode
+from .sampler import sample
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .stats import StepStats
+
+if TYPE_CHECKING:
+    from .llm_engine import LLMEngine
 
 
 def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
@@ -108,3 +115,70 @@ def continuation_rows(prev: InflightStep, running: list[Sequence],
         rows.append(ScheduledSeq(seq, 1))
         index.append(i)
     return (rows, index) if rows else None
+
+
+class AsyncDecode:
+    """Launches an engine's greedy decode steps ahead of the host (see the module doc).
+    The engine owns the step in flight and its output processing; this owns launching."""
+
+    def __init__(self, engine: "LLMEngine"):
+        self.engine = engine
+        self._readback: TokenReadback | None = None
+
+    def launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
+        """Start a scheduled greedy decode batch on the graphs without waiting for its tokens."""
+        runner = self.engine.runner
+        launch = getattr(runner, "launch_greedy_decode", None)
+        if (not self.engine.config.async_scheduling or launch is None or getattr(runner, "fast_decode", None) is None
+                or not is_pure_decode(batch) or not all(plain_greedy(item.seq) for item in batch)):
+            return None
+        pending = launch(batch, self._token_readback())
+        return InflightStep(batch, pending, stats) if pending is not None else None
+
+    def launch_next(self, prev: InflightStep) -> InflightStep | None:
+        """Launch the step after `prev`, fed by prev's tokens on the device, when the
+        scheduler would schedule exactly that batch."""
+        engine = self.engine
+        scheduler, bm = engine.scheduler, engine.block_manager
+        if not engine.config.async_scheduling or scheduler.waiting or scheduler.swapped:
+            return None
+        found = continuation_rows(prev, scheduler.running, engine.max_model_len)
+        if found is None or len(found[0]) > engine.config.max_num_batched_tokens:
+            return None
+        rows, index = found
+        if sum(bm.num_new_blocks(r.seq, r.seq.num_computed_tokens + 1) for r in rows) > bm.pool.num_free_blocks:
+            return None  # the scheduler would preempt: let it
+        for r in rows:
+            bm.append_slots(r.seq, r.seq.num_computed_tokens + 1)
+        fed, keep = prev.tokens.device_tokens, []
+        if len(index) != len(prev.batch):
+            index_host = torch.tensor(index, dtype=torch.long, pin_memory=engine.device.type == "cuda")
+            keep.append(index_host)
+            fed = fed.index_select(0, index_host.to(engine.device, non_blocking=True))
+        scheduler.step_count += 1  # a step the scheduler did not have to plan
+        stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(rows), num_batched_tokens=len(rows),
+                          num_running=0, num_waiting=0, num_swapped=0)
+        pending = engine.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
+        return InflightStep(rows, pending, stats, keep) if pending is not None else None
+
+    def rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
+        """The deferred check found non-finite logits: switch to the fallback path and
+        compute this batch again there. Tokens in batch order (-1 for rows that left)."""
+        engine = self.engine
+        engine.runner.non_finite_after_all()
+        rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
+        for item in rows:  # the engine counted these tokens already; the rerun computes them again
+            item.seq.num_computed_tokens -= item.num_tokens
+        try:
+            tokens, _ = sample(engine.runner.execute(rows), [item.seq for item in rows],
+                               engine.tokenizer.eos_token_ids, engine.generator)
+        finally:
+            for item in rows:
+                item.seq.num_computed_tokens += item.num_tokens
+        by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
+        return [by_seq.get(id(item.seq), -1) for item in batch]
+
+    def _token_readback(self) -> TokenReadback:
+        if self._readback is None:
+            self._readback = TokenReadback(self.engine.device, self.engine.runner.fast_decode.max_batch)
+        return self._readback

@@ -20,8 +20,8 @@ from .model_runner import ModelRunner
 from .numa_memory import device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
-from .async_decode import InflightStep, TokenReadback, continuation_rows, plain_greedy
-from .fast_path import attach_fast_path, greedy_on_device, is_pure_decode
+from .async_decode import AsyncDecode, InflightStep
+from .fast_path import attach_fast_path, greedy_on_device
 from .sampler import NonFiniteLogits, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
@@ -93,8 +93,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None
+        self.async_decode = AsyncDecode(self)
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
-        self._readback: TokenReadback | None = None
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
         log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
                  self.model_name, self.device, self.dtype, num_blocks, config.block_size,
@@ -192,11 +192,11 @@ class LLMEngine:
             stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(sched.scheduled),
                               num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0,
                               num_swapped=0)
-            prev = self._launch(sched.scheduled, stats)
+            prev = self.async_decode.launch(sched.scheduled, stats)
             if prev is None:
                 return self._step_synchronously(sched.scheduled, stats, start)
         self._advance(prev.batch)
-        self._inflight = self._continue(prev)
+        self._inflight = self.async_decode.launch_next(prev)
         return self._finish(prev, start)
 
     def _step_synchronously(self, batch: list[ScheduledSeq], stats: StepStats, start: float) -> list[RequestOutput]:
@@ -229,47 +229,12 @@ class LLMEngine:
         self.last_step = stats
         return outputs
 
-    # --- async scheduling (engine/async_decode.py) --------------------------------
-    def _launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
-        """Start a greedy decode batch on the graphs without waiting for its tokens."""
-        launch = getattr(self.runner, "launch_greedy_decode", None)
-        if (not self.config.async_scheduling or launch is None or getattr(self.runner, "fast_decode", None) is None
-                or not is_pure_decode(batch)
-                or not all(plain_greedy(item.seq) for item in batch)):
-            return None
-        pending = launch(batch, self._token_readback())
-        return InflightStep(batch, pending, stats) if pending is not None else None
-
-    def _continue(self, prev: InflightStep) -> InflightStep | None:
-        """Launch the step after `prev`, fed by prev's tokens on the device, when the
-        scheduler would schedule exactly that batch."""
-        if not self.config.async_scheduling or self.scheduler.waiting or self.scheduler.swapped:
-            return None
-        found = continuation_rows(prev, self.scheduler.running, self.max_model_len)
-        if found is None or len(found[0]) > self.config.max_num_batched_tokens:
-            return None
-        rows, index = found
-        bm = self.block_manager
-        if sum(bm.num_new_blocks(r.seq, r.seq.num_computed_tokens + 1) for r in rows) > bm.pool.num_free_blocks:
-            return None  # the scheduler would preempt: let it
-        for r in rows:
-            bm.append_slots(r.seq, r.seq.num_computed_tokens + 1)
-        fed, keep = prev.tokens.device_tokens, []
-        if len(index) != len(prev.batch):
-            index_host = torch.tensor(index, dtype=torch.long, pin_memory=self.device.type == "cuda")
-            keep.append(index_host)
-            fed = fed.index_select(0, index_host.to(self.device, non_blocking=True))
-        self.scheduler.step_count += 1  # a step the scheduler did not have to plan
-        stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(rows), num_batched_tokens=len(rows),
-                          num_running=0, num_waiting=0, num_swapped=0)
-        pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
-        return InflightStep(rows, pending, stats, keep) if pending is not None else None
-
     def _finish(self, prev: InflightStep, start: float) -> list[RequestOutput]:
         """Read prev's tokens (the step's one host synchronisation) and turn them into outputs."""
         tokens, finite = prev.tokens.wait()
         if not finite:
-            tokens = self._rerun_on_fallback(prev.batch)
+            self._inflight = None  # launched from non-finite logits
+            tokens = self.async_decode.rerun_on_fallback(prev.batch)
         live = [(item.seq, token) for item, token in zip(prev.batch, tokens)
                 if item.seq.status is SequenceStatus.RUNNING]
         outputs: list[RequestOutput] = []
@@ -278,28 +243,6 @@ class LLMEngine:
             outputs = self.output_processor.process(self.requests, seqs, toks, [None] * len(seqs), time.time(),
                                                     prev.stats)
         return self._close_step(prev.stats, start, outputs)
-
-    def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
-        """The deferred check found non-finite logits: drop the step launched from them,
-        switch to the fallback path and compute this batch again there."""
-        self._inflight = None
-        self.runner.non_finite_after_all()
-        rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
-        for item in rows:  # _advance counted these tokens already; the rerun computes them again
-            item.seq.num_computed_tokens -= item.num_tokens
-        try:
-            tokens, _ = sample(self.runner.execute(rows), [item.seq for item in rows], self.tokenizer.eos_token_ids,
-                               self.generator)
-        finally:
-            for item in rows:
-                item.seq.num_computed_tokens += item.num_tokens
-        by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
-        return [by_seq.get(id(item.seq), -1) for item in batch]
-
-    def _token_readback(self) -> TokenReadback:
-        if self._readback is None:
-            self._readback = TokenReadback(self.device, self.runner.fast_decode.max_batch)
-        return self._readback
 
     def _execute_and_sample(self, batch, sampling: list[Sequence]) -> tuple[list[int], list]:
         """Run the step and choose its tokens. On the fast decode path the non-finite check
