@@ -21,6 +21,7 @@ fp16 it also demands 32/32 greedy agreement wherever the portable path has it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -298,7 +299,8 @@ def check_cold_kv(model_dir, model, vocab, **_):
     for kind in ("int8", "int4"):
         common = dict(kv_gib=8 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=512, kv_cold_dtype=kind,
                       kv_hot_window=64 if DEVICE == "cuda" else 16, enable_prefix_caching=False,
-                      max_model_len=4096 if DEVICE == "cuda" else 256)
+                      max_model_len=4096 if DEVICE == "cuda" else 256,
+                      async_scheduling=False)  # record_logits sees every decode step's logits
         fast = new_engine(model_dir, model, "fast", **common)
         ref = new_engine(model_dir, model, "fast", **common)
         ref.runner.fast_decode, ref.runner.fast_attention = None, paged_attention  # cooling on, portable attention
@@ -315,6 +317,8 @@ def check_cold_kv(model_dir, model, vocab, **_):
         check(f"cold_{kind}_decode_in_graphs", DEVICE == "cpu" or (graphs.num_replays > 0 and bool(cold_graphs)),
               replays=graphs.num_replays if graphs is not None else 0, cold_graphs=len(cold_graphs))
         del fast, ref
+        gc.unfreeze()  # new_engine froze the engines' objects; their KV pools go only with a collection
+        gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
 
@@ -395,6 +399,8 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
           identical_requests=sum(a == b for a, b in zip(got, want)), requests=len(ps),
           launches_fed_from_device=sum(fed), launches=len(fed), mode=ahead.runner.mode)
     del ahead
+    gc.unfreeze()
+    gc.collect()
 
 
 def check_injected_failure(fast, slow, vocab, **_):

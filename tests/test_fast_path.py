@@ -608,3 +608,30 @@ def test_sampled_decode_reads_the_non_finite_check_with_its_tokens(tiny_model, m
     assert len(with_flag) == (params.max_tokens - 1 if behaviour == "ok" else 1)
     if behaviour == "nan":
         assert llm.engine.counters.fastpath_failures["non_finite_logits"] == 1
+
+
+@needs_triton
+@pytest.mark.slow
+def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model):
+    """The start-up warm-up of the prefill path (fast_path/warmup.py) runs the fused step
+    over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row) and
+    leaves the KV pool exactly as it was: every slot is the padding slot."""
+    from engine.fast_path.fast_decoder import FastDecoder
+    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
+
+    llm = LLM(tiny_model, block_size=8)
+    runner = llm.engine.runner
+    for k, v, _ in runner.kv_layers:
+        k.normal_(), v.normal_()
+    before = [(k.clone(), v.clone()) for k, v, _ in runner.kv_layers]
+    decoder = FastDecoder(runner.model, runner.kv_layers)
+    calls = []
+    forward_step = decoder.forward_step
+    decoder.forward_step = lambda ids, meta, fn: (calls.append((ids.shape[0], meta.query_lens)),
+                                                  forward_step(ids, meta, fn))[1]
+    warm_prefill_kernels(decoder, triton_paged_attention, 8, runner.device)
+    assert [c[1] for c in calls] == [[n for n, _ in step] for step in WARMUP_STEPS]
+    assert {c[0] % 16 == 0 for c in calls} == {True, False}  # both specialisations of the token count
+    for (k, v, _), (k0, v0) in zip(runner.kv_layers, before):
+        assert torch.equal(k, k0) and torch.equal(v, v0)

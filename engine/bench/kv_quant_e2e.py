@@ -86,6 +86,7 @@ def main() -> int:
         results["kinds"][kind] = r
         print(kind, json.dumps(r), flush=True)
         del engine
+        gc.unfreeze()  # new_engine froze the engine's objects: without this its KV pool is never freed
         gc.collect()
         torch.cuda.empty_cache()
     with open(f"{args.out}/kv_quant_e2e.json", "w") as f:

@@ -54,6 +54,14 @@ def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True, captur
             log.error("fast path unavailable: graph capture failed (%s: %s)", type(exc).__name__, exc)
             return f"graph capture failed: {type(exc).__name__}: {exc}"
         log.info("captured %d decode graphs in %.1f s", len(runner.fast_decode.graphs), time.perf_counter() - start)
+        start = time.perf_counter()
+        try:
+            from .warmup import warm_prefill_kernels
+
+            warm_prefill_kernels(decoder, triton_paged_attention, runner.block_size, runner.device)
+        except Exception as exc:  # the first real prefill compiles them then (or falls back on its own)
+            log.warning("prefill kernel warm-up failed (%s: %s)", type(exc).__name__, exc)
+        log.info("compiled the prefill path's kernels in %.1f s", time.perf_counter() - start)
     log.info("fast path attached: Triton paged attention, fused ops, CUDA graphs %s",
              "on" if use_graphs else "off")
     return None

@@ -1,0 +1,46 @@
+"""Compile the prefill path's Triton kernels when the engine starts.
+
+The decode graphs are captured at start (cuda_graphs.py); prefill and mixed steps run
+the same fused ops eagerly, and Triton compiles a kernel variant the first time it sees
+a new specialisation (pointer alignment, integer arguments divisible by 16 or not). On a
+fresh machine that cost the first 16 x 512-token prefill about 1.5 s on an H200
+(BENCHMARKS.md). Two synthetic steps cover both specialisations of the token count:
+each holds a fresh prompt, a chunk after a cached prefix and a decode row (the mixed
+step's decode kernel). Every slot is the padding slot, so no K/V is written; the
+attention reads block 0, whatever it holds, and the results are thrown away.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..attention import AttentionMetadata
+from .cuda_graphs import PAD_SLOT
+
+# (query length, context length) per sequence of each warm-up step
+WARMUP_STEPS = (((17, 17), (16, 48), (1, 33)), ((16, 16), (15, 31), (1, 70)))
+
+
+@torch.inference_mode()
+def warm_prefill_kernels(decoder, attention_fn, block_size: int, device: torch.device) -> None:
+    for step in WARMUP_STEPS:
+        meta = synthetic_metadata(step, block_size, device)
+        tokens = sum(n for n, _ in step)
+        decoder.forward_step(torch.zeros(tokens, dtype=torch.long, device=device), meta, attention_fn)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synthetic_metadata(step, block_size: int, device: torch.device) -> AttentionMetadata:
+    query_start, positions, start = [], [], 0
+    for n, ctx in step:
+        query_start.append(start)
+        positions += range(ctx - n, ctx)
+        start += n
+    max_blocks = -(-max(-(-ctx // block_size) for _, ctx in step) // 16) * 16  # int32, 16-aligned, as in prepare()
+    return AttentionMetadata(
+        query_start=query_start, query_lens=[n for n, _ in step],
+        context_lens=torch.tensor([ctx for _, ctx in step], device=device),
+        block_tables=torch.zeros(len(step), max_blocks, dtype=torch.int32, device=device),
+        slot_mapping=torch.full((start,), PAD_SLOT, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        max_query_len=max(n for n, _ in step), max_context_len=max(ctx for _, ctx in step))
