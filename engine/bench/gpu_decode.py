@@ -385,7 +385,7 @@ def bench_swap(engine, num_blocks: int) -> dict:
 
 
 # --- the run ----------------------------------------------------------------------------------
-def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> dict:
+def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only: set[str] | None = None) -> dict:
     t_start = time.perf_counter()
     res: dict = {"env": environment(), "errors": {}}
     log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731
@@ -469,6 +469,7 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
             r = run_requests(fast, many, 256)
         finally:
             unrecord_steps(fast)
+        replays = fast.runner.fast_decode.num_replays - replays
         # the same workload again with a sync after each model call: where the time goes
         timings: list = []
         timed_steps = record_steps(fast, timings)
@@ -476,14 +477,20 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
             r2 = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=2), 256)
         finally:
             unrecord_steps(fast)
-        # and without async scheduling (each decode step waits for its tokens): the overlap's effect
-        fast.config = fast.config.replace(async_scheduling=False)
-        try:
-            r3 = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=4), 256)
-        finally:
-            fast.config = fast.config.replace(async_scheduling=True)
-        res["throughput_sync_steps"] = {"tok_s": r3["output_tokens"] / r3["seconds"], "seconds": r3["seconds"]}
-        log(f"throughput without async scheduling: {json.dumps(res['throughput_sync_steps'])}")
+        # Async scheduling's effect: synchronous and async runs alternated (run order moved
+        # single runs by up to 0.4 s), each split at the last request's first token.
+        ab = []
+        for i, async_on in enumerate((False, True, False, True)):
+            fast.config = fast.config.replace(async_scheduling=async_on)
+            try:
+                ri = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=10 + i), 256)
+            finally:
+                fast.config = fast.config.replace(async_scheduling=True)
+            ab.append({"async_scheduling": async_on, "seconds": ri["seconds"], "tok_s": ri["output_tokens"] / ri["seconds"],
+                       "until_last_first_token_s": ri["seconds"] - ri["decode_seconds"],
+                       "after_last_first_token_s": ri["decode_seconds"]})
+        res["throughput_async_ab"] = ab
+        log(f"throughput, synchronous and async steps alternated: {json.dumps(ab)}")
         decode_count = sum(1 for s in timed_steps if all(n == 1 for n, _ in s))
         res["throughput_split"] = {"seconds": r2["seconds"], **step_time_split(timings, r2["seconds"], len(timed_steps),
                                                                                decode_count)}
@@ -494,7 +501,7 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
                              "share_of_bound": bound / r["seconds"],
                              "roofline_decode_s": roofline_seconds(cost, decode_steps, bw, rate),
                              "decode_seconds_after_last_first_token": r["decode_seconds"],
-                             "graph_replays": fast.runner.fast_decode.num_replays - replays,
+                             "graph_replays": replays,
                              "mode_after": fast.runner.mode}
         log(f"throughput: {json.dumps(res['throughput'])}")
         log(f"throughput split (synced re-run): {json.dumps(res['throughput_split'])}")
@@ -516,7 +523,11 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True) -> d
 
     for name, fn in (("batch1", batch1), ("compare_fast", compare_fast), ("throughput", throughput),
                      ("prefix", prefix), ("swap", swap), ("profiles", profiles)):
-        section(name, fn)
+        if only is None or name in only:
+            section(name, fn)
+    if only is not None:
+        _dump(out_dir, res)
+        return res
     res["fastpath_failures"] = dict(fast.counters.fastpath_failures)
 
     def fallback():
@@ -599,13 +610,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="seconds the whole run may take; the compiled transformers runs are skipped past it")
     parser.add_argument("--no-hf-compile", action="store_true", help="skip transformers with static cache + compile")
+    parser.add_argument("--only", help="comma-separated fast-path sections to run (batch1, compare_fast, throughput, "
+                        "prefix, swap, profiles); the fallback and transformers runs are then skipped")
 
 
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("gpu-decode needs a CUDA GPU; none is visible here")
         return 2
-    run_all(args.out, args.budget_s, hf_compile=not args.no_hf_compile)
+    run_all(args.out, args.budget_s, hf_compile=not args.no_hf_compile,
+            only=set(args.only.split(",")) if args.only else None)
     return 0
 
 
