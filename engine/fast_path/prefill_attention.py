@@ -21,8 +21,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..attention import AttentionMetadata
+
+# Not cuDNN's attention: it builds an execution plan for every new (sequences, query,
+# context) shape, and a prefill group's shape depends on how the step's budget fell; the
+# flash and memory-efficient kernels have no per-shape set-up.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(slots=True)
@@ -140,9 +146,10 @@ class MixedStepAttention:
                 return blocks.transpose(1, 2).repeat_interleave(group, dim=1)
 
             kg, vg = context(k_cache, 0).to(q.dtype), context(v_cache, 1).to(q.dtype)
-            if g.mask is None:
-                og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale)
-            else:
-                og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+            with sdpa_kernel(SDPA_BACKENDS):
+                if g.mask is None:
+                    og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale)
+                else:
+                    og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
             out.index_copy_(0, g.token_rows, og.transpose(1, 2).reshape(seqs * n, heads, head_dim))
         return out
