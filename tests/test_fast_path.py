@@ -612,7 +612,8 @@ def test_sampled_decode_reads_the_non_finite_check_with_its_tokens(tiny_model, m
 
 @needs_triton
 @pytest.mark.slow
-def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model):
+@pytest.mark.parametrize("cold", ["none", "int8"])
+def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, monkeypatch):
     """The start-up warm-up of the prefill path (fast_path/warmup.py) runs the fused step
     over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row) and
     leaves the KV pool exactly as it was: every slot is the padding slot."""
@@ -620,8 +621,9 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model):
     from engine.fast_path.triton_attention import triton_paged_attention
     from engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
 
-    llm = LLM(tiny_model, block_size=8)
+    llm = LLM(tiny_model, block_size=8, kv_cold_dtype=cold)
     runner = llm.engine.runner
+    assert (runner.kv_layers[0][2] is not None) == (cold != "none")
     for k, v, _ in runner.kv_layers:
         k.normal_(), v.normal_()
     before = [(k.clone(), v.clone()) for k, v, _ in runner.kv_layers]
@@ -630,8 +632,15 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model):
     forward_step = decoder.forward_step
     decoder.forward_step = lambda ids, meta, fn: (calls.append((ids.shape[0], meta.query_lens)),
                                                   forward_step(ids, meta, fn))[1]
+    import engine.fast_path.triton_cold_attention as cold_module
+
+    cold_splits = []
+    cold_kernel = cold_module.cold_paged_decode_attention
+    monkeypatch.setattr(cold_module, "cold_paged_decode_attention",
+                        lambda *a: (cold_splits.append(a[-1]), cold_kernel(*a))[1])
     warm_prefill_kernels(decoder, triton_paged_attention, 8, runner.device)
     assert [c[1] for c in calls] == [[n for n, _ in step] for step in WARMUP_STEPS]
+    assert cold_splits == ([1, 2, 4, 8, 16, 32, 64] if cold != "none" else [])  # every split count
     assert {c[0] % 16 == 0 for c in calls} == {True, False}  # both specialisations of the token count
     for (k, v, _), (k0, v0) in zip(runner.kv_layers, before):
         assert torch.equal(k, k0) and torch.equal(v, v0)

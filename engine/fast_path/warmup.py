@@ -38,14 +38,18 @@ def warm_decode_splits(decoder, device: torch.device) -> None:
     256 x 512-token run after start spent about 1.7 s more in its prefill phase than the
     runs after it.)"""
     from .triton_attention import MAX_SPLITS, paged_decode_attention
+    from .triton_cold_attention import cold_paged_decode_attention
 
-    k_cache, v_cache, _ = decoder.kv_layers[0]
+    k_cache, v_cache, cold = decoder.kv_layers[0]
     q = torch.zeros(1, decoder.num_heads, decoder.head_dim, dtype=k_cache.dtype, device=device)
     tables = torch.zeros(1, 16, dtype=torch.int32, device=device)
     context_lens = torch.full((1,), 33, dtype=torch.long, device=device)
     splits = 1
     while splits <= MAX_SPLITS:
         paged_decode_attention(q, k_cache, v_cache, tables, context_lens, decoder.scale, splits)
+        if cold is not None:  # with cold KV, a mixed step's decode rows take the per-tile cold kernel
+            cold_paged_decode_attention(q, k_cache, v_cache, cold, tables, torch.zeros_like(tables),
+                                        torch.zeros_like(tables), context_lens, decoder.scale, splits)
         splits *= 2
 
 
