@@ -159,7 +159,10 @@ class AsyncDecode:
         stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(rows), num_batched_tokens=len(rows),
                           num_running=0, num_waiting=0, num_swapped=0)
         pending = engine.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
-        return InflightStep(rows, pending, stats, keep) if pending is not None else None
+        if pending is None:
+            return None
+        engine.counters.decode_steps_launched_ahead += 1
+        return InflightStep(rows, pending, stats, keep)
 
     def rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
         """The deferred check found non-finite logits: switch to the fallback path and

@@ -52,6 +52,7 @@ class EngineCounters:
     fastpath_failures: Counter = field(default_factory=Counter)  # reason -> count
     quantized_blocks: Counter = field(default_factory=Counter)  # cold dtype -> blocks quantized
     quantize_seconds: float = 0.0
+    decode_steps_launched_ahead: int = 0  # async scheduling: launched before the previous step's tokens were read
 
 
 @dataclass(slots=True, frozen=True)

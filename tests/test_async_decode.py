@@ -69,6 +69,7 @@ def test_async_steps_equal_synchronous_steps_with_stops_and_length_limits(tiny_m
     assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in want]
     assert got[2].outputs[0].finish_reason == "stop" and len(got[2].outputs[0].token_ids) <= 6
     assert sum(fed) >= len(fed) // 2 and llm.engine.runner.mode == "fast"
+    assert llm.engine.counters.decode_steps_launched_ahead == sum(fed)  # served as a Prometheus counter
     assert llm.engine.kv_snapshot().num_used == 0
 
 

@@ -40,7 +40,7 @@ EXPECTED_TYPES = {
     "inferd_kv_fragmentation_ratio": "gauge", "inferd_scheduler_step_duration_seconds": "histogram",
     "inferd_scheduler_batch_size": "histogram", "inferd_engine_tunable": "gauge", "inferd_engine_mode": "gauge",
     "inferd_engine_preemption_mode": "gauge", "inferd_engine_kv_cold_dtype": "gauge",
-    "inferd_engine_fastpath_failures": "counter",
+    "inferd_engine_fastpath_failures": "counter", "inferd_engine_decode_steps_launched_ahead": "counter",
 }
 
 

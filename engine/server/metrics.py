@@ -219,6 +219,10 @@ class SnapshotCollector(Collector):
         yield quantized
         yield CounterMetricFamily("inferd_kv_quantize_seconds", "Time spent quantizing KV blocks.",
                                   value=c.quantize_seconds)
+        yield CounterMetricFamily("inferd_engine_decode_steps_launched_ahead",
+                                  "Decode steps launched before the previous step's tokens were read (async "
+                                  "scheduling: the host's output work overlaps the GPU).",
+                                  value=c.decode_steps_launched_ahead)
 
         tunable = GaugeMetricFamily("inferd_engine_tunable", "Current value of each numeric tunable engine parameter.",
                                     labels=["param"])
