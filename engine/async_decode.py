@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .fast_path.cuda_graphs import is_pure_decode
+from .fast_path.gpu_sampling import plain_greedy
 from .sampler import sample
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
@@ -35,14 +36,6 @@ from .stats import StepStats
 
 if TYPE_CHECKING:
     from .llm_engine import LLMEngine
-
-
-def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
-    """Is the next token an argmax of the raw logits (no penalties, logprobs or
-    min_tokens masking), with `pending` tokens sampled but not yet appended?"""
-    p = seq.params
-    return (p.is_greedy and p.logprobs is None and p.repetition_penalty == 1.0 and not p.presence_penalty
-            and not p.frequency_penalty and seq.num_output_tokens + pending >= p.min_tokens)
 
 
 class TokenReadback:

@@ -11,15 +11,16 @@ import torch
 from ..sequence import Sequence
 
 
+def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
+    """Is the next token an argmax of the raw logits (no penalties, logprobs or
+    min_tokens masking), with `pending` tokens sampled but not yet appended?"""
+    p = seq.params
+    return (p.is_greedy and p.logprobs is None and p.repetition_penalty == 1.0 and not p.presence_penalty
+            and not p.frequency_penalty and seq.num_output_tokens + pending >= p.min_tokens)
+
+
 def can_sample_greedy_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> bool:
-    if logits.device.type != "cuda" or logits.shape[0] != len(seqs):
-        return False
-    for seq in seqs:
-        p = seq.params
-        if (not p.is_greedy or p.logprobs is not None or p.repetition_penalty != 1.0
-                or p.presence_penalty or p.frequency_penalty or seq.num_output_tokens < p.min_tokens):
-            return False
-    return True
+    return logits.device.type == "cuda" and logits.shape[0] == len(seqs) and all(map(plain_greedy, seqs))
 
 
 def greedy_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> list[int] | None:
