@@ -22,11 +22,12 @@ fallback path and runs the step again there, as the synchronous path does.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
 from .fast_path.gpu_sampling import plain_greedy
 from .sampler import sample
@@ -85,7 +86,6 @@ class InflightStep:
     batch: list[ScheduledSeq]
     tokens: PendingTokens
     stats: StepStats
-    keep_alive: list = field(default_factory=list)  # host tensors an asynchronous copy still reads
 
 
 def continuation_rows(prev: InflightStep, running: list[Sequence],
@@ -143,11 +143,9 @@ class AsyncDecode:
             return None  # the scheduler would preempt: let it
         for r in rows:
             bm.append_slots(r.seq, r.seq.num_computed_tokens + 1)
-        fed, keep = prev.tokens.device_tokens, []
+        fed = prev.tokens.device_tokens
         if len(index) != len(prev.batch):
-            index_host = torch.tensor(index, dtype=torch.long, pin_memory=engine.device.type == "cuda")
-            keep.append(index_host)
-            fed = fed.index_select(0, index_host.to(engine.device, non_blocking=True))
+            fed = fed.index_select(0, device_index(index, engine.device))
         scheduler.step_count += 1  # a step the scheduler did not have to plan
         stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(rows), num_batched_tokens=len(rows),
                           num_running=0, num_waiting=0, num_swapped=0)
@@ -155,7 +153,7 @@ class AsyncDecode:
         if pending is None:
             return None
         engine.counters.decode_steps_launched_ahead += 1
-        return InflightStep(rows, pending, stats, keep)
+        return InflightStep(rows, pending, stats)
 
     def rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
         """The deferred check found non-finite logits: switch to the fallback path and

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .block_pool import HOT, KIND_CODE, MAX_SLOTS
+from .device_index import device_index
 from .kv_quant import dequantize_int4, dequantize_int8, int4_group_size, quantize_int4, quantize_int8
 from .numa_memory import empty_on_node
 
@@ -209,7 +210,7 @@ class KVCache:
             sel = [(h, p, s) for h, (k, p, s) in pairs if k == kind]
             for start in range(0, len(sel), QUANTIZE_CHUNK):
                 chunk = sel[start:start + QUANTIZE_CHUNK]
-                hot_ids, pages, slots = self._to_device(torch.tensor(chunk, dtype=torch.long).T.contiguous())
+                hot_ids, pages, slots = device_index(torch.tensor(chunk, dtype=torch.long).T.contiguous(), self.device)
                 hot = d.hot[hot_ids]
                 if kind == "int8":
                     q, scale = quantize_int8(hot)
@@ -219,11 +220,6 @@ class KVCache:
                     q, scale = quantize_int4(hot)
                     d.int4[pages, slots] = q
                     d.scales4[pages, slots] = scale
-
-    def _to_device(self, index: torch.Tensor) -> torch.Tensor:
-        if self.device.type != "cuda":
-            return index
-        return index.pin_memory().to(self.device, non_blocking=True)
 
     # --- swap -------------------------------------------------------------------
     def swap(self, swap_out: list[tuple[tuple, tuple]], swap_in: list[tuple[tuple, tuple]]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .device_index import device_index
 from .sequence import Sequence
 
 # Temperatures this small are greedy in effect, and dividing by them overflows (vLLM: 1e-5).
@@ -26,8 +27,7 @@ def _is_plain_greedy(seq: Sequence) -> bool:
 
 
 def _scatter_index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    index = torch.tensor([rows, cols], dtype=torch.long)
-    index = index.to(device, non_blocking=True)
+    index = device_index(torch.tensor([rows, cols], dtype=torch.long), device)
     return index[0], index[1]
 
 

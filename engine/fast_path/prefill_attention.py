@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..attention import AttentionMetadata
+from ..device_index import device_index
 
 # Not cuDNN's attention: it builds an execution plan for every new (sequences, query,
 # context) shape, and a prefill group's shape depends on how the step's budget fell; the
@@ -57,21 +58,14 @@ class StepPlan:
     decode_slots: torch.Tensor | None = None
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type == "cuda":
-        host = host.pin_memory()  # an asynchronous copy: no wait for the queued layers
-    return host.to(device, non_blocking=True)
-
-
 def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
     context_lens = meta.context_lens.tolist()
     has_cold = meta.block_kinds is not None
     decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
     decode_rows = decode_tables = decode_ctx = decode_kinds = decode_slots = None
     if decode:
-        seqs = _to_device(decode, device)
-        decode_rows = _to_device([meta.query_start[i] for i in decode], device)
+        seqs = device_index(decode, device)
+        decode_rows = device_index([meta.query_start[i] for i in decode], device)
         decode_tables = meta.block_tables.index_select(0, seqs)
         decode_ctx = meta.context_lens.index_select(0, seqs)
         if has_cold:
@@ -85,7 +79,7 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
     for (n, ctx), seqs in by_shape.items():
         rows = [r for i in seqs for r in range(meta.query_start[i], meta.query_start[i] + n)]
         blocks = -(-ctx // block_size)
-        index = _to_device(seqs, device)
+        index = device_index(seqs, device)
         tables = meta.block_tables.index_select(0, index)[:, :blocks]
         mask = None
         if ctx != n:  # query i sits at position ctx - n + i and sees keys up to it
@@ -94,7 +88,7 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
         if has_cold:
             kinds = meta.block_kinds.index_select(0, index)[:, :blocks]
             slots = meta.block_slots.index_select(0, index)[:, :blocks]
-        groups.append(PrefillGroup(n, ctx, _to_device(rows, device), tables, mask, kinds, slots))
+        groups.append(PrefillGroup(n, ctx, device_index(rows, device), tables, mask, kinds, slots))
     return StepPlan(decode_rows, decode_tables, decode_ctx,
                     max((context_lens[i] for i in decode), default=0), groups, decode_kinds, decode_slots)
 
