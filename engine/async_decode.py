@@ -21,7 +21,6 @@ fallback path and runs the step again there, as the synchronous path does.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -147,8 +146,7 @@ class AsyncDecode:
         if len(index) != len(prev.batch):
             fed = fed.index_select(0, device_index(index, engine.device))
         scheduler.step_count += 1  # a step the scheduler did not have to plan
-        stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(rows), num_batched_tokens=len(rows),
-                          num_running=0, num_waiting=0, num_swapped=0)
+        stats = StepStats(len(rows), len(rows))
         pending = engine.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
         if pending is None:
             return None

@@ -189,9 +189,7 @@ class LLMEngine:
             sched = self.scheduler.schedule()
             self.kv_cache.swap(sched.swap_out, sched.swap_in)
             self._count_paging(sched)
-            stats = StepStats(timestamp=time.time(), duration=0.0, batch_size=len(sched.scheduled),
-                              num_batched_tokens=sched.num_batched_tokens, num_running=0, num_waiting=0,
-                              num_swapped=0)
+            stats = StepStats(len(sched.scheduled), sched.num_batched_tokens)
             prev = self.async_decode.launch(sched.scheduled, stats)
             if prev is None:
                 return self._step_synchronously(sched.scheduled, stats, start)

@@ -6,6 +6,7 @@ metric library is touched inside the step.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -23,13 +24,13 @@ class FinishedRequestStats:
 
 @dataclass(slots=True)
 class StepStats:
-    timestamp: float
-    duration: float
     batch_size: int
     num_batched_tokens: int
-    num_running: int
-    num_waiting: int
-    num_swapped: int
+    timestamp: float = field(default_factory=time.time)  # when the step was planned
+    duration: float = 0.0  # the rest is filled in when the step's outputs are processed
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     time_to_first_tokens: list[float] = field(default_factory=list)
