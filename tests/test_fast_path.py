@@ -23,6 +23,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [30, 31, 32], [40]]
 
 
+def assert_same_completion(got, want, tol: float = 1e-4) -> None:
+    """Same tokens, and the same top log-probabilities at every step within `tol`."""
+    assert got.token_ids == want.token_ids
+    for lp_g, lp_w in zip(got.logprobs, want.logprobs):
+        assert lp_g.keys() == lp_w.keys()
+        assert all(abs(lp_g[t] - lp_w[t]) < tol for t in lp_w)
+
+
 # --- availability -------------------------------------------------------------------
 def test_unavailable_on_cpu_with_reason():
     assert "CUDA" in unavailable_reason(torch.device("cpu"), torch.bfloat16)
@@ -297,11 +305,7 @@ def test_fused_decode_step_matches_portable_path(tiny_model):
     want = expected.generate(PROMPTS, params)
     assert graphs.num_eager == 3 and runner.mode == "fast"
     for g, w in zip(got, want):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
-            assert lp_g.keys() == lp_w.keys()
-            for token in lp_w:
-                assert abs(lp_g[token] - lp_w[token]) < 1e-4
+        assert_same_completion(g.outputs[0], w.outputs[0])
 
 
 @needs_triton
@@ -346,10 +350,7 @@ def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
     llm.engine.runner.fast_attention = triton_paged_attention
     got = llm.generate(prompts, params)
     for g, w in zip(got, want):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
-            assert lp_g.keys() == lp_w.keys()
-            assert all(abs(lp_g[t] - lp_w[t]) < 1e-4 for t in lp_w)
+        assert_same_completion(g.outputs[0], w.outputs[0])
     assert llm.engine.runner.mode == "fast" and llm.engine.block_manager.prefix.hits > 0
 
 
@@ -534,11 +535,7 @@ def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
     assert runner.mode == "fast" and KIND_CODES[kind] in kinds_seen
     assert llm.engine.kv_snapshot().blocks_by_dtype[kind] == 0  # all freed at the end
     for g, w in zip(got, want):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        for lp_g, lp_w in zip(g.outputs[0].logprobs, w.outputs[0].logprobs):
-            assert lp_g.keys() == lp_w.keys()
-            for token in lp_w:
-                assert abs(lp_g[token] - lp_w[token]) < 1e-4
+        assert_same_completion(g.outputs[0], w.outputs[0])
 
 
 KIND_CODES = {"int8": 1, "int4": 2}
@@ -582,10 +579,7 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
     assert any(declined) and not all(declined)  # graphs took the one-kind steps, declined the mixed ones
     assert llm.engine.runner.mode == "fast"
     for rid in want:
-        assert got[rid].token_ids == want[rid].token_ids
-        for lp_g, lp_w in zip(got[rid].logprobs, want[rid].logprobs):
-            assert lp_g.keys() == lp_w.keys()
-            assert all(abs(lp_g[t] - lp_w[t]) < 1e-4 for t in lp_w)
+        assert_same_completion(got[rid], want[rid])
 
 
 @pytest.mark.parametrize("behaviour", ["ok", "nan"])
