@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from engine.fast_path.availability import has_triton
+
 
 def build_case(kind: str, batch: int, context: int, hot_window: int, device: torch.device, seed: int = 0,
                dtype: torch.dtype = torch.bfloat16):
@@ -43,7 +45,9 @@ def build_case(kind: str, batch: int, context: int, hot_window: int, device: tor
             pairs.append((page, (kind, target_page, slot)))
             new_pages.append(target_page)
             new_slots.append(slot)
-        cache.quantize(pairs)  # reads every hot page before any slot overwrites it (one batch)
+        # Block i goes to page i // per_page: every page is read (in this or an earlier chunk of
+        # quantize) before a cold slot overwrites it.
+        cache.quantize(pairs)
         tables[:, :num_cold] = torch.tensor(new_pages, device=device).view(batch, num_cold)
         slots[:, :num_cold] = torch.tensor(new_slots, device=device).view(batch, num_cold)
         kinds[:, :num_cold] = KIND_CODE[kind]
@@ -57,18 +61,16 @@ def build_case(kind: str, batch: int, context: int, hot_window: int, device: tor
     return q, k, v, cold, meta, cache
 
 
-def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int,
-                tile: int = 64):
-    """Diagnostic: read every cold int8 K and V tile exactly as the decode kernel addresses
-    them, convert to float and sum; no dot products, no softmax. Its bandwidth is what the
-    access pattern itself allows."""
+if has_triton():
     import triton
     import triton.language as tl
 
+    from engine.fast_path.triton_cold_prefix_attention import _cold_rows
+
     @triton.jit
-    def _stream(tables_ptr, slots_ptr, ck_ptr, cv_ptr, out_ptr, cold_tokens, stride_tb,
-                stride_cp, stride_cs, stride_ct, stride_ch,
-                BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    def _stream_kernel(tables_ptr, slots_ptr, ck_ptr, cv_ptr, out_ptr, cold_tokens, stride_tb,
+                       stride_cp, stride_cs, stride_ct, stride_ch,
+                       BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
         b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         per_split = tl.cdiv(tl.cdiv(cold_tokens, NUM_SPLITS), TILE) * TILE
         lo = split * per_split
@@ -78,19 +80,26 @@ def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: i
         for start in range(lo, hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < hi
-            entry = b * stride_tb + t // BLOCK_SIZE
-            page = tl.load(tables_ptr + entry, mask=in_range, other=0).to(tl.int64)
-            slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
-            base = page * stride_cp + slot * stride_cs + (t % BLOCK_SIZE) * stride_ct + kvh * stride_ch
+            base, _, _, _ = _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp, stride_cs,
+                                       stride_ct, stride_ch, BLOCK_SIZE)
             k = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
             v = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
             acc += k.to(tl.float32) + v.to(tl.float32)
         tl.store(out_ptr + (b * tl.num_programs(1) + kvh) * NUM_SPLITS + split, tl.sum(tl.sum(acc, 1), 0))
 
+
+def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int,
+                tile: int = 64):
+    """Diagnostic: read every cold int8 K and V tile through the decode kernel's own
+    addressing (`_cold_rows`), convert to float and sum; no dot products, no softmax.
+    It converts every code, as the kernel's bf16 variant does, so it is bound by those
+    conversions as much as by the reads (the offline SASS in
+    docs/benchmarks/gpu_fastpath_notes.md, session 3): its bandwidth is a ceiling for
+    kernels that convert each code, not for the access pattern alone."""
     batch, kv_heads = tables.shape[0], cold.int8_k.shape[3]
     out = torch.empty(batch * kv_heads * splits, device=tables.device)
     data = cold.int8_k
-    return lambda: _stream[(batch, kv_heads, splits)](
+    return lambda: _stream_kernel[(batch, kv_heads, splits)](
         tables, slots, cold.int8_k, cold.int8_v, out, cold_tokens, tables.stride(0),
         data.stride(0), data.stride(1), data.stride(2), data.stride(3),
         BLOCK_SIZE=16, TILE=tile, HEAD_DIM=data.shape[-1], NUM_SPLITS=splits, num_warps=num_warps,

@@ -62,6 +62,17 @@ if has_triton():
         return x, token_scale
 
     @triton.jit
+    def _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp, stride_cs, stride_ct,
+                   stride_ch, BLOCK_SIZE: tl.constexpr):
+        """Offsets of tile `t`'s rows of KV head `kvh` in a cold pool, and each token's
+        (page, slot, position in block) for its scales."""
+        entry = b * stride_tb + t // BLOCK_SIZE
+        page = tl.load(tables_ptr + entry, mask=in_range, other=0).to(tl.int64)
+        slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
+        tok = t % BLOCK_SIZE
+        return page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch, page, slot, tok
+
+    @triton.jit
     def _int8_to_fp16(x):
         """Exact fp16 of int8 codes without conversion instructions: code + 128 as the low
         byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
@@ -114,11 +125,8 @@ if has_triton():
         for start in range(lo, cold_hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < cold_hi
-            entry = b * stride_tb + t // BLOCK_SIZE
-            page = tl.load(tables_ptr + entry, mask=in_range, other=0).to(tl.int64)
-            slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
-            tok = t % BLOCK_SIZE
-            base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
+            base, page, slot, tok = _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp,
+                                               stride_cs, stride_ct, stride_ch, BLOCK_SIZE)
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
             if KIND == 1 and COLD_DOTS != 0:
                 k8 = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
