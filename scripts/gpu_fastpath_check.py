@@ -21,7 +21,6 @@ fp16 it also demands 32/32 greedy agreement wherever the portable path has it.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -292,7 +291,7 @@ def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
     from engine.attention import paged_attention
-    from engine.bench.gpu_decode import new_engine, prompts
+    from engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
 
     lens = (600, 2000) if DEVICE == "cuda" else (40, 70)
     ps = [prompts(vocab, 1, n, seed=2000 + n)[0] for n in lens]
@@ -317,10 +316,7 @@ def check_cold_kv(model_dir, model, vocab, **_):
         check(f"cold_{kind}_decode_in_graphs", DEVICE == "cpu" or (graphs.num_replays > 0 and bool(cold_graphs)),
               replays=graphs.num_replays if graphs is not None else 0, cold_graphs=len(cold_graphs))
         del fast, ref
-        gc.unfreeze()  # new_engine froze the engines' objects; their KV pools go only with a collection
-        gc.collect()
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
+        free_dropped_engines()
 
 
 def check_sampling(fast, vocab, fast_logits, **_):
@@ -377,7 +373,7 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
     greedy tokens as synchronous steps: requests of different lengths and limits, so rows
     leave the batch while steps are in flight."""
     from engine import SamplingParams
-    from engine.bench.gpu_decode import new_engine, prompts
+    from engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
 
     ahead = new_engine(model_dir, model, "fast", kv_gib=20 if DEVICE == "cuda" else 0.02,
                        max_num_batched_tokens=2048, enable_prefix_caching=False)
@@ -399,8 +395,7 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
           identical_requests=sum(a == b for a, b in zip(got, want)), requests=len(ps),
           launches_fed_from_device=sum(fed), launches=len(fed), mode=ahead.runner.mode)
     del ahead
-    gc.unfreeze()
-    gc.collect()
+    free_dropped_engines()
 
 
 def check_injected_failure(fast, slow, vocab, **_):

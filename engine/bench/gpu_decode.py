@@ -169,6 +169,15 @@ def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **confi
     return engine
 
 
+def free_dropped_engines() -> None:
+    """Reclaim engines the caller has dropped: new_engine froze their objects, so their
+    KV pools go only once the collector may see them again."""
+    gc.unfreeze()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def prompts(vocab: int, num: int, length: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(5, vocab, (num, length), generator=gen).tolist()

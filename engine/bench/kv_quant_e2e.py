@@ -11,7 +11,6 @@ Usage: python -m engine.bench.kv_quant_e2e --out DIR
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import time
@@ -62,7 +61,7 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
 
 
 def main() -> int:
-    from .gpu_decode import build, new_engine, prompts
+    from .gpu_decode import build, free_dropped_engines, new_engine, prompts
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
@@ -86,9 +85,7 @@ def main() -> int:
         results["kinds"][kind] = r
         print(kind, json.dumps(r), flush=True)
         del engine
-        gc.unfreeze()  # new_engine froze the engine's objects: without this its KV pool is never freed
-        gc.collect()
-        torch.cuda.empty_cache()
+        free_dropped_engines()
     with open(f"{args.out}/kv_quant_e2e.json", "w") as f:
         json.dump(results, f, indent=2)
     return 0
