@@ -3,8 +3,8 @@
 The decode graphs are captured at start (cuda_graphs.py); prefill and mixed steps run
 the same fused ops eagerly, and Triton compiles a kernel variant the first time it sees
 a new specialisation (pointer alignment, integer arguments divisible by 16 or not). On a
-fresh machine that cost the first 16 x 512-token prefill about 1.5 s on an H200
-(BENCHMARKS.md). Two synthetic steps cover both specialisations of the token count:
+fresh H200 that cost the first two 16 x 512-token prefill steps about 1.3 s (the batch-32
+comparison in BENCHMARKS.md: 2.20 s before, 0.93 s after). Two synthetic steps cover both specialisations of the token count:
 each holds a fresh prompt, a chunk after a cached prefix and a decode row (the mixed
 step's decode kernel). Every slot is the padding slot, so no K/V is written; the
 attention reads block 0, whatever it holds, and the results are thrown away.
@@ -34,9 +34,10 @@ def warm_prefill_kernels(decoder, attention_fn, block_size: int, device: torch.d
 def warm_decode_splits(decoder, device: torch.device) -> None:
     """A mixed step's decode rows take as many splits as their count and longest context
     call for (choose_num_splits), and the split count is a compile-time constant of the
-    kernel: compile every power of two up to MAX_SPLITS now. (Seen on the H200: the first
-    256 x 512-token run after start spent about 1.7 s more in its prefill phase than the
-    runs after it.)"""
+    kernel: compile every power of two up to MAX_SPLITS now. (On the H200 the first
+    256 x 512-token run after start spent 1.7 s more in its prefill phase than the runs
+    after it; this saved 0.4 s of that, excluding cuDNN's attention the rest:
+    prefill_attention.py.)"""
     from .triton_attention import MAX_SPLITS, paged_decode_attention
     from .triton_cold_attention import cold_paged_decode_attention
 
