@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import subprocess
 import tempfile
@@ -308,6 +309,29 @@ def bench_graph_replay(engine, size: int, context: int) -> float:
     return _time_cuda(graph.replay, repeat=20, warmup=3)
 
 
+def batch1_replay_ab(engine, context: int) -> dict[str, float]:
+    """Bare batch-1 replay (ms) with the fused GEMVs against cuBLAS + separate small ops,
+    with and without programmatic dependent launch (pdl.py); alternated, best of two."""
+    graphs = engine.runner.fast_decode
+    decoder, default = graphs.decoder, graphs.decoder.batch1_gemv
+    runs: dict[str, list[float]] = {}
+    try:
+        for _ in range(2):
+            for label, gemv_on, pdl in (("gemv_pdl_at_exit", True, "1"), ("gemv_pdl_early", True, "2"),
+                                        ("gemv_no_pdl", True, "0"), ("cublas_no_pdl", False, "0"),
+                                        ("cublas_pdl_at_exit", False, "1")):
+                os.environ["INFERD_PDL"] = pdl  # read at each launch, so at capture
+                decoder.batch1_gemv = gemv_on and default
+                graphs.graphs.pop((1, 0), None)
+                runs.setdefault(label, []).append(bench_graph_replay(engine, 1, context) * 1e3)
+    finally:
+        os.environ.pop("INFERD_PDL", None)
+        decoder.batch1_gemv = default
+        graphs.graphs.pop((1, 0), None)
+        graphs._capture(1)
+    return {label: min(times) for label, times in runs.items()}
+
+
 def profile_decode(engine, size: int, context: int, path: str) -> None:
     """Per-kernel GPU time of the fused decode step run eagerly (torch.profiler), to a text file."""
     from torch.profiler import ProfilerActivity, profile
@@ -459,6 +483,8 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
                 res["graph_replay_ms"][f"b{size}_ctx{ctx}"] = {"ms": s * 1e3, "roofline_ms": max(b / bw, f / rate) * 1e3,
                                                                "share": max(b / bw, f / rate) / s}
         log(f"graph replays: {json.dumps(res['graph_replay_ms'])}")
+        res["batch1_replay_ab_ms"] = batch1_replay_ab(fast, avg_ctx)
+        log(f"batch-1 replay, fused GEMVs / cuBLAS, with and without PDL (ms): {json.dumps(res['batch1_replay_ab_ms'])}")
 
     def compare_fast():
         res["cmp_fast_b1"] = strip(bench_engine_decode(fast, cmp_prompts[:1], cmp_tokens))

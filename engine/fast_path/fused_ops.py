@@ -18,12 +18,15 @@ import torch
 import torch.nn.functional as F
 
 from .availability import has_triton
+from .pdl import pdl_launch
 
 Q_HEADS_PER_PROGRAM = 8
 
 if has_triton():
     import triton
     import triton.language as tl
+
+    from .pdl import wait_for_previous
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, hidden, eps,
@@ -74,9 +77,10 @@ if has_triton():
                                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                                stride_cb, stride_ct, stride_ch, num_heads, num_kv_heads,
                                BLOCK_SIZE: tl.constexpr, Q_HEADS_PER_PROGRAM: tl.constexpr,
-                               KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
+                               KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr, USE_PDL: tl.constexpr):
         """Program (t, 0): token t's K rotation and K/V cache write; program (t, c > 0):
         rotation of q heads [(c - 1) * Q_HEADS_PER_PROGRAM, c * Q_HEADS_PER_PROGRAM)."""
+        wait_for_previous(USE_PDL)
         t = tl.program_id(0)
         part = tl.program_id(1)
         pos = tl.load(pos_ptr + t).to(tl.float32)
@@ -149,7 +153,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, kv_heads,
         BLOCK_SIZE=k_cache.shape[1], Q_HEADS_PER_PROGRAM=per_program,
-        KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2,
+        KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2, **pdl_launch(q.device),
     )
 
 

@@ -1,0 +1,36 @@
+"""The decode kernel's in-kernel merge: the last split of each (sequence, KV head) to
+finish merges the partial outputs and re-arms its counter (Triton's CPU interpreter)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+
+from engine.fast_path import has_triton
+from tests.test_fast_path import _arena, _reference_attention
+
+needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+                                  reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+
+
+@needs_triton
+def test_counters_return_to_zero_so_every_later_launch_merges_again():
+    from engine.fast_path.triton_attention import paged_decode_attention, split_counters
+
+    gen = torch.Generator().manual_seed(3)
+    _, k_cache, v_cache = _arena(24, 2, 16, 2, 32)
+    ctx = torch.tensor([300, 17, 0])
+    tables = torch.stack([torch.randperm(24, generator=gen)[:20] for _ in ctx]).to(torch.int32)
+    q = torch.randn(len(ctx), 4, 32, generator=gen)
+    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3)
+    outs = [paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, 4) for _ in range(3)]
+    assert split_counters(q.device, 1).count_nonzero() == 0
+    for out in outs:
+        assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    # a larger launch grows the buffer; the earlier one is kept (graphs may point at it)
+    first = split_counters(q.device, 1)
+    grown = split_counters(q.device, first.numel() + 1)
+    assert grown.numel() > first.numel() and grown.count_nonzero() == 0

@@ -1,0 +1,118 @@
+"""The batch-1 GEMVs with RMSNorm / SiLU-and-multiply folded in (triton_gemv.py), under
+Triton's CPU interpreter in float32 (the interpreter has no bfloat16 rounding), against
+the unfused ops they replace; and the whole batch-1 decode step through them."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.fast_path import has_triton
+
+needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+                                  reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+
+
+def _case(n: int, k: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x, residual = torch.randn(1, k, generator=gen), torch.randn(1, k, generator=gen)
+    norm = torch.rand(k, generator=gen) + 0.5
+    weight = torch.randn(n, k, generator=gen) / k**0.5
+    return x, residual, norm, weight
+
+
+@needs_triton
+@pytest.mark.parametrize("n, k", [(40, 256), (37, 176), (8, 64)])  # 37: rows past the last full program
+def test_gemv_matches_linear(n, k):
+    from engine.fast_path.triton_gemv import gemv
+
+    x, _, _, weight = _case(n, k)
+    torch.testing.assert_close(gemv(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_gemv_matches_the_ops_it_fuses(silu, with_residual):
+    from engine.fast_path.fused_ops import add_rms_norm_reference, silu_and_mul_reference
+    from engine.fast_path.triton_gemv import rms_norm_gemv
+
+    x, residual, norm, weight = _case(2 * 36, 176, seed=int(silu) + 2 * int(with_residual))
+    before = residual.clone()
+    out, new_residual = rms_norm_gemv(x, residual if with_residual else None, norm, 1e-5, weight, silu_mul=silu)
+    want_residual = before.clone() if with_residual else None
+    hidden, want_new = add_rms_norm_reference(x, want_residual, norm, 1e-5)
+    want = F.linear(hidden, weight)
+    want = silu_and_mul_reference(want) if silu else want
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_residual, want_new)
+    assert torch.equal(residual, before)  # a new tensor, not an in-place update
+    assert (new_residual is x) == (not with_residual)
+
+
+@needs_triton
+def test_float32_logits_are_rounded_through_the_weight_dtype_like_compute_logits():
+    from engine.fast_path.triton_gemv import gemv
+
+    x, _, _, weight = _case(24, 64)
+    out = gemv(x, weight, out_dtype=torch.float64)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, F.linear(x, weight).double(), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_bad_shapes_are_refused_with_what_was_wrong():
+    from engine.fast_path.triton_gemv import GemvConfig, gemv, rms_norm_gemv
+
+    x, residual, norm, weight = _case(16, 64)
+    with pytest.raises(ValueError, match="one row"):
+        gemv(torch.randn(2, 64), weight)
+    with pytest.raises(ValueError, match=r"weight must be \[N, 64\]"):
+        gemv(x, weight.T.contiguous().T)
+    with pytest.raises(ValueError, match="multiple of block_k"):
+        gemv(x, weight, config=GemvConfig(block_k=128))
+    with pytest.raises(ValueError, match="norm weight"):
+        rms_norm_gemv(x, residual, norm[:10], 1e-5, weight)
+    with pytest.raises(ValueError, match="even number of rows"):
+        rms_norm_gemv(x, residual, norm, 1e-5, weight[:15], silu_mul=True)
+    with pytest.raises(ValueError, match="power of two"):
+        GemvConfig(block_n=6)
+
+
+def test_launch_shapes_divide_k_or_are_refused():
+    from engine.fast_path.triton_gemv import DEFAULT_CONFIG, LONG_ROW_CONFIG, choose_config
+
+    assert choose_config(6144, 4096) == DEFAULT_CONFIG
+    assert choose_config(4096, 14336) == LONG_ROW_CONFIG
+    assert choose_config(512, 176).block_k == 16  # 176 = 11 x 16
+    assert choose_config(512, 100) is None  # 100 = 25 x 4: no factor of 16
+
+
+@needs_triton
+@pytest.mark.slow
+def test_batch1_decode_through_fused_gemvs_matches_portable_path(tiny_model, monkeypatch):
+    from engine.fast_path import hot_kv_layers
+    from engine.fast_path.cuda_graphs import DecodeGraphs
+    from engine.fast_path.fast_decoder import FastDecoder
+    from tests.test_fast_path import assert_same_completion
+
+    used = []
+    batch1_logits = FastDecoder.batch1_logits
+    monkeypatch.setattr(FastDecoder, "batch1_logits", lambda self, *a: used.append(1) or batch1_logits(self, *a))
+    expected = LLM(tiny_model, mode="fallback", block_size=8)
+    llm = LLM(tiny_model, block_size=8)
+    runner = llm.engine.runner
+    decoder = FastDecoder(runner.model, hot_kv_layers(runner))
+    assert decoder.batch1_gemv
+    runner.fast_decode = DecodeGraphs(decoder, 8, 256, runner.device, pages=runner.pages, use_graphs=False)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3)
+    prompt = [[5, 6, 7, 8, 9, 10, 11, 12, 13]]
+    got = llm.generate(prompt, params)[0].outputs[0]
+    want = expected.generate(prompt, params)[0].outputs[0]
+    assert len(used) == 4  # every decode step after the prefill
+    assert_same_completion(got, want)
