@@ -87,7 +87,8 @@ def test_bad_shapes_are_refused_with_what_was_wrong():
 def test_launch_shapes_divide_k_or_are_refused():
     from engine.fast_path.triton_gemv import DEFAULT_CONFIG, LONG_ROW_CONFIG, choose_config
 
-    assert choose_config(6144, 4096) == DEFAULT_CONFIG
+    assert choose_config(6144, 4096).block_n == 16  # measured on the H200
+    assert choose_config(6144, 6144) == DEFAULT_CONFIG  # not measured: the rule
     assert choose_config(4096, 14336) == LONG_ROW_CONFIG
     assert choose_config(512, 176).block_k == 16  # 176 = 11 x 16
     assert choose_config(512, 100) is None  # 100 = 25 x 4: no factor of 16
@@ -116,3 +117,28 @@ def test_batch1_decode_through_fused_gemvs_matches_portable_path(tiny_model, mon
     want = expected.generate(prompt, params)[0].outputs[0]
     assert len(used) == 4  # every decode step after the prefill
     assert_same_completion(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("slot", [13, -1])  # -1: a padded graph row writes no K/V
+def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot):
+    from engine.fast_path.fused_ops import rope_and_cache_reference
+    from engine.fast_path.triton_gemv import rms_norm_gemv, rms_norm_qkv_rope
+
+    heads, kv_heads, dim, hidden = 4, 2, 16, 64
+    x, residual, norm, weight = _case((heads + 2 * kv_heads) * dim, hidden, seed=slot)
+    positions, slots = torch.tensor([37]), torch.tensor([slot])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    arena = torch.randn(6, 2, 8, kv_heads, dim)  # pages of 8 tokens; K and V share strides
+    untouched, got_arena = arena.clone(), arena.clone()
+    qkv, new_residual = rms_norm_qkv_rope(x, residual, norm, 1e-5, weight, heads, kv_heads, positions, inv_freq,
+                                          got_arena[:, 0], got_arena[:, 1], slots)
+    want, want_residual = rms_norm_gemv(x, residual, norm, 1e-5, weight)
+    q = want[:, : heads * dim].view(1, heads, dim)
+    k = want[:, heads * dim : (heads + kv_heads) * dim].view(1, kv_heads, dim)
+    v = want[:, (heads + kv_heads) * dim :].view(1, kv_heads, dim)
+    rope_and_cache_reference(q, k, v, positions, inv_freq, arena[:, 0], arena[:, 1], slots)
+    torch.testing.assert_close(qkv[:, : heads * dim], q.reshape(1, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_arena, arena, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_residual, want_residual)
+    assert torch.equal(got_arena, untouched) == (slot < 0)

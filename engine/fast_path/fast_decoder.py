@@ -22,7 +22,7 @@ from ..model import LlamaModel
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_attention import paged_decode_attention
 from .triton_cold_prefix_attention import INT4, INT8, cold_prefix_decode_attention
-from .triton_gemv import choose_config, gemv, rms_norm_gemv
+from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
 
 
 def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -83,13 +83,17 @@ class FastDecoder:
     def _batch1_gemv_available(self) -> bool:
         """Batch-1 decode through the fused GEMVs (triton_gemv.py): on unless
         INFERD_BATCH1_GEMV=0, for models without q/k/v biases whose every projection
-        has a launch shape."""
+        has a launch shape (and the q/k/v one whole RoPE pairs per program)."""
         if os.environ.get("INFERD_BATCH1_GEMV", "1") == "0" or self.fused[0]["qkv_bias"] is not None:
             return False
         layer = self.model.layers[0]
         weights = (self.fused[0]["qkv"], layer.self_attn.o_proj.weight, self.fused[0]["gate_up"],
                    layer.mlp.down_proj.weight, self.model.lm_head.weight)
-        return all(w.stride(1) == 1 and choose_config(*w.shape) is not None for w in weights)
+        configs = [choose_config(*w.shape) for w in weights]
+        if not all(w.stride(1) == 1 and c is not None for w, c in zip(weights, configs)):
+            return False
+        pairs = configs[0].block_n // 2
+        return pairs > 0 and (self.head_dim // 2) % pairs == 0
 
     def set_kv_layers(self, kv_layers: list[tuple]) -> None:
         """Per layer (k_cache, v_cache) or (k_cache, v_cache, ColdLayer | None)."""
@@ -156,19 +160,17 @@ class FastDecoder:
 
     def batch1_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                       attend) -> torch.Tensor:
-        """`hidden_states` + `compute_logits` for one token, with each RMSNorm (and the
-        SiLU-and-multiply) folded into the GEMV after it: five kernels per layer
-        besides attention instead of about ten."""
+        """`hidden_states` + `compute_logits` for one token, with each RMSNorm folded
+        into the GEMV after it, RoPE and the K/V write into the q/k/v GEMV and
+        SiLU-and-multiply into the gate/up GEMV: four kernels per layer besides
+        attention instead of about ten."""
         h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.model.embed_tokens(input_ids)
         residual = None
         for layer, fused, (k_cache, v_cache, cold) in zip(self.model.layers, self.fused, self.kv_layers):
-            qkv, residual = rms_norm_gemv(x, residual, layer.input_layernorm.weight, self.eps, fused["qkv"])
-            q = qkv[:, : h_q * d].view(1, h_q, d)
-            k = qkv[:, h_q * d : (h_q + h_kv) * d].view(1, h_kv, d)
-            v = qkv[:, (h_q + h_kv) * d :].view(1, h_kv, d)
-            rope_and_cache(q, k, v, positions, self.inv_freq, k_cache, v_cache, slots)
-            attn = attend(q, k_cache, v_cache, cold)
+            qkv, residual = rms_norm_qkv_rope(x, residual, layer.input_layernorm.weight, self.eps, fused["qkv"],
+                                              h_q, h_kv, positions, self.inv_freq, k_cache, v_cache, slots)
+            attn = attend(qkv[:, : h_q * d].view(1, h_q, d), k_cache, v_cache, cold)
             x = gemv(attn.reshape(1, h_q * d), layer.self_attn.o_proj.weight)
             act, residual = rms_norm_gemv(x, residual, layer.post_attention_layernorm.weight, self.eps,
                                           fused["gate_up"], silu_mul=True)
