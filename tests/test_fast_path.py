@@ -507,6 +507,20 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, do
 
 
 @needs_triton
+@pytest.mark.parametrize("tile", [16, 48])
+def test_cold_prefix_kernel_refuses_tiles_it_is_not_validated_for(tile):
+    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, [40], num_pages=16, first_cold_page={"int4": 12},
+                                                          kind_of=lambda i, j: "int4")
+    q = torch.randn(1, 4, 32, generator=gen)
+    with pytest.raises(ValueError, match=f"tile must be a power of two of at least 32, got {tile}"):
+        cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(), torch.tensor([2]), 2,
+                                     torch.tensor([40]), 0.3, 1, tile=tile)
+
+
+@needs_triton
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):

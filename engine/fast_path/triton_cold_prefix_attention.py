@@ -34,6 +34,7 @@ DEFAULT_COLD_DOTS = DOTS_INT8_KEYS  # for bf16/fp16 queries; float32 always uses
 # Launch defaults: the best of a sweep on the H200 at 32k x 8 (engine/bench/kv_quant_gpu.py, BENCHMARKS.md).
 NUM_WARPS = 2
 NUM_STAGES = 2
+MIN_TILE = 32
 
 if has_triton():
     import triton
@@ -185,6 +186,11 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         raise ValueError(f"kind must be {INT8} (int8) or {INT4} (int4), got {kind}")
     if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    if tile < MIN_TILE or tile & (tile - 1):
+        # At 16, int4 gave wrong outputs on the H200 (Triton 3.6; relative error 1.6) while
+        # the interpreter agrees with the portable path: a code-generation problem, not
+        # investigated; 16 was also the slowest tile for int8.
+        raise ValueError(f"tile must be a power of two of at least {MIN_TILE}, got {tile}")
     if block_slots.shape != block_tables.shape or block_slots.stride() != block_tables.stride():
         raise ValueError("block tables and slots must have the same shape and strides")
     if kind == INT8:
