@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..fast_path import triton_gemv
 from ..fast_path.fused_ops import add_rms_norm, silu_and_mul
 from ..fast_path.triton_gemv import GemvConfig, choose_config, gemv, rms_norm_gemv
 
@@ -58,8 +57,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
 def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> None:
     """The projections, norms and lm_head of `layers` decoder layers at batch 1 (no
     attention): the unfused chain (cuBLAS + fused_ops) against the fused GEMVs, these
-    with and without programmatic dependent launch, and with the RMS taken in the GEMV's
-    loop or in a pass before it; alternated."""
+    with and without programmatic dependent launch; alternated."""
     dtype, eps, hidden = torch.bfloat16, 1e-5, 4096
     torch.manual_seed(1)
     ws = [{name: torch.randn(n, k, dtype=dtype, device="cuda") * k**-0.5 for name, (n, k, _) in SHAPES.items()
@@ -81,12 +79,11 @@ def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> Non
         h, _ = add_rms_norm(x, residual, norms[2], eps)
         F.linear(h, lm_head).float()
 
-    def fused(norm_in_loop: bool):
+    def fused():
         def config(w):
             return choose_config(*w.shape)
 
         def run():
-            triton_gemv.NORM_IN_LOOP = norm_in_loop
             x, residual = x0, None
             for w in ws:
                 _, residual = rms_norm_gemv(x, residual, norms[0], eps, w["qkv"], config=config(w["qkv"]))
@@ -97,15 +94,13 @@ def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> Non
             rms_norm_gemv(x, residual, norms[2], eps, lm_head, out_dtype=torch.float32, config=config(lm_head))
         return run
 
-    variants = [("unfused", unfused, "0"), ("gemv_no_pdl", fused(True), "0"), ("gemv_pdl", fused(True), "1"),
-                ("gemv_pdl_norm_prepass", fused(False), "1")]
+    variants = [("unfused", unfused, "0"), ("gemv_no_pdl", fused(), "0"), ("gemv_pdl", fused(), "1")]
     times: dict[str, list[float]] = {}
     for _ in range(2):
         for label, fn, pdl in variants:
             os.environ["INFERD_PDL"] = pdl  # read at each launch, so at capture
             times.setdefault(label, []).append(time_graph(fn, replays))
     os.environ.pop("INFERD_PDL", None)
-    triton_gemv.NORM_IN_LOOP = True
     for label, seconds in times.items():
         best = min(seconds)
         record(kind="layers", variant=label, layers=layers, ms=best * 1e3, all_ms=[t * 1e3 for t in seconds],

@@ -311,27 +311,20 @@ def bench_graph_replay(engine, size: int, context: int) -> float:
 
 def batch1_replay_ab(engine, context: int) -> dict[str, float]:
     """Bare batch-1 replay (ms) with the fused GEMVs against cuBLAS + separate small ops,
-    with and without programmatic dependent launch (pdl.py), and the GEMVs' RMS taken in
-    their loop or in a pass before it; alternated captures, best of two."""
-    from ..fast_path import triton_gemv
-
+    with and without programmatic dependent launch (pdl.py); alternated captures, best of two."""
     graphs = engine.runner.fast_decode
     decoder, default = graphs.decoder, graphs.decoder.batch1_gemv
     runs: dict[str, list[float]] = {}
     try:
         for _ in range(2):
-            for label, gemv_on, pdl, norm_in_loop in (
-                    ("gemv_pdl", True, "1", True), ("gemv_no_pdl", True, "0", True),
-                    ("gemv_pdl_norm_prepass", True, "1", False), ("cublas_pdl", False, "1", True),
-                    ("cublas_no_pdl", False, "0", True)):
+            for label, gemv_on, pdl in (("gemv_pdl", True, "1"), ("gemv_no_pdl", True, "0"),
+                                        ("cublas_pdl", False, "1"), ("cublas_no_pdl", False, "0")):
                 os.environ["INFERD_PDL"] = pdl  # read at each launch, so at capture
-                triton_gemv.NORM_IN_LOOP = norm_in_loop
                 decoder.batch1_gemv = gemv_on and default
                 graphs.graphs.pop((1, 0), None)
                 runs.setdefault(label, []).append(bench_graph_replay(engine, 1, context) * 1e3)
     finally:
         os.environ.pop("INFERD_PDL", None)
-        triton_gemv.NORM_IN_LOOP = True
         decoder.batch1_gemv = default
         graphs.graphs.pop((1, 0), None)
         graphs._capture(1)

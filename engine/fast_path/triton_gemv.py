@@ -8,18 +8,20 @@ the H200. These kernels fold that work into the GEMVs themselves:
 - `gemv`: y = W x.
 - `rms_norm_gemv`: y = W RMSNorm(x + residual) (optionally with SiLU(gate) * up of a
   fused gate/up weight as the epilogue); also returns the new residual x + residual.
+- `rms_norm_qkv_rope`: the same for the fused q/k/v weight, with rotary embedding of q
+  and k and the K/V write into the paged cache as the epilogue.
 
 One program computes BLOCK_N outputs over the whole K, so no split-K pass is needed;
 with SiLU-and-multiply its tile holds BLOCK_N gate rows and the matching up rows.
 Every program reads the whole input anyway, so each sums its squares on the way and
 divides its outputs by the RMS at the end: W (g * h) / rms(h) in fp32, without the
-eager model's rounding of the normalised input to bf16 (NORM_IN_LOOP; the other mode
-reads the input once before the loop and rounds exactly as fused_ops.add_rms_norm).
-Program 0 writes the new residual. SiLU-and-multiply rounds as fused_ops.silu_and_mul.
+eager model's rounding of the normalised input to bf16 (reading the input once before
+the loop to round exactly as fused_ops.add_rms_norm made the H200's batch-1 step 4 %
+slower). Program 0 writes the new residual. SiLU-and-multiply and RoPE round as
+fused_ops does.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,9 +50,6 @@ class GemvConfig:
             raise ValueError(f"num_stages must be at least 1, got {self.num_stages}")
 
 
-# RMS of the input summed in the GEMV's own loop and applied to the outputs (one pass),
-# or read from the whole input before the loop with add_rms_norm's rounding steps.
-NORM_IN_LOOP = os.environ.get("INFERD_GEMV_NORM_IN_LOOP", "1") == "1"
 DEFAULT_CONFIG = GemvConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)
 # Long rows (the down projection) and narrow outputs (o) did better with 4 x 512 tiles.
 LONG_ROW_CONFIG = GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
@@ -87,20 +86,12 @@ if has_triton():
 
     @triton.jit
     def _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, write_residual,
-                          NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM_IN_LOOP: tl.constexpr,
-                          K_POW2: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                          NUM_STAGES: tl.constexpr):
+                          NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
+                          BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
         """fp32 products of the weight rows at `w_rows` [ROWS, 1] with the input: x, or with
         NORM the RMSNorm of x (+ residual; the sum is written to res_out when
         `write_residual`)."""
         ty = w_rows.dtype.element_ty
-        if NORM and not NORM_IN_LOOP:  # the RMS first, from the whole input (rounding as add_rms_norm)
-            kk = tl.arange(0, K_POW2)
-            whole = kk < K
-            h = tl.load(x_ptr + kk, mask=whole, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                h = (h + tl.load(res_ptr + kk, mask=whole, other=0.0).to(tl.float32)).to(ty).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(h * h, 0) / K + eps)
         acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
         sum_sq = tl.zeros([BLOCK_K], tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
@@ -112,24 +103,20 @@ if has_triton():
                     if write_residual:
                         tl.store(res_out_ptr + cols, xin)
                     xin = xin.to(tl.float32)
-                gain = tl.load(norm_ptr + cols).to(tl.float32)
-                if NORM_IN_LOOP:  # RMS applied after the sum: no rounding of the normalised input
-                    sum_sq += xin * xin
-                    xin = xin * gain
-                else:
-                    xin = ((xin * rstd).to(ty).to(tl.float32) * gain).to(ty).to(tl.float32)
+                sum_sq += xin * xin  # the RMS divides the sums at the end
+                xin = xin * tl.load(norm_ptr + cols).to(tl.float32)
             w = tl.load(w_rows + cols[None, :], eviction_policy="evict_first")
             acc += w.to(tl.float32) * xin[None, :]
         y = tl.sum(acc, 1)
-        if NORM and NORM_IN_LOOP:
+        if NORM:
             y = y / tl.sqrt(tl.sum(sum_sq, 0) / K + eps)
         return y
 
     @triton.jit
     def _gemv_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, N, K, stride_w, eps,
                      NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr,
-                     NORM_IN_LOOP: tl.constexpr, K_POW2: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                     USE_PDL: tl.constexpr):
         pid = tl.program_id(0)
         # One tile of weight rows: BLOCK_N rows, or with SILU_MUL BLOCK_N gate rows then the
         # BLOCK_N matching up rows (N further down). Rows past N read row N - 1 (no masks in
@@ -141,7 +128,7 @@ if has_triton():
         ty = w_ptr.dtype.element_ty
         wait_for_previous(USE_PDL)
         y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, NORM, HAS_RESIDUAL,
-                              NORM_IN_LOOP, K_POW2, ROWS, BLOCK_K, NUM_STAGES)
+                              ROWS, BLOCK_K, NUM_STAGES)
         if SILU_MUL:
             gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N])))
             gate = gate.to(ty).to(tl.float32)
@@ -154,8 +141,7 @@ if has_triton():
     def _qkv_rope_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, K, stride_w, eps,
                          pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_ct, stride_ch,
                          num_heads, num_kv_heads,
-                         HAS_RESIDUAL: tl.constexpr, NORM_IN_LOOP: tl.constexpr, K_POW2: tl.constexpr,
-                         HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                          CACHE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         """One token's q/k/v projection with the RMSNorm folded in, rotary embedding of q
         and k, and the K/V write into the paged cache (as fused_ops.rope_and_cache). A
@@ -171,7 +157,7 @@ if has_triton():
         ty = w_ptr.dtype.element_ty
         wait_for_previous(USE_PDL)
         y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, True, HAS_RESIDUAL,
-                              NORM_IN_LOOP, K_POW2, 2 * PAIRS, BLOCK_K, NUM_STAGES)
+                              2 * PAIRS, BLOCK_K, NUM_STAGES)
         x1, x2 = tl.split(tl.trans(tl.reshape(y.to(ty), [2, PAIRS])))
         if head < num_heads + num_kv_heads:  # q or k: rotate-half RoPE, rounded like the eager bf16 ops
             freqs = tl.load(pos_ptr).to(tl.float32) * tl.load(inv_freq_ptr + j)
@@ -217,9 +203,8 @@ def _launch(x, residual, res_out, norm_weight, weight, out, n, eps, norm, silu_m
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, residual if residual is not None else x, res_out if res_out is not None else x,
         norm_weight if norm_weight is not None else x, weight, out, n, k, weight.stride(0), eps,
-        NORM=norm, HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul, NORM_IN_LOOP=NORM_IN_LOOP,
-        K_POW2=triton.next_power_of_2(k), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        NUM_STAGES=config.num_stages, num_warps=config.num_warps, **pdl_launch(x.device),
+        NORM=norm, HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, num_warps=config.num_warps, **pdl_launch(x.device),
     )
 
 
@@ -249,8 +234,7 @@ def rms_norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
         x, residual if residual is not None else x, res_out if res_out is not None else x, norm_weight, weight, out,
         k, weight.stride(0), eps, positions, inv_freq, slots, k_cache, v_cache,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_heads, num_kv_heads,
-        HAS_RESIDUAL=residual is not None, NORM_IN_LOOP=NORM_IN_LOOP, K_POW2=triton.next_power_of_2(k), HALF=half,
-        PAIRS=pairs, BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1],
+        HAS_RESIDUAL=residual is not None, HALF=half, PAIRS=pairs, BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1],
         num_warps=config.num_warps, **pdl_launch(x.device),
     )
     return out, res_out if res_out is not None else x
