@@ -142,3 +142,11 @@ def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot):
     torch.testing.assert_close(got_arena, arena, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(new_residual, want_residual)
     assert torch.equal(got_arena, untouched) == (slot < 0)
+
+
+def test_programmatic_dependent_launch_only_where_it_can_run(monkeypatch):
+    from engine.fast_path.pdl import pdl_enabled, pdl_launch
+
+    assert pdl_launch(torch.device("cpu")) == {"USE_PDL": False}  # no launch_pdl keyword at all
+    monkeypatch.setenv("INFERD_PDL", "0")
+    assert not pdl_enabled(torch.device("cuda"))

@@ -6,8 +6,10 @@ layer's q/k/v and gate/up weights into one tensor and points the original module
 parameters at slices of it, so the portable path still sees the same weights (no
 second copy), while the fast path does one matmul where the eager model does three
 (and two). With cold KV, rows whose oldest blocks are quantized attend through the
-two-run cold kernel (triton_cold_prefix_attention.py). Every input is a tensor of fixed shape: nothing here reads a tensor back
-to the host, so the whole step can be captured and replayed.
+two-run cold kernel (triton_cold_prefix_attention.py). A batch-1 decode step runs its
+projections as Triton GEMVs with the small ops folded in (`batch1_logits`,
+triton_gemv.py). Every input is a tensor of fixed shape: nothing here reads a tensor
+back to the host, so the whole step can be captured and replayed.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 kernel before it in the stream is still finishing, and waits for it (griddepcontrol)
 only where it first reads that kernel's results.
 
-A batch-1 decode step is a chain of ~230 kernels of 5-50 us each; without PDL each
+A batch-1 decode step is a chain of ~160 kernels of 5-50 us each; without PDL each
 one starts only after the previous one has drained, so every boundary costs a ramp-up
 of a few microseconds. With PDL the next kernel's programs are already resident and
 could issue the loads that do not depend on the previous kernel before waiting. On the
@@ -12,7 +12,8 @@ this one's programs exit, made the step slower (BENCHMARKS.md, session 4).
 
 Rules that keep this correct: a kernel launched with `launch_pdl=True` must call
 `wait_for_previous()` before touching memory that any earlier kernel writes or reads
-(its inputs, and its outputs, which may reuse freed memory). Kernels launched without PDL are unaffected.
+(its inputs, and its outputs, which may reuse freed memory). Kernels launched without
+PDL are unaffected.
 """
 from __future__ import annotations
 
