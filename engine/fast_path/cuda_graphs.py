@@ -182,7 +182,10 @@ class DecodeGraphs:
                                            dtype=torch.long)
         header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
         tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
-        self.header[:, :n].copy_(header_host[:, :n], non_blocking=True)
+        # The whole header (5 x max rows, a few KiB): a column slice would be non-contiguous
+        # and go through a pageable temporary and a scatter kernel (seen in a profile).
+        # Columns past n are stale but unread: the graph of this size reads the first n.
+        self.header.copy_(header_host, non_blocking=True)
         self.block_tables[:n, :width].copy_(tables_host[:n, :width], non_blocking=True)
         return kind
 
