@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..fast_path.fused_ops import add_rms_norm, silu_and_mul
 from ..fast_path.triton_gemv import GemvConfig, choose_config, gemv, rms_norm_gemv
+from .gpu_decode import measure_ceilings
 
 # name: (N, K, fused op) of llama3-8b-shape: q/k/v fused, o, gate/up fused, down, lm_head.
 SHAPES = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, None), "gate_up": (28672, 4096, "norm_silu"),
@@ -45,13 +46,6 @@ def time_graph(fn, replays: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3 / replays
-
-
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy rate, bytes read + written per second."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * nbytes / time_graph(lambda: dst.copy_(src), 10)
 
 
 def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> None:
@@ -127,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     dtype, eps = torch.bfloat16, 1e-5
-    copy_rate = copy_bandwidth()
+    copy_rate = measure_ceilings(torch.device("cuda"))["copy_bytes_per_s"]  # as gpu_decode's MBU
     record(kind="copy", bytes_per_s=copy_rate)
     for name, (n, k, fused) in SHAPES.items() if not args.chain_only else ():
         copies = max(2, min(args.copies, int(4e9 // (n * k * 2))))
