@@ -56,6 +56,23 @@ if has_triton():
         tl.store(out_ptr + row * stride_o + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def rope_cos_sin(pos_ptr, inv_freq_ptr, j, ty: tl.constexpr):
+        """cos and sin of the token at pos_ptr for frequency indices j, rounded to ty as
+        the eager model's cached tables are (returned in fp32)."""
+        freqs = tl.load(pos_ptr).to(tl.float32) * tl.load(inv_freq_ptr + j)
+        return tl.cos(freqs).to(ty).to(tl.float32), tl.sin(freqs).to(ty).to(tl.float32)
+
+    @triton.jit
+    def rotate_pair(x1, x2, cos, sin, ty: tl.constexpr):
+        """x * cos + rotate_half(x) * sin for the halves x1, x2 (fp32), rounded like the
+        eager bf16 ops; returns both halves in ty."""
+        a1 = (x1 * cos).to(ty).to(tl.float32)
+        b1 = (-x2 * sin).to(ty).to(tl.float32)
+        a2 = (x2 * cos).to(ty).to(tl.float32)
+        b2 = (x1 * sin).to(ty).to(tl.float32)
+        return (a1 + b1).to(ty), (a2 + b2).to(ty)
+
+    @triton.jit
     def _rotate(x_ptr, base, stride_h, heads, cos, sin, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
         """Rotate-half RoPE of `heads` rows at x_ptr + base; returns both halves, rounded."""
         h = tl.arange(0, HEADS_PAD)
@@ -64,13 +81,8 @@ if has_triton():
         ptr = x_ptr + base + h[:, None] * stride_h + j[None, :]
         x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
-        ty = x_ptr.dtype.element_ty
-        # x * cos + rotate_half(x) * sin, rounded like the eager bf16 ops
-        a1 = (x1 * cos[None, :]).to(ty).to(tl.float32)
-        b1 = (-x2 * sin[None, :]).to(ty).to(tl.float32)
-        a2 = (x2 * cos[None, :]).to(ty).to(tl.float32)
-        b2 = (x1 * sin[None, :]).to(ty).to(tl.float32)
-        return (a1 + b1).to(ty), (a2 + b2).to(ty), h, j, mask
+        r1, r2 = rotate_pair(x1, x2, cos[None, :], sin[None, :], x_ptr.dtype.element_ty)
+        return r1, r2, h, j, mask
 
     @triton.jit
     def _rope_and_cache_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr,
@@ -83,12 +95,7 @@ if has_triton():
         wait_for_previous(USE_PDL)
         t = tl.program_id(0)
         part = tl.program_id(1)
-        pos = tl.load(pos_ptr + t).to(tl.float32)
-        j = tl.arange(0, HALF)
-        freqs = pos * tl.load(inv_freq_ptr + j)
-        ty = q_ptr.dtype.element_ty
-        cos = tl.cos(freqs).to(ty).to(tl.float32)
-        sin = tl.sin(freqs).to(ty).to(tl.float32)
+        cos, sin = rope_cos_sin(pos_ptr + t, inv_freq_ptr, tl.arange(0, HALF), q_ptr.dtype.element_ty)
         if part > 0:
             first = (part - 1) * Q_HEADS_PER_PROGRAM
             base = t * stride_qt + first * stride_qh

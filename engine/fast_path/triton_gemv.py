@@ -82,6 +82,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
+    from .fused_ops import rope_cos_sin, rotate_pair
     from .pdl import wait_for_previous
 
     @triton.jit
@@ -159,13 +160,9 @@ if has_triton():
         y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, True, HAS_RESIDUAL,
                               2 * PAIRS, BLOCK_K, NUM_STAGES)
         x1, x2 = tl.split(tl.trans(tl.reshape(y.to(ty), [2, PAIRS])))
-        if head < num_heads + num_kv_heads:  # q or k: rotate-half RoPE, rounded like the eager bf16 ops
-            freqs = tl.load(pos_ptr).to(tl.float32) * tl.load(inv_freq_ptr + j)
-            cos = tl.cos(freqs).to(ty).to(tl.float32)
-            sin = tl.sin(freqs).to(ty).to(tl.float32)
-            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-            x1 = ((f1 * cos).to(ty).to(tl.float32) + (-f2 * sin).to(ty).to(tl.float32)).to(ty)
-            x2 = ((f2 * cos).to(ty).to(tl.float32) + (f1 * sin).to(ty).to(tl.float32)).to(ty)
+        if head < num_heads + num_kv_heads:  # q or k: rotate-half RoPE
+            cos, sin = rope_cos_sin(pos_ptr, inv_freq_ptr, j, ty)
+            x1, x2 = rotate_pair(x1.to(tl.float32), x2.to(tl.float32), cos, sin, ty)
         base = head * 2 * HALF + j
         tl.store(out_ptr + base, x1)
         tl.store(out_ptr + base + HALF, x2)
@@ -198,6 +195,13 @@ def _check(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None) -> 
     return config
 
 
+def _check_norm_inputs(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor) -> None:
+    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
+        raise ValueError(f"residual must be contiguous and shaped like x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    if norm_weight.shape != (x.shape[1],):
+        raise ValueError(f"norm weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+
+
 def _launch(x, residual, res_out, norm_weight, weight, out, n, eps, norm, silu_mul, config):
     k = x.shape[1]
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
@@ -225,8 +229,7 @@ def rms_norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
         raise ValueError(f"block_n={config.block_n} does not split half the head dim ({half}) into pairs")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("K and V caches must share strides with a contiguous head dimension")
-    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
-        raise ValueError(f"residual must be contiguous and shaped like x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    _check_norm_inputs(x, residual, norm_weight)
     out = torch.empty(1, weight.shape[0], dtype=weight.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else None
     k = x.shape[1]
@@ -234,8 +237,8 @@ def rms_norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
         x, residual if residual is not None else x, res_out if res_out is not None else x, norm_weight, weight, out,
         k, weight.stride(0), eps, positions, inv_freq, slots, k_cache, v_cache,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_heads, num_kv_heads,
-        HAS_RESIDUAL=residual is not None, HALF=half, PAIRS=pairs, BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1],
-        num_warps=config.num_warps, **pdl_launch(x.device),
+        HAS_RESIDUAL=residual is not None, HALF=half, PAIRS=pairs, BLOCK_K=config.block_k,
+        NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1], num_warps=config.num_warps, **pdl_launch(x.device),
     )
     return out, res_out if res_out is not None else x
 
@@ -259,10 +262,7 @@ def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: t
     residual is not updated in place: the sum is a new tensor (every program reads the
     old one). Without a residual the input itself is the new residual."""
     config = _check(x, weight, config)
-    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
-        raise ValueError(f"residual must be contiguous and shaped like x {tuple(x.shape)}, got {tuple(residual.shape)}")
-    if norm_weight.shape != (x.shape[1],):
-        raise ValueError(f"norm weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+    _check_norm_inputs(x, residual, norm_weight)
     rows = weight.shape[0]
     if silu_mul and rows % 2:
         raise ValueError(f"a fused gate/up weight needs an even number of rows, got {rows}")
