@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..fast_path.fused_ops import add_rms_norm, silu_and_mul
-from ..fast_path.triton_gemv import GemvConfig, choose_config, gemv, rms_norm_gemv
-from .gpu_decode import measure_ceilings
+from ..fast_path.triton_gemv import GemvConfig, gemv, rms_norm_gemv
+from .gpu_decode import _time_cuda, measure_ceilings, pdl_setting
 
 # name: (N, K, fused op) of llama3-8b-shape: q/k/v fused, o, gate/up fused, down, lm_head.
 SHAPES = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, None), "gate_up": (28672, 4096, "norm_silu"),
@@ -31,21 +30,13 @@ CONFIGS = [GemvConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((2, 4,
 
 
 def time_graph(fn, replays: int) -> float:
-    """Seconds per replay of a graph of `fn` (captured after one warm call)."""
+    """Seconds per replay of a CUDA graph of `fn` (captured after one warm call)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / replays
+    return _time_cuda(graph.replay, repeat=replays, warmup=1)
 
 
 def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> None:
@@ -73,28 +64,21 @@ def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> Non
         h, _ = add_rms_norm(x, residual, norms[2], eps)
         F.linear(h, lm_head).float()
 
-    def fused():
-        def config(w):
-            return choose_config(*w.shape)
+    def fused():  # each product at choose_config's launch shape, as the decoder runs it
+        x, residual = x0, None
+        for w in ws:
+            _, residual = rms_norm_gemv(x, residual, norms[0], eps, w["qkv"])
+            x = gemv(attn, w["o"])
+            act, residual = rms_norm_gemv(x, residual, norms[1], eps, w["gate_up"], silu_mul=True)
+            x = gemv(act, w["down"])
+        rms_norm_gemv(x, residual, norms[2], eps, lm_head, out_dtype=torch.float32)
 
-        def run():
-            x, residual = x0, None
-            for w in ws:
-                _, residual = rms_norm_gemv(x, residual, norms[0], eps, w["qkv"], config=config(w["qkv"]))
-                x = gemv(attn, w["o"], config=config(w["o"]))
-                act, residual = rms_norm_gemv(x, residual, norms[1], eps, w["gate_up"], silu_mul=True,
-                                              config=config(w["gate_up"]))
-                x = gemv(act, w["down"], config=config(w["down"]))
-            rms_norm_gemv(x, residual, norms[2], eps, lm_head, out_dtype=torch.float32, config=config(lm_head))
-        return run
-
-    variants = [("unfused", unfused, "0"), ("gemv_no_pdl", fused(), "0"), ("gemv_pdl", fused(), "1")]
+    variants = [("unfused", unfused, "0"), ("gemv_no_pdl", fused, "0"), ("gemv_pdl", fused, "1")]
     times: dict[str, list[float]] = {}
     for _ in range(2):
         for label, fn, pdl in variants:
-            os.environ["INFERD_PDL"] = pdl  # read at each launch, so at capture
-            times.setdefault(label, []).append(time_graph(fn, replays))
-    os.environ.pop("INFERD_PDL", None)
+            with pdl_setting(pdl):
+                times.setdefault(label, []).append(time_graph(fn, replays))
     for label, seconds in times.items():
         best = min(seconds)
         record(kind="layers", variant=label, layers=layers, ms=best * 1e3, all_ms=[t * 1e3 for t in seconds],

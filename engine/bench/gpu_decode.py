@@ -17,6 +17,7 @@ Every figure goes to DIR/results.json; a table is printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -309,6 +310,21 @@ def bench_graph_replay(engine, size: int, context: int) -> float:
     return _time_cuda(graph.replay, repeat=20, warmup=3)
 
 
+@contextlib.contextmanager
+def pdl_setting(value: str):
+    """INFERD_PDL set to `value` inside (it is read at each launch, so at graph capture),
+    the caller's setting restored after."""
+    previous = os.environ.get("INFERD_PDL")
+    os.environ["INFERD_PDL"] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("INFERD_PDL", None)
+        else:
+            os.environ["INFERD_PDL"] = previous
+
+
 def batch1_replay_ab(engine, context: int) -> dict[str, float]:
     """Bare batch-1 replay (ms) with the fused GEMVs against cuBLAS + separate small ops,
     with and without programmatic dependent launch (pdl.py); alternated captures, best of two."""
@@ -319,12 +335,11 @@ def batch1_replay_ab(engine, context: int) -> dict[str, float]:
         for _ in range(2):
             for label, gemv_on, pdl in (("gemv_pdl", True, "1"), ("gemv_no_pdl", True, "0"),
                                         ("cublas_pdl", False, "1"), ("cublas_no_pdl", False, "0")):
-                os.environ["INFERD_PDL"] = pdl  # read at each launch, so at capture
                 decoder.batch1_gemv = gemv_on and default
                 graphs.graphs.pop((1, 0), None)
-                runs.setdefault(label, []).append(bench_graph_replay(engine, 1, context) * 1e3)
+                with pdl_setting(pdl):
+                    runs.setdefault(label, []).append(bench_graph_replay(engine, 1, context) * 1e3)
     finally:
-        os.environ.pop("INFERD_PDL", None)
         decoder.batch1_gemv = default
         graphs.graphs.pop((1, 0), None)
         graphs._capture(1)

@@ -182,8 +182,9 @@ class DecodeGraphs:
                                            dtype=torch.long)
         header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
         tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
-        # The whole header (5 x max rows, a few KiB): a column slice would be non-contiguous
-        # and go through a pageable temporary and a scatter kernel (seen in a profile).
+        # The whole header (5 x max rows, a few KiB): a column slice is non-contiguous, and
+        # torch copies it through a pageable temporary and a copy kernel (a profile of the
+        # batch-1 engine showed one pageable copy and one such kernel per step).
         # Columns past n are stale but unread: the graph of this size reads the first n.
         self.header.copy_(header_host, non_blocking=True)
         self.block_tables[:n, :width].copy_(tables_host[:n, :width], non_blocking=True)
