@@ -49,22 +49,23 @@ class TokenReadback:
         self._turn = 0
         self.device = device
 
-    def start(self, tokens: torch.Tensor, finite: torch.Tensor) -> "PendingTokens":
-        host = self._buffers[self._turn][: tokens.numel() + 1]
+    def start(self, packed: torch.Tensor) -> "PendingTokens":
+        """Copy a step's packed answer ([1 + rows] int64 on the device: the finiteness
+        flag, then the tokens; greedy_head.py) to the host, without waiting."""
+        host = self._buffers[self._turn][: packed.numel()]
         self._turn ^= 1
-        host[:-1].copy_(tokens, non_blocking=True)
-        host[-1:].copy_(finite.view(1), non_blocking=True)
+        host.copy_(packed, non_blocking=True)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return PendingTokens(tokens, host, event)
+        return PendingTokens(packed[1:], host, event)
 
 
 @dataclass(slots=True)
 class PendingTokens:
     device_tokens: torch.Tensor  # [rows] int64, feeds the next step's input ids
-    host: torch.Tensor  # [rows + 1]: tokens, then the finiteness flag (filled asynchronously)
+    host: torch.Tensor  # [1 + rows]: the finiteness flag, then the tokens (filled asynchronously)
     event: object | None  # torch.cuda.Event recorded after the copy; None on CPU (copy done)
 
     def synchronize(self) -> None:
@@ -74,7 +75,7 @@ class PendingTokens:
 
     def wait(self) -> tuple[list[int], bool]:
         self.synchronize()
-        *tokens, finite = self.host.tolist()
+        finite, *tokens = self.host.tolist()
         return tokens, bool(finite)
 
 

@@ -182,7 +182,7 @@ class ModelRunner:
             logits = self.fast_decode.execute(batch, fed_ids=fed_ids)
             if logits is None:
                 return None
-            return readback.start(logits.argmax(dim=-1), torch.isfinite(logits).all())
+            return readback.start(self.fast_decode.greedy(len(batch)))
         except Exception as exc:
             self._switch_to_fallback(exc)
             return None
@@ -194,16 +194,16 @@ class ModelRunner:
         logits = self.fast_decode.execute(batch)
         if logits is None:
             return None
-        finite = torch.isfinite(logits).all()
+        packed = self.fast_decode.greedy(len(batch))  # computed in the step's graph
         if can_sample_greedy_on_device(logits, [item.seq for item in batch]):
-            # The step's one host synchronisation: the greedy tokens and the finiteness
-            # flag come back in a single transfer.
-            *tokens, ok = torch.cat([logits.argmax(dim=-1), finite.view(1).long()]).tolist()
+            # The step's one host synchronisation: the finiteness flag and the greedy
+            # tokens come back in a single transfer.
+            ok, *tokens = packed.tolist()
             if not ok:
                 raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
             self.sampled_tokens = tokens
         else:  # the sampler reads the flag with its tokens (engine.step)
-            self.finite_flag = finite
+            self.finite_flag = packed[0]
         return logits
 
     def _switch_to_fallback(self, exc: Exception) -> None:

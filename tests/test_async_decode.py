@@ -121,19 +121,21 @@ def test_failing_step_in_flight_reruns_on_the_fallback_path(tiny_model, failure,
     want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
     llm, fed = fast_llm(tiny_model)
     graphs = llm.engine.runner.fast_decode
-    execute, calls = graphs.execute, []
+    execute, forward, calls = graphs.execute, graphs.decoder.forward, []
 
     def failing(batch, fed_ids=None):
         calls.append(fed_ids is not None)
         if len(calls) == 3 and failure == "raise":
             raise RuntimeError("kernel launch failed")
-        logits = execute(batch, fed_ids=fed_ids)
+        return execute(batch, fed_ids=fed_ids)
+
+    def nan_on_third_step(*args, **kwargs):  # inside the step: its greedy head must see it
+        logits = forward(*args, **kwargs)
         if len(calls) == 3:
-            logits = logits.clone()
             logits[0, 0] = float("nan")
         return logits
 
-    graphs.execute = failing
+    graphs.execute, graphs.decoder.forward = failing, nan_on_third_step
     assert tokens_of(llm.generate(PROMPTS, params)) == want
     # A continuation failed; the fallback is sticky. A non-finite step is found only when its
     # tokens are read, after the step fed by them was launched (and then dropped).

@@ -15,6 +15,7 @@ from hypothesis import given, strategies as st
 from engine import LLM, SamplingParams
 from engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, has_triton, unavailable_reason
 from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
+from engine.fast_path.greedy_head import greedy_with_flag_reference
 from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
 
 needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
@@ -127,7 +128,12 @@ class FakeDecode:
             raise RuntimeError("kernel launch failed")
         input_ids, meta, rows = self.runner.prepare(batch)
         logits = self.runner._forward(input_ids, meta, rows, self.runner.fast_attention, check=False)
-        return logits * float("nan") if self.behaviour == "nan" else logits
+        logits = logits * float("nan") if self.behaviour == "nan" else logits
+        self.packed = greedy_with_flag_reference(logits)  # what the real graphs compute in the step
+        return logits
+
+    def greedy(self, num_rows):
+        return self.packed[: num_rows + 1]
 
 
 @pytest.mark.parametrize("behaviour, reason", [("raise", "RuntimeError"), ("nan", "non_finite_logits"),

@@ -10,7 +10,9 @@ by hot ones (cold_layout.py); other cold layouts run eagerly. The engine capture
 every size at start (`capture_all()`, largest first, so the smaller ones reuse the
 shared memory pool); a size or kind first needed later is captured then.
 Nothing in a replay reads back to the host: the only synchronisation of a decode
-step is the caller's read of the sampled tokens.
+step is the caller's read of the sampled tokens. Each graph ends with the greedy
+tokens and the finiteness flag of its logits (greedy_head.py), so a greedy step
+needs no kernel outside its graph.
 """
 from __future__ import annotations
 
@@ -105,8 +107,10 @@ class DecodeGraphs:
                             torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
                             torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)) for _ in range(2)]
         self._host_turn = 0
-        # (batch size, cold kind code) -> (graph, its logits); kind 0: no cold block in the batch
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (batch size, cold kind code) -> (graph, its logits, its packed greedy tokens and
+        # flag); kind 0: no cold block in the batch
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._greedy: torch.Tensor | None = None  # the last step's packed greedy answer
         self._pool = None
         self.num_replays = 0
         self.num_eager = 0
@@ -137,13 +141,22 @@ class DecodeGraphs:
             self.input_ids[: len(batch)].copy_(fed_ids)
         if not self.use_graphs:
             self.num_eager += 1
-            return self._run(size, kind)[: len(batch)]
+            logits, self._greedy = self._run(size, kind)
+            return logits[: len(batch)]
         if (size, kind) not in self.graphs:
             self._capture(size, kind)
-        graph, logits = self.graphs[size, kind]
+        graph, logits, self._greedy = self.graphs[size, kind]
         graph.replay()
         self.num_replays += 1
         return logits[: len(batch)]
+
+    def greedy(self, num_rows: int) -> torch.Tensor:
+        """The last executed step's [1 + num_rows] int64 on the device: 1 when its live
+        rows' logits are all finite (else 0), then each row's argmax (greedy_head.py).
+        Graph memory: read it (or copy it) before the next step of the same size."""
+        if self._greedy is None or num_rows + 1 > self._greedy.numel():
+            raise RuntimeError(f"no executed step with {num_rows} rows to read greedy tokens from")
+        return self._greedy[: num_rows + 1]
 
     def capture_all(self) -> None:
         """Capture every ladder size now (largest first) on padding-only inputs, for
@@ -190,11 +203,15 @@ class DecodeGraphs:
         self.block_tables[:n, :width].copy_(tables_host[:n, :width], non_blocking=True)
         return kind
 
-    def _run(self, size: int, kind: int = 0) -> torch.Tensor:
-        return self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
-                                    self.block_tables[:size], self.context_lens[:size], self.num_splits(size),
-                                    cold_kind=kind, block_slots=self.block_slots[:size],
-                                    cold_blocks=self.cold_blocks[:size])
+    def _run(self, size: int, kind: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the static inputs' first `size` rows and their packed greedy answer."""
+        from .greedy_head import greedy_with_flag  # kernel modules load on first use (see __init__)
+
+        logits = self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
+                                      self.block_tables[:size], self.context_lens[:size], self.num_splits(size),
+                                      cold_kind=kind, block_slots=self.block_slots[:size],
+                                      cold_blocks=self.cold_blocks[:size])
+        return logits, greedy_with_flag(logits, live=self.context_lens[:size])
 
     def _capture(self, size: int, kind: int = 0) -> None:
         # Warm-up runs compile the Triton kernels outside the capture; they compute the
@@ -207,6 +224,6 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._run(size, kind)
+            logits, greedy = self._run(size, kind)
         self._pool = graph.pool()
-        self.graphs[size, kind] = (graph, logits)
+        self.graphs[size, kind] = (graph, logits, greedy)
