@@ -24,9 +24,9 @@ import torch
 from .availability import has_triton
 
 try:
-    from triton.language.extra.cuda import gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # Triton without griddepcontrol (or without triton at all)
-    gdc_wait = None
+    gdc_launch_dependents = gdc_wait = None
 
 if has_triton():
     import triton
@@ -40,12 +40,39 @@ if has_triton():
         if USE_PDL:
             gdc_wait()
 
+    @triton.jit
+    def release_dependents(USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
+        """With EARLY_RELEASE, let the next kernel's programs in once every program of
+        this one has passed this point (placed after a GEMV's loop: its last programs'
+        epilogues and the next kernel's start then overlap); otherwise they come in as
+        this kernel's programs exit. Correctness does not depend on it: the next kernel
+        still waits for this one to finish before reading its results."""
+        if USE_PDL and EARLY_RELEASE:
+            gdc_launch_dependents()
 
-def pdl_launch(device: torch.device) -> dict:
-    """Keyword arguments for launching a kernel that calls `wait_for_previous(USE_PDL)`."""
-    if pdl_enabled(device):
-        return {"USE_PDL": True, "launch_pdl": True}
-    return {"USE_PDL": False}
+
+def pdl_launch(device: torch.device, releases: bool = False) -> dict:
+    """Keyword arguments for launching a kernel that calls `wait_for_previous(USE_PDL)`
+    (and, with `releases`, `release_dependents(USE_PDL, EARLY_RELEASE)`)."""
+    args = {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_PDL": False}
+    if releases:
+        args["EARLY_RELEASE"] = args["USE_PDL"] and early_release_enabled()
+    return args
+
+
+def prefetch_enabled(device: torch.device) -> bool:
+    """INFERD_GEMV_PREFETCH=1: the batch-1 GEMVs load their first weight tile before
+    waiting for the previous kernel (only meaningful with PDL)."""
+    return pdl_enabled(device) and os.environ.get("INFERD_GEMV_PREFETCH", "0") == "1"
+
+
+def early_release_enabled() -> bool:
+    """INFERD_PDL_RELEASE=loop: release the next kernel after the GEMVs' loops; `exit`
+    (the default): as their programs exit."""
+    value = os.environ.get("INFERD_PDL_RELEASE", "exit")
+    if value not in ("exit", "loop"):
+        raise ValueError(f"INFERD_PDL_RELEASE must be 'exit' or 'loop', got {value!r}")
+    return value == "loop"
 
 
 def pdl_enabled(device: torch.device) -> bool:

@@ -33,7 +33,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from .pdl import wait_for_previous
+    from .pdl import release_dependents, wait_for_previous
 
     @triton.jit
     def _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS: tl.constexpr, TILE: tl.constexpr):
@@ -103,6 +103,7 @@ if has_triton():
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+        EARLY_RELEASE: tl.constexpr,
     ):
         wait_for_previous(USE_PDL)
         b = tl.program_id(0)
@@ -130,6 +131,7 @@ if has_triton():
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
 
+        release_dependents(USE_PDL, EARLY_RELEASE)
         _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
                      stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS)
         if NUM_SPLITS > 1:
@@ -208,7 +210,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits, **pdl_launch(q.device),
+        BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits, **pdl_launch(q.device, releases=True),
     )
     return out
 

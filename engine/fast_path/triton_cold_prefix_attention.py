@@ -175,11 +175,13 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  kind: int, context_lens: torch.Tensor, scale: float, num_splits: int,
                                  sliding_window: int | None = None, num_warps: int = NUM_WARPS,
                                  num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS,
-                                 cold_dots: int | None = None) -> torch.Tensor:
+                                 cold_dots: int | None = None, group_pad: int | None = None) -> torch.Tensor:
     """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
     slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
     are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
-    kv_cache.ColdLayer. Returns [B, H, D] in q's dtype."""
+    kv_cache.ColdLayer. Returns [B, H, D] in q's dtype. `group_pad`: rows of the dot
+    products, a power of two of at least 16 holding the GQA group (default the smallest;
+    64 lets Triton use Hopper's warpgroup MMA with 4 warps)."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if kind not in (INT8, INT4):
@@ -210,6 +212,10 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     if cold_dots not in (DOTS_IN_DTYPE, DOTS_FP16, DOTS_INT8_KEYS):
         raise ValueError(f"cold_dots must be 0, 1 or 2, got {cold_dots!r}")
     group = heads // kv_heads
+    smallest_pad = max(16, triton.next_power_of_2(group))
+    group_pad = group_pad or smallest_pad
+    if group_pad < smallest_pad or group_pad & (group_pad - 1):
+        raise ValueError(f"group_pad must be a power of two of at least {smallest_pad}, got {group_pad}")
     out, part, lse = split_buffers(q, num_splits)
     _cold_prefix_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, block_slots, cold_blocks, context_lens, part, lse, out,
@@ -223,7 +229,7 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         part.stride(0), part.stride(1), part.stride(2) if num_splits > 1 else 0,
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4, COLD_DOTS=cold_dots,
         num_warps=num_warps, num_stages=num_stages,
     )
