@@ -34,3 +34,33 @@ def test_counters_return_to_zero_so_every_later_launch_merges_again():
     first = split_counters(q.device, 1)
     grown = split_counters(q.device, first.numel() + 1)
     assert grown.numel() > first.numel() and grown.count_nonzero() == 0
+
+
+@needs_triton
+@pytest.mark.parametrize("window", [None, 50])
+def test_short_contexts_merge_only_the_splits_that_hold_keys(window, monkeypatch):
+    """Graphs fix the split count for the longest context: at short contexts most splits
+    are empty, do nothing, and are left out of the merge (their partial buffers keep
+    whatever was there: NaN here); the counters still return to zero."""
+    from engine.fast_path import triton_attention
+    from engine.fast_path.triton_attention import paged_decode_attention, split_counters
+
+    def poisoned(q, num_splits):
+        out, part, lse = split_buffers(q, num_splits)
+        part.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        return out, part, lse
+
+    split_buffers = triton_attention.split_buffers
+    monkeypatch.setattr(triton_attention, "split_buffers", poisoned)
+    gen = torch.Generator().manual_seed(5)
+    _, k_cache, v_cache = _arena(80, 2, 16, 2, 32)
+    ctx = torch.tensor([1000, 40, 0, 130, 1])  # 16 splits of 64 keys: all, 1, (1), 3 and 1 of them used
+    tables = torch.stack([torch.randperm(80, generator=gen)[:64] for _ in ctx]).to(torch.int32)
+    q = torch.randn(len(ctx), 4, 32, generator=gen)
+    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
+    for _ in range(2):
+        out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, 16, window)
+        assert torch.isfinite(out).all() and out[2].abs().max() == 0
+        assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    assert split_counters(q.device, 1).count_nonzero() == 0
