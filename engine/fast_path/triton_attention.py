@@ -113,17 +113,21 @@ if has_triton():
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
         EARLY_RELEASE: tl.constexpr,
     ):
-        wait_for_previous(USE_PDL)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
+        # Context lengths and block tables are written before the previous kernel (the
+        # step's inputs), so they are read before waiting for it (pdl.py); q and the
+        # caches (this step's K/V) only after.
         ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
         # Splits past the keys do nothing, and the merge reads only those with keys: the
         # graphs fix NUM_SPLITS for the longest context, so at short ones most are empty
-        # (a batch-1 step at context 640 uses 10 of 64; merging all 64 made the kernel
-        # 16.6 us a layer on the H200).
+        # (a batch-1 step at context 640 fills 10 of 64).
         used = _splits_with_keys(ctx, window, NUM_SPLITS, TILE)
         if split < used:
+            t = lo + tl.arange(0, TILE)
+            block = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=t < hi, other=0)
+            wait_for_previous(USE_PDL)
             q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
             m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -131,16 +135,17 @@ if has_triton():
             for start in range(lo, hi, TILE):
                 t = start + tl.arange(0, TILE)
                 in_range = t < hi
-                block = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0)
                 offs = block.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
                 k = tl.load(k_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
+                v = tl.load(v_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
+                t_next = t + TILE  # the next tile's table entries, a step ahead
+                block = tl.load(tables_ptr + b * stride_tb + t_next // BLOCK_SIZE, mask=t_next < hi, other=0)
                 s = tl.dot(q, tl.trans(k)) * scale
                 s = tl.where(in_range[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 p = tl.exp(s - m_new[:, None])
                 alpha = tl.exp(m_i - m_new)
                 l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
 
@@ -153,27 +158,58 @@ if has_triton():
                 tl.debug_barrier()  # every thread's partial stores before the release below
                 counter = done_ptr + b * tl.num_programs(1) + kvh
                 if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
-                    for g in range(GROUP):
-                        _merge_head(part_ptr, lse_ptr, out_ptr, b, kvh * GROUP + g, used, stride_pb, stride_ph,
-                                    stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, HEAD_DIM, NUM_SPLITS)
+                    _merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps,
+                                 stride_lb, stride_lh, stride_ob, stride_oh, GROUP, HEAD_DIM)
                     tl.atomic_xchg(counter, 0)
 
     @triton.jit
-    def _merge_head(part_ptr, lse_ptr, out_ptr, b, h, used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    def _merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                     stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """The outputs of KV head kvh's GROUP query heads from their first `used` splits,
+        all heads at once (one round of loads per SPLIT_CHUNK splits, not one per head),
+        with a running maximum of the log-sum-exps across chunks."""
+        GROUP_P2: tl.constexpr = triton.next_power_of_2(GROUP)
+        SPLIT_CHUNK: tl.constexpr = 16
+        g = tl.arange(0, GROUP_P2)
+        is_head = g < GROUP
+        heads = kvh * GROUP + g
+        d = tl.arange(0, HEAD_DIM)
+        top = tl.full([GROUP_P2], float("-inf"), tl.float32)
+        total = tl.zeros([GROUP_P2], tl.float32)
+        acc = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
+        for c0 in range(0, used, SPLIT_CHUNK):
+            sp = c0 + tl.arange(0, SPLIT_CHUNK)
+            valid = is_head[:, None] & (sp < used)[None, :]
+            # .cg: the splits were written by other programs, possibly on other SMs (L1 is not coherent)
+            lse = tl.load(lse_ptr + b * stride_lb + heads[:, None] * stride_lh + sp[None, :], mask=valid,
+                          other=float("-inf"), cache_modifier=".cg")
+            parts = tl.load(part_ptr + b * stride_pb + heads[:, None, None] * stride_ph + sp[None, :, None] * stride_ps
+                            + d[None, None, :], mask=valid[:, :, None], other=0.0, cache_modifier=".cg")
+            new_top = tl.maximum(top, tl.max(lse, 1))
+            safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
+            weight = tl.exp(lse - safe_top[:, None])
+            rescale = tl.exp(top - safe_top)
+            total = total * rescale + tl.sum(weight, 1)
+            acc = acc * rescale[:, None] + tl.sum(parts * weight[:, :, None], 1)
+            top = new_top
+        merged = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], merged.to(out_ptr.dtype.element_ty),
+                 mask=is_head[:, None])
+
+    @triton.jit
+    def _merge_head(part_ptr, lse_ptr, out_ptr, b, h, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                     stride_ob, stride_oh, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
-        """Head h's output from its first `used` splits' partial outputs, weighted by their
-        log-sum-exps."""
+        """Head h's output from its splits' partial outputs, weighted by their log-sum-exps."""
         s = tl.arange(0, NUM_SPLITS)
         d = tl.arange(0, HEAD_DIM)
         # .cg: the splits were written by other programs, possibly on other SMs (L1 is not coherent)
-        lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s < used, other=float("-inf"),
-                      cache_modifier=".cg")
+        lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, cache_modifier=".cg")
         top = tl.max(lse, 0)
         top = tl.where(top == float("-inf"), 0.0, top)
         weight = tl.exp(lse - top)
         total = tl.sum(weight, 0)
         parts = tl.load(part_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
-                        mask=(s < used)[:, None], other=0.0, cache_modifier=".cg")
+                        cache_modifier=".cg")
         merged = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
         tl.store(out_ptr + b * stride_ob + h * stride_oh + d, merged.to(out_ptr.dtype.element_ty))
 
@@ -186,8 +222,8 @@ if has_triton():
         HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         wait_for_previous(USE_PDL)
-        _merge_head(part_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), NUM_SPLITS, stride_pb, stride_ph,
-                    stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, HEAD_DIM, NUM_SPLITS)
+        _merge_head(part_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1), stride_pb, stride_ph, stride_ps,
+                    stride_lb, stride_lh, stride_ob, stride_oh, HEAD_DIM, NUM_SPLITS)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int,
