@@ -26,20 +26,11 @@ def _case(n: int, k: int, seed: int = 0):
     return x, residual, norm, weight
 
 
-def _first_tile_before_wait(monkeypatch, prefetch: bool) -> None:
-    """Switch the GEMVs' first-tile prefetch (on the GPU only with PDL) on or off."""
-    from engine.fast_path import triton_gemv
-
-    monkeypatch.setattr(triton_gemv, "prefetch_enabled", lambda device: prefetch)
-
-
 @needs_triton
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("n, k", [(40, 256), (37, 176), (8, 64)])  # 37: rows past the last full program
-def test_gemv_matches_linear(n, k, prefetch, monkeypatch):
+def test_gemv_matches_linear(n, k):
     from engine.fast_path.triton_gemv import gemv
 
-    _first_tile_before_wait(monkeypatch, prefetch)
     x, _, _, weight = _case(n, k)
     torch.testing.assert_close(gemv(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
@@ -47,12 +38,10 @@ def test_gemv_matches_linear(n, k, prefetch, monkeypatch):
 @needs_triton
 @pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_rms_norm_gemv_matches_the_ops_it_fuses(silu, with_residual, prefetch, monkeypatch):
+def test_rms_norm_gemv_matches_the_ops_it_fuses(silu, with_residual):
     from engine.fast_path.fused_ops import add_rms_norm_reference, silu_and_mul_reference
     from engine.fast_path.triton_gemv import rms_norm_gemv
 
-    _first_tile_before_wait(monkeypatch, prefetch)
     x, residual, norm, weight = _case(2 * 36, 176, seed=int(silu) + 2 * int(with_residual))
     before = residual.clone()
     out, new_residual = rms_norm_gemv(x, residual if with_residual else None, norm, 1e-5, weight, silu_mul=silu)
@@ -131,12 +120,11 @@ def test_batch1_decode_through_fused_gemvs_matches_portable_path(tiny_model, mon
 
 
 @needs_triton
-@pytest.mark.parametrize("slot, prefetch", [(13, False), (-1, False), (13, True)])  # -1: a padded row writes no K/V
-def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot, prefetch, monkeypatch):
+@pytest.mark.parametrize("slot", [13, -1])  # -1: a padded graph row writes no K/V
+def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot):
     from engine.fast_path.fused_ops import rope_and_cache_reference
     from engine.fast_path.triton_gemv import rms_norm_gemv, rms_norm_qkv_rope
 
-    _first_tile_before_wait(monkeypatch, prefetch)
     heads, kv_heads, dim, hidden = 4, 2, 16, 64
     x, residual, norm, weight = _case((heads + 2 * kv_heads) * dim, hidden, seed=slot)
     positions, slots = torch.tensor([37]), torch.tensor([slot])
@@ -164,18 +152,15 @@ def test_programmatic_dependent_launch_only_where_it_can_run(monkeypatch):
     assert not pdl_enabled(torch.device("cuda"))
 
 
-def test_early_release_and_prefetch_follow_pdl_and_their_settings(monkeypatch):
+def test_early_release_follows_pdl_and_its_setting(monkeypatch):
     from engine.fast_path import pdl
 
     cpu = torch.device("cpu")
-    monkeypatch.setenv("INFERD_PDL_RELEASE", "loop")
-    monkeypatch.setenv("INFERD_GEMV_PREFETCH", "1")
-    # Without PDL there is nothing to release early and no wait to prefetch before.
+    monkeypatch.delenv("INFERD_PDL_RELEASE", raising=False)  # default: after the loops
+    # Without PDL there is nothing to release early.
     assert pdl.pdl_launch(cpu, releases=True) == {"USE_PDL": False, "EARLY_RELEASE": False}
-    assert not pdl.prefetch_enabled(cpu)
     monkeypatch.setattr(pdl, "pdl_enabled", lambda device: True)
     assert pdl.pdl_launch(cpu, releases=True) == {"USE_PDL": True, "launch_pdl": True, "EARLY_RELEASE": True}
-    assert pdl.prefetch_enabled(cpu)
     monkeypatch.setenv("INFERD_PDL_RELEASE", "exit")
     assert pdl.pdl_launch(cpu, releases=True)["EARLY_RELEASE"] is False
     monkeypatch.setenv("INFERD_PDL_RELEASE", "early")

@@ -2,18 +2,23 @@
 kernel before it in the stream is still finishing, and waits for it (griddepcontrol)
 only where it first reads that kernel's results.
 
-A batch-1 decode step is a chain of ~160 kernels of 5-50 us each; without PDL each
+A batch-1 decode step is a chain of ~160 kernels of 2-240 us each; without PDL each
 one starts only after the previous one has drained, so every boundary costs a ramp-up
 of a few microseconds. With PDL the next kernel's programs are already resident and
-could issue the loads that do not depend on the previous kernel before waiting. On the
-H200 only the launch overlap paid (about 1 % of a batch-1 step); prefetching the
-GEMVs' first weights into L2 before waiting, or letting the next kernel launch before
-this one's programs exit, made the step slower (BENCHMARKS.md, session 4).
+can issue the loads that do not depend on the previous kernel before waiting. On the
+H200 (BENCHMARKS.md, sessions 4 and 5): the launch overlap paid about 1 % of a
+batch-1 step; releasing the next kernel after each GEMV's and the attention's loop
+(INFERD_PDL_RELEASE=loop, the default) about 0.5-1 % more; releasing it at a kernel's
+start, or loading the GEMVs' first weights before waiting (into L2 or registers),
+made the step slower.
 
 Rules that keep this correct: a kernel launched with `launch_pdl=True` must call
-`wait_for_previous()` before touching memory that any earlier kernel writes or reads
-(its inputs, and its outputs, which may reuse freed memory). Kernels launched without
-PDL are unaffected.
+`wait_for_previous()` before touching memory that the previous kernel writes or reads
+(its inputs, and its outputs, which may reuse freed memory). Every such kernel waits
+before it releases the next one, so when a kernel starts, everything before the
+previous kernel has finished: memory written earlier than that (a step's context
+lengths and block tables, copied in before its first kernel) may be read before the
+wait. Kernels launched without PDL are unaffected.
 """
 from __future__ import annotations
 
@@ -60,16 +65,10 @@ def pdl_launch(device: torch.device, releases: bool = False) -> dict:
     return args
 
 
-def prefetch_enabled(device: torch.device) -> bool:
-    """INFERD_GEMV_PREFETCH=1: the batch-1 GEMVs load their first weight tile before
-    waiting for the previous kernel (only meaningful with PDL)."""
-    return pdl_enabled(device) and os.environ.get("INFERD_GEMV_PREFETCH", "0") == "1"
-
-
 def early_release_enabled() -> bool:
-    """INFERD_PDL_RELEASE=loop: release the next kernel after the GEMVs' loops; `exit`
-    (the default): as their programs exit."""
-    value = os.environ.get("INFERD_PDL_RELEASE", "exit")
+    """INFERD_PDL_RELEASE=loop (the default): kernels that call release_dependents let the
+    next kernel in after their loops; `exit`: as their programs exit."""
+    value = os.environ.get("INFERD_PDL_RELEASE", "loop")
     if value not in ("exit", "loop"):
         raise ValueError(f"INFERD_PDL_RELEASE must be 'exit' or 'loop', got {value!r}")
     return value == "loop"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .availability import has_triton
-from .pdl import pdl_launch, prefetch_enabled
+from .pdl import pdl_launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,47 +86,28 @@ if has_triton():
     from .pdl import release_dependents, wait_for_previous
 
     @triton.jit
-    def _tile_times_input(acc, sum_sq, w, x_ptr, res_ptr, res_out_ptr, norm_ptr, cols, write_residual,
-                          NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-        """One BLOCK_K step: acc += w * input[cols] (normalised input: see _rows_times_input)."""
-        ty = w.dtype
-        xin = tl.load(x_ptr + cols).to(tl.float32)
-        if NORM:
-            if HAS_RESIDUAL:
-                xin = (xin + tl.load(res_ptr + cols).to(tl.float32)).to(ty)
-                if write_residual:
-                    tl.store(res_out_ptr + cols, xin)
-                xin = xin.to(tl.float32)
-            sum_sq += xin * xin  # the RMS divides the sums at the end
-            xin = xin * tl.load(norm_ptr + cols).to(tl.float32)
-        acc += w.to(tl.float32) * xin[None, :]
-        return acc, sum_sq
-
-    @triton.jit
-    def _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, write_residual, USE_PDL: tl.constexpr,
+    def _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, write_residual,
                           NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
-                          BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+                          BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
         """fp32 products of the weight rows at `w_rows` [ROWS, 1] with the input: x, or with
         NORM the RMSNorm of x (+ residual; the sum is written to res_out when
-        `write_residual`). Waits for the previous kernel (PDL) before reading the input;
-        with PREFETCH the first weight tile is loaded before that wait."""
+        `write_residual`)."""
+        ty = w_rows.dtype.element_ty
         acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
         sum_sq = tl.zeros([BLOCK_K], tl.float32)
-        start = 0
-        if PREFETCH:
-            cols = tl.arange(0, BLOCK_K)
-            w = tl.load(w_rows + cols[None, :], eviction_policy="evict_first")
-            wait_for_previous(USE_PDL)
-            acc, sum_sq = _tile_times_input(acc, sum_sq, w, x_ptr, res_ptr, res_out_ptr, norm_ptr, cols,
-                                            write_residual, NORM, HAS_RESIDUAL)
-            start = BLOCK_K
-        else:
-            wait_for_previous(USE_PDL)
-        for k0 in tl.range(start, K, BLOCK_K, num_stages=NUM_STAGES):
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
+            xin = tl.load(x_ptr + cols).to(tl.float32)
+            if NORM:
+                if HAS_RESIDUAL:
+                    xin = (xin + tl.load(res_ptr + cols).to(tl.float32)).to(ty)
+                    if write_residual:
+                        tl.store(res_out_ptr + cols, xin)
+                    xin = xin.to(tl.float32)
+                sum_sq += xin * xin  # the RMS divides the sums at the end
+                xin = xin * tl.load(norm_ptr + cols).to(tl.float32)
             w = tl.load(w_rows + cols[None, :], eviction_policy="evict_first")
-            acc, sum_sq = _tile_times_input(acc, sum_sq, w, x_ptr, res_ptr, res_out_ptr, norm_ptr, cols,
-                                            write_residual, NORM, HAS_RESIDUAL)
+            acc += w.to(tl.float32) * xin[None, :]
         y = tl.sum(acc, 1)
         if NORM:
             y = y / tl.sqrt(tl.sum(sum_sq, 0) / K + eps)
@@ -136,7 +117,7 @@ if has_triton():
     def _gemv_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, N, K, stride_w, eps,
                      NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                     USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr, PREFETCH: tl.constexpr):
+                     USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
         pid = tl.program_id(0)
         # One tile of weight rows: BLOCK_N rows, or with SILU_MUL BLOCK_N gate rows then the
         # BLOCK_N matching up rows (N further down). Rows past N read row N - 1 (no masks in
@@ -146,8 +127,9 @@ if has_triton():
         out_rows = pid * BLOCK_N + r % BLOCK_N
         w_rows = w_ptr + (tl.minimum(out_rows, N - 1) + (r // BLOCK_N) * N).to(tl.int64)[:, None] * stride_w
         ty = w_ptr.dtype.element_ty
-        y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, USE_PDL, NORM,
-                              HAS_RESIDUAL, ROWS, BLOCK_K, NUM_STAGES, PREFETCH)
+        wait_for_previous(USE_PDL)
+        y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, NORM, HAS_RESIDUAL,
+                              ROWS, BLOCK_K, NUM_STAGES)
         release_dependents(USE_PDL, EARLY_RELEASE)
         if SILU_MUL:
             gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N])))
@@ -162,8 +144,7 @@ if has_triton():
                          pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_ct, stride_ch,
                          num_heads, num_kv_heads,
                          HAS_RESIDUAL: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
-                         CACHE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr,
-                         PREFETCH: tl.constexpr):
+                         CACHE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
         """One token's q/k/v projection with the RMSNorm folded in, rotary embedding of q
         and k, and the K/V write into the paged cache (as fused_ops.rope_and_cache). A
         program's rows are PAIRS dims of one head and the PAIRS dims HALF further on,
@@ -176,8 +157,9 @@ if has_triton():
         rows = head * 2 * HALF + (r // PAIRS) * HALF + (pid % PER_HEAD) * PAIRS + r % PAIRS
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
         ty = w_ptr.dtype.element_ty
-        y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, USE_PDL, True,
-                              HAS_RESIDUAL, 2 * PAIRS, BLOCK_K, NUM_STAGES, PREFETCH)
+        wait_for_previous(USE_PDL)
+        y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, True, HAS_RESIDUAL,
+                              2 * PAIRS, BLOCK_K, NUM_STAGES)
         release_dependents(USE_PDL, EARLY_RELEASE)
         x1, x2 = tl.split(tl.trans(tl.reshape(y.to(ty), [2, PAIRS])))
         if head < num_heads + num_kv_heads:  # q or k: rotate-half RoPE
@@ -229,7 +211,7 @@ def _launch(x, residual, res_out, norm_weight, weight, out, n, eps, norm, silu_m
         norm_weight if norm_weight is not None else x, weight, out, n, k, weight.stride(0), eps,
         NORM=norm, HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, num_warps=config.num_warps,
-        PREFETCH=prefetch_enabled(x.device), **pdl_launch(x.device, releases=True),
+        **pdl_launch(x.device, releases=True),
     )
 
 
@@ -260,7 +242,7 @@ def rms_norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_heads, num_kv_heads,
         HAS_RESIDUAL=residual is not None, HALF=half, PAIRS=pairs, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1], num_warps=config.num_warps,
-        PREFETCH=prefetch_enabled(x.device), **pdl_launch(x.device, releases=True),
+        **pdl_launch(x.device, releases=True),
     )
     return out, res_out if res_out is not None else x
 
