@@ -37,8 +37,8 @@ def test_counters_return_to_zero_so_every_later_launch_merges_again():
 
 
 @needs_triton
-@pytest.mark.parametrize("window", [None, 50])
-def test_short_contexts_merge_only_the_splits_that_hold_keys(window, monkeypatch):
+@pytest.mark.parametrize("window, inputs_ready", [(None, False), (50, False), (None, True)])
+def test_short_contexts_merge_only_the_splits_that_hold_keys(window, inputs_ready, monkeypatch):
     """Graphs fix the split count for the longest context: at short contexts most splits
     are empty, do nothing, and are left out of the merge (their partial buffers keep
     whatever was there: NaN here); the counters still return to zero."""
@@ -60,7 +60,7 @@ def test_short_contexts_merge_only_the_splits_that_hold_keys(window, monkeypatch
     q = torch.randn(len(ctx), 4, 32, generator=gen)
     ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
     for _ in range(2):
-        out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, 16, window)
+        out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, 16, window, inputs_ready=inputs_ready)
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
         assert (out.double() - ref).norm() / ref.norm() < 1e-5
     assert split_counters(q.device, 1).count_nonzero() == 0

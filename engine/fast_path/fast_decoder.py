@@ -122,7 +122,7 @@ class FastDecoder:
                                                     cold_kind, context_lens, self.scale, num_splits,
                                                     self.sliding_window)
             return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale, num_splits,
-                                          self.sliding_window)
+                                          self.sliding_window, inputs_ready=True)  # the step's inputs
 
         if self.batch1_gemv and input_ids.shape[0] == 1:
             return self.batch1_logits(input_ids, positions, slots, attend)

@@ -111,14 +111,16 @@ if has_triton():
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
-        EARLY_RELEASE: tl.constexpr,
+        EARLY_RELEASE: tl.constexpr, INPUTS_READY: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        # Context lengths and block tables are written before the previous kernel (the
-        # step's inputs), so they are read before waiting for it (pdl.py); q and the
-        # caches (this step's K/V) only after.
+        # INPUTS_READY: the context lengths and block tables were written before the
+        # previous kernel (a decode step's inputs), so they are read before waiting for it
+        # (pdl.py); q and the caches (this step's K/V) only after.
+        if not INPUTS_READY:
+            wait_for_previous(USE_PDL)
         ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
         # Splits past the keys do nothing, and the merge reads only those with keys: the
         # graphs fix NUM_SPLITS for the longest context, so at short ones most are empty
@@ -127,7 +129,8 @@ if has_triton():
         if split < used:
             t = lo + tl.arange(0, TILE)
             block = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=t < hi, other=0)
-            wait_for_previous(USE_PDL)
+            if INPUTS_READY:
+                wait_for_previous(USE_PDL)
             q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
             m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -238,9 +241,13 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int,
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           num_splits: int, sliding_window: int | None = None) -> torch.Tensor:
+                           num_splits: int, sliding_window: int | None = None,
+                           inputs_ready: bool = False) -> torch.Tensor:
     """One query token per sequence. q: [B, H, D] (last dim contiguous); caches
-    [num_blocks, block_size, kv_heads, D]; returns [B, H, D] in q's dtype."""
+    [num_blocks, block_size, kv_heads, D]; returns [B, H, D] in q's dtype.
+    `inputs_ready`: context_lens and block_tables were written before the kernel
+    launched just before this one (a decode step's inputs, copied in before its first
+    kernel), so with PDL the kernel may read them before waiting for that kernel."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or heads % kv_heads:
@@ -261,7 +268,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits, **pdl_launch(q.device, releases=True),
+        BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits, INPUTS_READY=inputs_ready,
+        **pdl_launch(q.device, releases=True),
     )
     return out
 
