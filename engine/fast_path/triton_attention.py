@@ -116,9 +116,9 @@ if has_triton():
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
-        # INPUTS_READY: the context lengths and block tables were written before the
-        # previous kernel (a decode step's inputs), so they are read before waiting for it
-        # (pdl.py); q and the caches (this step's K/V) only after.
+        # INPUTS_READY: the context lengths were written before the previous kernel (a
+        # decode step's inputs), so they are read before waiting for it (pdl.py); q, the
+        # tables and the caches only after.
         if not INPUTS_READY:
             wait_for_previous(USE_PDL)
         ctx, lo, hi = _split_bounds(ctx_ptr, b, split, window, NUM_SPLITS, TILE)
@@ -127,8 +127,6 @@ if has_triton():
         # (a batch-1 step at context 640 fills 10 of 64).
         used = _splits_with_keys(ctx, window, NUM_SPLITS, TILE)
         if split < used:
-            t = lo + tl.arange(0, TILE)
-            block = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=t < hi, other=0)
             if INPUTS_READY:
                 wait_for_previous(USE_PDL)
             q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
@@ -138,17 +136,16 @@ if has_triton():
             for start in range(lo, hi, TILE):
                 t = start + tl.arange(0, TILE)
                 in_range = t < hi
+                block = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0)
                 offs = block.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
                 k = tl.load(k_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
-                v = tl.load(v_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
-                t_next = t + TILE  # the next tile's table entries, a step ahead
-                block = tl.load(tables_ptr + b * stride_tb + t_next // BLOCK_SIZE, mask=t_next < hi, other=0)
                 s = tl.dot(q, tl.trans(k)) * scale
                 s = tl.where(in_range[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 p = tl.exp(s - m_new[:, None])
                 alpha = tl.exp(m_i - m_new)
                 l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(v_ptr + offs[:, None] + d[None, :], mask=in_range[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
 
