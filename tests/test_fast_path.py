@@ -527,6 +527,27 @@ def test_cold_prefix_kernel_refuses_tiles_it_is_not_validated_for(tile):
 
 
 @needs_triton
+def test_cold_prefix_kernel_takes_wider_dots_and_refuses_bad_ones():
+    """`group_pad` (rows of the dots; 64 lets Hopper use warpgroup MMA) changes nothing
+    but the launch; a width that is not a power of two holding the group is refused."""
+    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+
+    gen = torch.Generator().manual_seed(1)
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, [40], num_pages=16, first_cold_page={"int8": 12},
+                                                          kind_of=lambda i, j: "int8")
+    q = torch.randn(1, 4, 32, generator=gen)
+    leading_cold = (kinds != 0).sum(1)
+    args = (q, k, v, cold, tables.int(), slots.int(), leading_cold, 1, torch.tensor([40]), 0.3, 2)
+    narrow = cold_prefix_decode_attention(*args, cold_dots=0)
+    wide = cold_prefix_decode_attention(*args, cold_dots=0, group_pad=64)
+    assert torch.isfinite(narrow).all() and narrow.abs().max() > 0
+    torch.testing.assert_close(wide, narrow)
+    for bad in (8, 48):
+        with pytest.raises(ValueError, match=f"group_pad must be a power of two of at least 16, got {bad}"):
+            cold_prefix_decode_attention(*args, group_pad=bad)
+
+
+@needs_triton
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
