@@ -205,7 +205,9 @@ class DecodeGraphs:
 
     def _run(self, size: int, kind: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the static inputs' first `size` rows and their packed greedy answer."""
-        from .greedy_head import greedy_with_flag  # kernel modules load on first use (see __init__)
+        # Kernel modules load on first use: importing this module (the engine does) must not
+        # define kernels before a test has chosen Triton's interpreter.
+        from .greedy_head import greedy_with_flag
 
         logits = self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
                                       self.block_tables[:size], self.context_lens[:size], self.num_splits(size),

@@ -27,7 +27,7 @@ from .availability import has_triton
 from .pdl import pdl_launch
 
 CHUNK = 4096  # logits per program of the first kernel (128256 / 4096: 32 programs per row)
-BLOCK = 1024  # logits per iteration within a chunk
+BLOCK = 1024  # logits per iteration within a chunk (divides CHUNK)
 
 
 def greedy_with_flag(logits: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,7 +52,7 @@ def greedy_with_flag(logits: torch.Tensor, live: torch.Tensor | None = None) -> 
     packed = torch.empty(rows + 1, dtype=torch.int64, device=logits.device)
     pdl = pdl_launch(logits.device)
     _chunk_max_kernel[(rows, chunks)](logits, best, where, bad, vocab, logits.stride(0), chunks,
-                                      CHUNK=CHUNK, BLOCK=min(BLOCK, CHUNK), **pdl)
+                                      CHUNK=CHUNK, BLOCK=BLOCK, **pdl)
     _pick_kernel[(1,)](best, where, bad, live if live is not None else packed, packed, rows, chunks,
                        HAS_LIVE=live is not None, ROWS_PAD=max(2, triton.next_power_of_2(rows)),
                        CHUNKS_PAD=max(2, triton.next_power_of_2(chunks)), num_warps=4, **pdl)
