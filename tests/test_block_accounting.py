@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -49,8 +49,12 @@ def check_invariants(engine: LLMEngine) -> None:
     for b, n in holders.items():
         if n > 1:
             assert pool.blocks[b].content_hash is not None
-    host_used = sum(len(s.host_block_table) for s in live)
-    assert host_used == engine.block_manager.host_pool.num_blocks - engine.block_manager.host_pool.num_free_blocks
+    # Swapped-out cold blocks keep their compact form: several share one host page.
+    host = engine.block_manager.host_pool
+    host_blocks = [b for s in live for b in s.host_block_table]
+    assert len(set(host_blocks)) == len(host_blocks)  # the host pool shares nothing
+    host_pages = {host.pages.locate(b)[1] for b in host_blocks}
+    assert len(host_pages) == host.num_blocks - host.num_free_blocks
 
 
 action = st.one_of(
@@ -63,6 +67,9 @@ action = st.one_of(
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(actions=st.lists(action, min_size=5, max_size=40), mode=st.sampled_from(["swap", "recompute"]),
        caching=st.booleans(), cold=st.sampled_from(["none", "int8", "int4"]))
+# Found by hypothesis: swapped-out int4 blocks share host pages (the invariant once counted blocks).
+@example(actions=[("add", 1, 1, 0, 1)] * 6 + [("add", 1, 9, 0, 1)] + [("add", 1, 9, 0, 2)] * 3 + [("add", 10, 9, 0, 2)],
+         mode="swap", caching=False, cold="int4")
 def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, caching, cold):
     engine = engine_factory(mode, caching, cold)
     ids = []
