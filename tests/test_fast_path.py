@@ -548,6 +548,36 @@ def test_cold_prefix_kernel_takes_wider_dots_and_refuses_bad_ones():
 
 
 @needs_triton
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_cold_prefix_kernel_reading_tables_ahead_gives_the_same_output(kind):
+    """Table entries read two tiles ahead of their tile (the default) against read in the
+    tile's own iteration: the same output, for cold runs of 1 to 9 tiles per split whose
+    blocks sit in slots out of order, so an entry used for the wrong tile would show."""
+    from engine.attention import paged_attention
+    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+    from engine.kv_cache import KIND_CODE
+
+    gen = torch.Generator().manual_seed(7)
+    ctx = [40, 100, 300, 0]
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=160, first_cold_page={kind: 60},
+                                                          kind_of=lambda i, j: kind)
+    cold_rows = kinds != 0
+    order = torch.randperm(int(cold_rows.sum()), generator=gen)  # shuffle the cold blocks' (page, slot) pairs
+    tables[cold_rows], slots[cold_rows] = tables[cold_rows][order], slots[cold_rows][order]
+    meta.block_tables = tables
+    meta.block_slots = slots
+    q = torch.randn(len(ctx), 4, 32, generator=gen)
+    ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
+    for splits in (1, 2):
+        args = (q, k, v, cold, tables.int(), slots.int(), cold_rows.sum(1), KIND_CODE[kind], torch.tensor(ctx), 0.3,
+                splits)
+        ahead = cold_prefix_decode_attention(*args, tile=32, cold_dots=0)
+        in_place = cold_prefix_decode_attention(*args, tile=32, cold_dots=0, tables_ahead=False)
+        torch.testing.assert_close(ahead, in_place, rtol=0, atol=0)
+        assert (ahead - ref).norm() / ref.norm() < 1e-5
+
+
+@needs_triton
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):

@@ -74,6 +74,14 @@ if has_triton():
         return page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch, page, slot, tok
 
     @triton.jit
+    def _cold_entries(tables_ptr, slots_ptr, b, t, end, stride_tb, BLOCK_SIZE: tl.constexpr):
+        """(page, slot) of the blocks holding tokens `t` (zeros past `end`)."""
+        entry = b * stride_tb + t // BLOCK_SIZE
+        page = tl.load(tables_ptr + entry, mask=t < end, other=0).to(tl.int64)
+        slot = tl.load(slots_ptr + entry, mask=t < end, other=0)
+        return page, slot
+
+    @triton.jit
     def _int8_to_fp16(x):
         """Exact fp16 of int8 codes without conversion instructions: code + 128 as the low
         byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
@@ -103,7 +111,7 @@ if has_triton():
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        KIND: tl.constexpr, GROUP4: tl.constexpr, COLD_DOTS: tl.constexpr,
+        KIND: tl.constexpr, GROUP4: tl.constexpr, COLD_DOTS: tl.constexpr, TABLES_AHEAD: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -123,11 +131,27 @@ if has_triton():
             q16 = q.to(tl.float16)
         if KIND == 1 and COLD_DOTS == 2:
             q8, q_scale = _quantize_rows_int8(q)
+        # TABLES_AHEAD: each tile's (page, slot) entries are loaded two tiles before it. Triton's
+        # pipeliner issues a tile's K/V copies one iteration early; loaded in the same iteration,
+        # the entries put a dependent global read (table, then data) on every iteration's path.
+        page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, lo + tl.arange(0, TILE), cold_hi, stride_tb,
+                                       BLOCK_SIZE)
+        page_n, slot_n = _cold_entries(tables_ptr, slots_ptr, b, lo + TILE + tl.arange(0, TILE), cold_hi,
+                                       stride_tb, BLOCK_SIZE)
         for start in range(lo, cold_hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < cold_hi
-            base, page, slot, tok = _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp,
-                                               stride_cs, stride_ct, stride_ch, BLOCK_SIZE)
+            if TABLES_AHEAD:
+                page, slot, tok = page_c, slot_c, t % BLOCK_SIZE
+                base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
+                page_a, slot_a = _cold_entries(tables_ptr, slots_ptr, b, t + 2 * TILE, cold_hi, stride_tb, BLOCK_SIZE)
+                # Computed, not passed on: Triton's pipeliner leaves a loop alone when a loop-carried
+                # value is passed on unchanged (a dependence two iterations deep).
+                page_c, slot_c = tl.maximum(page_n, 0), tl.maximum(slot_n, 0)
+                page_n, slot_n = page_a, slot_a
+            else:
+                base, page, slot, tok = _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp,
+                                                   stride_cs, stride_ct, stride_ch, BLOCK_SIZE)
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
             if KIND == 1 and COLD_DOTS != 0:
                 k8 = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
@@ -175,13 +199,15 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  kind: int, context_lens: torch.Tensor, scale: float, num_splits: int,
                                  sliding_window: int | None = None, num_warps: int = NUM_WARPS,
                                  num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS,
-                                 cold_dots: int | None = None, group_pad: int | None = None) -> torch.Tensor:
+                                 cold_dots: int | None = None, group_pad: int | None = None,
+                                 tables_ahead: bool = True) -> torch.Tensor:
     """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
     slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
     are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
     kv_cache.ColdLayer. Returns [B, H, D] in q's dtype. `group_pad`: rows of the dot
     products, a power of two of at least 16 holding the GQA group (default the smallest;
-    64 lets Triton use Hopper's warpgroup MMA with 4 warps)."""
+    64 lets Triton use Hopper's warpgroup MMA with 4 warps). `tables_ahead`: read each cold
+    tile's table entries two tiles before it (False: in the tile's own iteration)."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if kind not in (INT8, INT4):
@@ -231,7 +257,7 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4, COLD_DOTS=cold_dots,
-        num_warps=num_warps, num_stages=num_stages,
+        TABLES_AHEAD=tables_ahead, num_warps=num_warps, num_stages=num_stages,
     )
     merge_splits(out, part, lse, num_splits)
     return out
