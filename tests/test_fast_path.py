@@ -550,7 +550,7 @@ def test_cold_prefix_kernel_takes_wider_dots_and_refuses_bad_ones():
 @needs_triton
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_cold_prefix_kernel_reading_tables_ahead_gives_the_same_output(kind):
-    """Table entries read two tiles ahead of their tile (the default) against read in the
+    """Table entries read two or three tiles ahead of their tile against read in the
     tile's own iteration: the same output, for cold runs of 1 to 9 tiles per split whose
     blocks sit in slots out of order, so an entry used for the wrong tile would show."""
     from engine.attention import paged_attention
@@ -572,9 +572,13 @@ def test_cold_prefix_kernel_reading_tables_ahead_gives_the_same_output(kind):
         args = (q, k, v, cold, tables.int(), slots.int(), cold_rows.sum(1), KIND_CODE[kind], torch.tensor(ctx), 0.3,
                 splits)
         ahead = cold_prefix_decode_attention(*args, tile=32, cold_dots=0)
-        in_place = cold_prefix_decode_attention(*args, tile=32, cold_dots=0, tables_ahead=False)
+        in_place = cold_prefix_decode_attention(*args, tile=32, cold_dots=0, tables_ahead=0)
+        three = cold_prefix_decode_attention(*args, tile=32, cold_dots=0, tables_ahead=3)
         torch.testing.assert_close(ahead, in_place, rtol=0, atol=0)
+        torch.testing.assert_close(three, in_place, rtol=0, atol=0)
         assert (ahead - ref).norm() / ref.norm() < 1e-5
+    with pytest.raises(ValueError, match="tables_ahead must be 0, 2 or 3, got 1"):
+        cold_prefix_decode_attention(*args, tables_ahead=1)
 
 
 @needs_triton

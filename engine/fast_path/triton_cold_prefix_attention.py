@@ -87,6 +87,39 @@ if has_triton():
         byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
         return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
 
+    _LOG2E = tl.constexpr(1.4426950408889634)
+    _LN2 = tl.constexpr(0.6931471805599453)
+
+    @triton.jit
+    def _exp2(x, PTX: tl.constexpr):
+        """2 ** x. On the GPU the bare ex2.approx.ftz: Triton's exp2 and exp add, per
+        element, a test for subnormal results with a predicated halving and squaring
+        (and exp a multiply by log2(e)), which at 16 to 17 exponentials per thread per
+        tile is about 60 instructions; subnormal probabilities flush to zero instead."""
+        if PTX:
+            return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+        return tl.exp2(x)
+
+    @triton.jit
+    def _softmax_update_log2(s, v, v_scale, in_range, m_i, l_i, acc, LAZY_RESCALE: tl.constexpr, PTX: tl.constexpr):
+        """_softmax_update_scores for scores already multiplied by log2(e): the running
+        maximum is in base 2 too. With LAZY_RESCALE the accumulator is multiplied by the
+        correction only in tiles where some row's maximum moved, which at long context
+        is a few tiles out of hundreds (the correction is exactly 1 in the others)."""
+        s = tl.where(in_range[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = _exp2(s - m_new[:, None], PTX)
+        alpha = _exp2(m_i - m_new, PTX)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if LAZY_RESCALE:
+            if tl.min(alpha, 0) < 1.0:
+                acc = acc * alpha[:, None]
+        else:
+            acc = acc * alpha[:, None]
+        acc = tl.dot((p * v_scale[None, :]).to(v.dtype), v, acc)
+        return m_new, l_i, acc
+
     @triton.jit
     def _quantize_rows_int8(q):
         """q [rows, dim] as int8 codes with a scale per row (symmetric, round half away)."""
@@ -112,6 +145,7 @@ if has_triton():
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         KIND: tl.constexpr, GROUP4: tl.constexpr, COLD_DOTS: tl.constexpr, TABLES_AHEAD: tl.constexpr,
+        LOG2_SOFTMAX: tl.constexpr, LAZY_RESCALE: tl.constexpr, UNMASKED: tl.constexpr, PTX: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -131,39 +165,68 @@ if has_triton():
             q16 = q.to(tl.float16)
         if KIND == 1 and COLD_DOTS == 2:
             q8, q_scale = _quantize_rows_int8(q)
-        # TABLES_AHEAD: each tile's (page, slot) entries are loaded two tiles before it. Triton's
-        # pipeliner issues a tile's K/V copies one iteration early; loaded in the same iteration,
-        # the entries put a dependent global read (table, then data) on every iteration's path.
+            q_scale2 = q_scale * (scale * _LOG2E)
+        # TABLES_AHEAD (0, 2 or 3): each tile's (page, slot) entries are loaded that many tiles
+        # before it. Triton's pipeliner issues a tile's K/V copies num_stages - 1 iterations
+        # early; with the entries loaded in that same iteration, every copy waits on a
+        # dependent global read (table, then data).
         page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, lo + tl.arange(0, TILE), cold_hi, stride_tb,
                                        BLOCK_SIZE)
         page_n, slot_n = _cold_entries(tables_ptr, slots_ptr, b, lo + TILE + tl.arange(0, TILE), cold_hi,
                                        stride_tb, BLOCK_SIZE)
+        if TABLES_AHEAD == 3:
+            page_nn, slot_nn = _cold_entries(tables_ptr, slots_ptr, b, lo + 2 * TILE + tl.arange(0, TILE), cold_hi,
+                                             stride_tb, BLOCK_SIZE)
         for start in range(lo, cold_hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < cold_hi
+            tok = t % BLOCK_SIZE
             if TABLES_AHEAD:
-                page, slot, tok = page_c, slot_c, t % BLOCK_SIZE
-                base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
-                page_a, slot_a = _cold_entries(tables_ptr, slots_ptr, b, t + 2 * TILE, cold_hi, stride_tb, BLOCK_SIZE)
+                page, slot = page_c, slot_c
+                page_a, slot_a = _cold_entries(tables_ptr, slots_ptr, b, t + TABLES_AHEAD * TILE, cold_hi, stride_tb,
+                                               BLOCK_SIZE)
                 # Computed, not passed on: Triton's pipeliner leaves a loop alone when a loop-carried
                 # value is passed on unchanged (a dependence two iterations deep).
                 page_c, slot_c = tl.maximum(page_n, 0), tl.maximum(slot_n, 0)
-                page_n, slot_n = page_a, slot_a
+                if TABLES_AHEAD == 3:
+                    page_n, slot_n = tl.maximum(page_nn, 0), tl.maximum(slot_nn, 0)
+                    page_nn, slot_nn = page_a, slot_a
+                else:
+                    page_n, slot_n = page_a, slot_a
             else:
-                base, page, slot, tok = _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp,
-                                                   stride_cs, stride_ct, stride_ch, BLOCK_SIZE)
+                page, slot = _cold_entries(tables_ptr, slots_ptr, b, t, cold_hi, stride_tb, BLOCK_SIZE)
+            base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
             if KIND == 1 and COLD_DOTS != 0:
-                k8 = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
-                v8 = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
-                k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                if COLD_DOTS == 1:
-                    s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * scale)
+                if UNMASKED:
+                    # Tokens past the run read page 0's slot 0 (their table entries load as
+                    # zeros): real codes, finite, whose scores are masked below and whose zero
+                    # probabilities cancel them; only a value scale could be inf or nan there,
+                    # which a zero probability would not cancel, so it is selected after the load.
+                    k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
+                    v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
+                    k_scale = tl.load(cks_ptr + scale_base).to(tl.float32)
+                    v_scale = tl.where(in_range, tl.load(cvs_ptr + scale_base).to(tl.float32), 1.0)
                 else:
-                    s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
-                    s = s * q_scale[:, None] * (k_scale[None, :] * scale)
-                m_i, l_i, acc = _softmax_update_scores(s, _int8_to_fp16(v8), v_scale, in_range, m_i, l_i, acc)
+                    k8 = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
+                    v8 = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
+                    k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+                    v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
+                if LOG2_SOFTMAX:
+                    if COLD_DOTS == 1:
+                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * (scale * _LOG2E))
+                    else:
+                        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
+                        s = s * q_scale2[:, None] * k_scale[None, :]
+                    m_i, l_i, acc = _softmax_update_log2(s, _int8_to_fp16(v8), v_scale, in_range, m_i, l_i, acc,
+                                                         LAZY_RESCALE, PTX)
+                else:
+                    if COLD_DOTS == 1:
+                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * scale)
+                    else:
+                        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
+                        s = s * q_scale[:, None] * (k_scale[None, :] * scale)
+                    m_i, l_i, acc = _softmax_update_scores(s, _int8_to_fp16(v8), v_scale, in_range, m_i, l_i, acc)
             elif FAST_INT4:  # nibbles to fp16 under the exponent byte 0x64 (1024 + 8 + code), keys and values
                 pk = tl.load(ck_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
                 pv = tl.load(cv_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
@@ -180,6 +243,8 @@ if has_triton():
                                         dtype)
                 m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
 
+        if LOG2_SOFTMAX and KIND == 1 and COLD_DOTS != 0:
+            m_i = m_i * _LN2  # the cold loop's running maximum back to base e for the hot loop and the merge
         ones = tl.full([TILE], 1.0, tl.float32)
         for start in range(tl.maximum(lo, cold_end), hi, TILE):
             t = start + tl.arange(0, TILE)
@@ -200,14 +265,17 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  sliding_window: int | None = None, num_warps: int = NUM_WARPS,
                                  num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS,
                                  cold_dots: int | None = None, group_pad: int | None = None,
-                                 tables_ahead: bool = True) -> torch.Tensor:
+                                 tables_ahead: int = 2, max_registers: int | None = None,
+                                 log2_softmax: bool = False, lazy_rescale: bool = False,
+                                 unmasked: bool = False) -> torch.Tensor:
     """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
     slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
     are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
     kv_cache.ColdLayer. Returns [B, H, D] in q's dtype. `group_pad`: rows of the dot
     products, a power of two of at least 16 holding the GQA group (default the smallest;
     64 lets Triton use Hopper's warpgroup MMA with 4 warps). `tables_ahead`: read each cold
-    tile's table entries two tiles before it (False: in the tile's own iteration)."""
+    tile's table entries 2 or 3 tiles before it (0: in the tile's own iteration).
+    `max_registers`: a cap on registers per thread (Triton's maxnreg), for the sweep."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if kind not in (INT8, INT4):
@@ -219,6 +287,8 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         # the interpreter agrees with the portable path: a code-generation problem, not
         # investigated; 16 was also the slowest tile for int8.
         raise ValueError(f"tile must be a power of two of at least {MIN_TILE}, got {tile}")
+    if tables_ahead not in (0, 2, 3):
+        raise ValueError(f"tables_ahead must be 0, 2 or 3, got {tables_ahead!r}")
     if block_slots.shape != block_tables.shape or block_slots.stride() != block_tables.stride():
         raise ValueError("block tables and slots must have the same shape and strides")
     if kind == INT8:
@@ -257,7 +327,9 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4, COLD_DOTS=cold_dots,
-        TABLES_AHEAD=tables_ahead, num_warps=num_warps, num_stages=num_stages,
+        TABLES_AHEAD=tables_ahead, LOG2_SOFTMAX=log2_softmax, LAZY_RESCALE=lazy_rescale, UNMASKED=unmasked,
+        PTX=q.is_cuda and torch.version.hip is None, num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers else {}),
     )
     merge_splits(out, part, lse, num_splits)
     return out
