@@ -102,12 +102,11 @@ if has_triton():
         return tl.exp2(x)
 
     @triton.jit
-    def _softmax_update_log2(s, v, v_scale, in_range, m_i, l_i, acc, LAZY_RESCALE: tl.constexpr, PTX: tl.constexpr):
-        """_softmax_update_scores for scores already multiplied by log2(e): the running
-        maximum is in base 2 too. With LAZY_RESCALE the accumulator is multiplied by the
+    def _softmax_update_log2(s, v, v_scale, m_i, l_i, acc, LAZY_RESCALE: tl.constexpr, PTX: tl.constexpr):
+        """_softmax_update_scores for scores already multiplied by log2(e) and masked (-inf
+        past the keys): the running maximum is in base 2 too. With LAZY_RESCALE the accumulator is multiplied by the
         correction only in tiles where some row's maximum moved, which at long context
         is a few tiles out of hundreds (the correction is exactly 1 in the others)."""
-        s = tl.where(in_range[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = _exp2(s - m_new[:, None], PTX)
         alpha = _exp2(m_i - m_new, PTX)
@@ -212,14 +211,16 @@ if has_triton():
                     v8 = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
                     k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
                     v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                if LOG2_SOFTMAX:
+                if LOG2_SOFTMAX:  # scores in base 2, masked by adding -inf past the keys (one fused op)
+                    bias = tl.where(in_range, 0.0, float("-inf"))
                     if COLD_DOTS == 1:
-                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * (scale * _LOG2E))
+                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8)))
+                        s = tl.fma(s, (k_scale * (scale * _LOG2E))[None, :], bias[None, :])
                     else:
                         s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
-                        s = s * q_scale2[:, None] * k_scale[None, :]
-                    m_i, l_i, acc = _softmax_update_log2(s, _int8_to_fp16(v8), v_scale, in_range, m_i, l_i, acc,
-                                                         LAZY_RESCALE, PTX)
+                        s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
+                    m_i, l_i, acc = _softmax_update_log2(s, _int8_to_fp16(v8), v_scale, m_i, l_i, acc, LAZY_RESCALE,
+                                                         PTX)
                 else:
                     if COLD_DOTS == 1:
                         s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * scale)
