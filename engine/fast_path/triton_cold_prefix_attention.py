@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .availability import has_triton
-from .triton_attention import TILE_TOKENS, merge_splits, split_buffers
+from .triton_attention import TILE_TOKENS, split_buffers, split_counters
 
 INT8, INT4 = 1, 2  # kind codes, as in engine.kv_cache.KIND_CODE
 # How int8 tiles enter the dot products (COLD_DOTS). Converting int8 codes to bf16 costs
@@ -31,16 +31,19 @@ INT8, INT4 = 1, 2  # kind codes, as in engine.kv_cache.KIND_CODE
 # int4 with one scale per head takes fp16 codes by bit arithmetic under 1 and 2.
 DOTS_IN_DTYPE, DOTS_FP16, DOTS_INT8_KEYS = 0, 1, 2
 DEFAULT_COLD_DOTS = DOTS_INT8_KEYS  # for bf16/fp16 queries; float32 always uses DOTS_IN_DTYPE
-# Launch defaults: the best of a sweep on the H200 at 32k x 8 (engine/bench/kv_quant_gpu.py, BENCHMARKS.md).
+# Launch defaults per kind, (warps, stages, tables ahead): the best of the sweeps on the H200 at
+# 32k x 8 (BENCHMARKS.md, session 6). int8 with three stages and its table entries read two
+# tiles ahead; int4 was slower with either, its loop being bound by the nibble unpacking.
 NUM_WARPS = 2
-NUM_STAGES = 2
+LAUNCH_DEFAULTS = {INT8: (NUM_WARPS, 3, 2), INT4: (NUM_WARPS, 2, 0)}
 MIN_TILE = 32
 
 if has_triton():
     import triton
     import triton.language as tl
 
-    from .triton_attention import (_group_queries, _softmax_update, _softmax_update_scores, _split_bounds,
+    from .triton_attention import (_group_queries, _merge_group, _softmax_update, _softmax_update_scores,
+                                   _split_bounds, _splits_with_keys,
                                    _store_split)
 
     @triton.jit
@@ -102,19 +105,16 @@ if has_triton():
         return tl.exp2(x)
 
     @triton.jit
-    def _softmax_update_log2(s, v, v_scale, m_i, l_i, acc, LAZY_RESCALE: tl.constexpr, PTX: tl.constexpr):
+    def _softmax_update_log2(s, v, v_scale, m_i, l_i, acc, PTX: tl.constexpr):
         """_softmax_update_scores for scores already multiplied by log2(e) and masked (-inf
-        past the keys): the running maximum is in base 2 too. With LAZY_RESCALE the accumulator is multiplied by the
-        correction only in tiles where some row's maximum moved, which at long context
-        is a few tiles out of hundreds (the correction is exactly 1 in the others)."""
+        past the keys): the running maximum is in base 2 too. The accumulator is multiplied
+        by the correction only in tiles where some row's maximum moved, which at long
+        context is a few tiles out of hundreds (the correction is exactly 1 in the others)."""
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = _exp2(s - m_new[:, None], PTX)
         alpha = _exp2(m_i - m_new, PTX)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if LAZY_RESCALE:
-            if tl.min(alpha, 0) < 1.0:
-                acc = acc * alpha[:, None]
-        else:
+        if tl.min(alpha, 0) < 1.0:
             acc = acc * alpha[:, None]
         acc = tl.dot((p * v_scale[None, :]).to(v.dtype), v, acc)
         return m_new, l_i, acc
@@ -130,7 +130,7 @@ if has_triton():
 
     @triton.jit
     def _cold_prefix_split_kernel(
-        q_ptr, k_ptr, v_ptr, tables_ptr, slots_ptr, cold_blocks_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr,
+        q_ptr, k_ptr, v_ptr, tables_ptr, slots_ptr, cold_blocks_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr, done_ptr,
         ck_ptr, cv_ptr, cks_ptr, cvs_ptr,
         scale, window,
         stride_qb, stride_qh,
@@ -144,7 +144,7 @@ if has_triton():
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
         KIND: tl.constexpr, GROUP4: tl.constexpr, COLD_DOTS: tl.constexpr, TABLES_AHEAD: tl.constexpr,
-        LOG2_SOFTMAX: tl.constexpr, LAZY_RESCALE: tl.constexpr, UNMASKED: tl.constexpr, PTX: tl.constexpr,
+        PTX: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -197,37 +197,25 @@ if has_triton():
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
             if KIND == 1 and COLD_DOTS != 0:
-                if UNMASKED:
-                    # Tokens past the run read page 0's slot 0 (their table entries load as
-                    # zeros): real codes, finite, whose scores are masked below and whose zero
-                    # probabilities cancel them; only a value scale could be inf or nan there,
-                    # which a zero probability would not cancel, so it is selected after the load.
-                    k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
-                    v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
-                    k_scale = tl.load(cks_ptr + scale_base).to(tl.float32)
-                    v_scale = tl.where(in_range, tl.load(cvs_ptr + scale_base).to(tl.float32), 1.0)
+                # Unmasked: tokens past the run read page 0's slot 0 (their table entries load
+                # as zeros), real and finite codes whose scores are masked below and whose zero
+                # probabilities cancel them (the masks cost ~150 instructions a tile, offline SASS). Only a value
+                # scale there could be inf or nan, which a zero probability would not cancel:
+                # it is selected after the load.
+                k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
+                v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
+                k_scale = tl.load(cks_ptr + scale_base).to(tl.float32)
+                v_scale = tl.where(in_range, tl.load(cvs_ptr + scale_base).to(tl.float32), 1.0)
+                # Scores in base 2 (exponentials by a bare ex2, _exp2), masked by adding -inf
+                # past the keys in the same fused multiply-add that scales them.
+                bias = tl.where(in_range, 0.0, float("-inf"))
+                if COLD_DOTS == 1:
+                    s = tl.dot(q16, tl.trans(_int8_to_fp16(k8)))
+                    s = tl.fma(s, (k_scale * (scale * _LOG2E))[None, :], bias[None, :])
                 else:
-                    k8 = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
-                    v8 = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
-                    k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                    v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                if LOG2_SOFTMAX:  # scores in base 2, masked by adding -inf past the keys (one fused op)
-                    bias = tl.where(in_range, 0.0, float("-inf"))
-                    if COLD_DOTS == 1:
-                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8)))
-                        s = tl.fma(s, (k_scale * (scale * _LOG2E))[None, :], bias[None, :])
-                    else:
-                        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
-                        s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
-                    m_i, l_i, acc = _softmax_update_log2(s, _int8_to_fp16(v8), v_scale, m_i, l_i, acc, LAZY_RESCALE,
-                                                         PTX)
-                else:
-                    if COLD_DOTS == 1:
-                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8))) * (k_scale[None, :] * scale)
-                    else:
-                        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
-                        s = s * q_scale[:, None] * (k_scale[None, :] * scale)
-                    m_i, l_i, acc = _softmax_update_scores(s, _int8_to_fp16(v8), v_scale, in_range, m_i, l_i, acc)
+                    s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
+                    s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
+                m_i, l_i, acc = _softmax_update_log2(s, _int8_to_fp16(v8), v_scale, m_i, l_i, acc, PTX)
             elif FAST_INT4:  # nibbles to fp16 under the exponent byte 0x64 (1024 + 8 + code), keys and values
                 pk = tl.load(ck_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
                 pv = tl.load(cv_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
@@ -244,7 +232,7 @@ if has_triton():
                                         dtype)
                 m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
 
-        if LOG2_SOFTMAX and KIND == 1 and COLD_DOTS != 0:
+        if KIND == 1 and COLD_DOTS != 0:
             m_i = m_i * _LN2  # the cold loop's running maximum back to base e for the hot loop and the merge
         ones = tl.full([TILE], 1.0, tl.float32)
         for start in range(tl.maximum(lo, cold_end), hi, TILE):
@@ -258,25 +246,33 @@ if has_triton():
 
         _store_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, b, heads, is_head, d, split,
                      stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS)
+        used = _splits_with_keys(ctx, window, NUM_SPLITS, TILE)
+        if NUM_SPLITS > 1 and split < used:
+            # As in the hot kernel (triton_attention.py): the last split of (b, kvh) to finish
+            # merges the group's heads, with no second launch, and re-arms the counter.
+            tl.debug_barrier()  # every thread's partial stores before the release below
+            counter = done_ptr + b * tl.num_programs(1) + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
+                _merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps,
+                             stride_lb, stride_lh, stride_ob, stride_oh, GROUP, HEAD_DIM)
+                tl.atomic_xchg(counter, 0)
 
 
 def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold,
                                  block_tables: torch.Tensor, block_slots: torch.Tensor, cold_blocks: torch.Tensor,
                                  kind: int, context_lens: torch.Tensor, scale: float, num_splits: int,
-                                 sliding_window: int | None = None, num_warps: int = NUM_WARPS,
-                                 num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS,
+                                 sliding_window: int | None = None, num_warps: int | None = None,
+                                 num_stages: int | None = None, tile: int = TILE_TOKENS,
                                  cold_dots: int | None = None, group_pad: int | None = None,
-                                 tables_ahead: int = 2, max_registers: int | None = None,
-                                 log2_softmax: bool = False, lazy_rescale: bool = False,
-                                 unmasked: bool = False) -> torch.Tensor:
+                                 tables_ahead: int | None = None) -> torch.Tensor:
     """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
     slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
     are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
     kv_cache.ColdLayer. Returns [B, H, D] in q's dtype. `group_pad`: rows of the dot
     products, a power of two of at least 16 holding the GQA group (default the smallest;
     64 lets Triton use Hopper's warpgroup MMA with 4 warps). `tables_ahead`: read each cold
-    tile's table entries 2 or 3 tiles before it (0: in the tile's own iteration).
-    `max_registers`: a cap on registers per thread (Triton's maxnreg), for the sweep."""
+    tile's table entries 2 or 3 tiles before it (0: in the tile's own iteration). Warps,
+    stages and tables ahead default per kind (LAUNCH_DEFAULTS)."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if kind not in (INT8, INT4):
@@ -288,6 +284,10 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         # the interpreter agrees with the portable path: a code-generation problem, not
         # investigated; 16 was also the slowest tile for int8.
         raise ValueError(f"tile must be a power of two of at least {MIN_TILE}, got {tile}")
+    default_warps, default_stages, default_ahead = LAUNCH_DEFAULTS[kind]
+    num_warps = num_warps or default_warps
+    num_stages = num_stages or default_stages
+    tables_ahead = default_ahead if tables_ahead is None else tables_ahead
     if tables_ahead not in (0, 2, 3):
         raise ValueError(f"tables_ahead must be 0, 2 or 3, got {tables_ahead!r}")
     if block_slots.shape != block_tables.shape or block_slots.stride() != block_tables.stride():
@@ -316,7 +316,7 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     out, part, lse = split_buffers(q, num_splits)
     _cold_prefix_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, block_slots, cold_blocks, context_lens, part, lse, out,
-        data_k, data_v, scales_k, scales_v,
+        split_counters(q.device, batch * kv_heads), data_k, data_v, scales_k, scales_v,
         scale, sliding_window or 0,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -328,9 +328,7 @@ def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4, COLD_DOTS=cold_dots,
-        TABLES_AHEAD=tables_ahead, LOG2_SOFTMAX=log2_softmax, LAZY_RESCALE=lazy_rescale, UNMASKED=unmasked,
+        TABLES_AHEAD=tables_ahead,
         PTX=q.is_cuda and torch.version.hip is None, num_warps=num_warps, num_stages=num_stages,
-        **({"maxnreg": max_registers} if max_registers else {}),
     )
-    merge_splits(out, part, lse, num_splits)
     return out
