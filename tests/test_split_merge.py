@@ -64,3 +64,38 @@ def test_short_contexts_merge_only_the_splits_that_hold_keys(window, inputs_read
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
         assert (out.double() - ref).norm() / ref.norm() < 1e-5
     assert split_counters(q.device, 1).count_nonzero() == 0
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
+    """The cold-prefix kernel merges as the hot one does: the last split with keys of each
+    (sequence, KV head) to finish writes the output, reading only partials written in this
+    launch (the buffers start as NaN here), and the counters are zero after every launch."""
+    from engine.attention import paged_attention
+    from engine.fast_path import triton_cold_prefix_attention as cold_module
+    from engine.fast_path.triton_attention import split_counters
+    from engine.kv_cache import KIND_CODE
+    from tests.test_fast_path import _cold_case
+
+    def poisoned(q, num_splits):
+        out, part, lse = split_buffers(q, num_splits)
+        part.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        return out, part, lse
+
+    split_buffers = cold_module.split_buffers
+    monkeypatch.setattr(cold_module, "split_buffers", poisoned)
+    gen = torch.Generator().manual_seed(11)
+    ctx = [300, 40, 0, 9]
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=160, first_cold_page={kind: 60},
+                                                          kind_of=lambda i, j: kind)
+    q = torch.randn(len(ctx), 4, 32, generator=gen)
+    ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
+    for splits in (4, 16, 16):  # 16 splits of 32 keys: 10, 2, (1) and 1 of them used
+        out = cold_module.cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(), (kinds != 0).sum(1),
+                                                       KIND_CODE[kind], torch.tensor(ctx), 0.3, splits, tile=32,
+                                                       cold_dots=0)
+        assert split_counters(q.device, 1).count_nonzero() == 0
+        assert torch.isfinite(out).all() and out[2].abs().max() == 0
+        assert (out - ref).norm() / ref.norm() < 1e-5
