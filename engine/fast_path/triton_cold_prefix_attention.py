@@ -10,6 +10,13 @@ kernel, and an int8 tile costs half the bytes of a hot one (int4: a quarter).
 As in triton_cold_attention.py the integer codes go into the dot products as they are
 (exact in bf16/fp16) and each token's scale multiplies its scores (keys) or its
 probabilities (values); int4 with several scale groups per head is scaled per element.
+
+The int8 loop is shaped by what the H200 showed (BENCHMARKS.md, issue 9, session 6): each
+tile's table entries are read two tiles ahead, so no iteration waits on a table read and
+then on the copies it addresses; with memory hidden the loop is bound by issuing
+instructions, hence scores in base 2 with a bare ex2, the accumulator rescaled only when a
+row's maximum moved, and unmasked K/V loads. The last split of each (sequence, KV head)
+to finish merges the splits, as in the hot kernel.
 """
 from __future__ import annotations
 
@@ -169,10 +176,11 @@ if has_triton():
         # before it. Triton's pipeliner issues a tile's K/V copies num_stages - 1 iterations
         # early; with the entries loaded in that same iteration, every copy waits on a
         # dependent global read (table, then data).
-        page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, lo + tl.arange(0, TILE), cold_hi, stride_tb,
-                                       BLOCK_SIZE)
-        page_n, slot_n = _cold_entries(tables_ptr, slots_ptr, b, lo + TILE + tl.arange(0, TILE), cold_hi,
-                                       stride_tb, BLOCK_SIZE)
+        if TABLES_AHEAD:
+            page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, lo + tl.arange(0, TILE), cold_hi, stride_tb,
+                                           BLOCK_SIZE)
+            page_n, slot_n = _cold_entries(tables_ptr, slots_ptr, b, lo + TILE + tl.arange(0, TILE), cold_hi,
+                                           stride_tb, BLOCK_SIZE)
         if TABLES_AHEAD == 3:
             page_nn, slot_nn = _cold_entries(tables_ptr, slots_ptr, b, lo + 2 * TILE + tl.arange(0, TILE), cold_hi,
                                              stride_tb, BLOCK_SIZE)
