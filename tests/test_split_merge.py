@@ -16,6 +16,20 @@ needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INT
                                   reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
 
 
+def _poison_split_buffers(monkeypatch, module) -> None:
+    """Make `module`'s split_buffers hand out partial buffers full of NaN, so that a merge
+    reading a partial no split wrote in this launch shows in the output."""
+    split_buffers = module.split_buffers
+
+    def poisoned(q, num_splits):
+        out, part, lse = split_buffers(q, num_splits)
+        part.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        return out, part, lse
+
+    monkeypatch.setattr(module, "split_buffers", poisoned)
+
+
 @needs_triton
 def test_counters_return_to_zero_so_every_later_launch_merges_again():
     from engine.fast_path.triton_attention import paged_decode_attention, split_counters
@@ -45,14 +59,7 @@ def test_short_contexts_merge_only_the_splits_that_hold_keys(window, inputs_read
     from engine.fast_path import triton_attention
     from engine.fast_path.triton_attention import paged_decode_attention, split_counters
 
-    def poisoned(q, num_splits):
-        out, part, lse = split_buffers(q, num_splits)
-        part.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        return out, part, lse
-
-    split_buffers = triton_attention.split_buffers
-    monkeypatch.setattr(triton_attention, "split_buffers", poisoned)
+    _poison_split_buffers(monkeypatch, triton_attention)
     gen = torch.Generator().manual_seed(5)
     _, k_cache, v_cache = _arena(80, 2, 16, 2, 32)
     ctx = torch.tensor([1000, 40, 0, 130, 1])  # 16 splits of 64 keys: all, 1, (1), 3 and 1 of them used
@@ -78,14 +85,7 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     from engine.kv_cache import KIND_CODE
     from tests.test_fast_path import _cold_case
 
-    def poisoned(q, num_splits):
-        out, part, lse = split_buffers(q, num_splits)
-        part.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        return out, part, lse
-
-    split_buffers = cold_module.split_buffers
-    monkeypatch.setattr(cold_module, "split_buffers", poisoned)
+    _poison_split_buffers(monkeypatch, cold_module)
     gen = torch.Generator().manual_seed(11)
     ctx = [300, 40, 0, 9]
     k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=160, first_cold_page={kind: 60},
