@@ -65,7 +65,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from engine.fast_path.triton_cold_prefix_attention import _cold_rows
+    from engine.fast_path.triton_cold_prefix_attention import _cold_entries
 
     @triton.jit
     def _stream_kernel(tables_ptr, slots_ptr, ck_ptr, cv_ptr, out_ptr, cold_tokens, stride_tb,
@@ -80,8 +80,8 @@ if has_triton():
         for start in range(lo, hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < hi
-            base, _, _, _ = _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp, stride_cs,
-                                       stride_ct, stride_ch, BLOCK_SIZE)
+            page, slot = _cold_entries(tables_ptr, slots_ptr, b, t, hi, stride_tb, BLOCK_SIZE)
+            base = page * stride_cp + slot * stride_cs + (t % BLOCK_SIZE) * stride_ct + kvh * stride_ch
             k = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
             v = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
             acc += k.to(tl.float32) + v.to(tl.float32)
@@ -91,7 +91,7 @@ if has_triton():
 def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int,
                 tile: int = 64):
     """Diagnostic: read every cold int8 K and V tile through the decode kernel's own
-    addressing (`_cold_rows`), convert to float and sum; no dot products, no softmax.
+    addressing (`_cold_entries`), convert to float and sum; no dot products, no softmax.
     It converts every code, as the kernel's bf16 variant does, so it is bound by those
     conversions as much as by the reads (the offline SASS in
     docs/benchmarks/gpu_fastpath_notes.md, session 3): its bandwidth is a ceiling for

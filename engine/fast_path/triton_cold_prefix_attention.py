@@ -73,17 +73,6 @@ if has_triton():
         return x, token_scale
 
     @triton.jit
-    def _cold_rows(tables_ptr, slots_ptr, b, kvh, t, in_range, stride_tb, stride_cp, stride_cs, stride_ct,
-                   stride_ch, BLOCK_SIZE: tl.constexpr):
-        """Offsets of tile `t`'s rows of KV head `kvh` in a cold pool, and each token's
-        (page, slot, position in block) for its scales."""
-        entry = b * stride_tb + t // BLOCK_SIZE
-        page = tl.load(tables_ptr + entry, mask=in_range, other=0).to(tl.int64)
-        slot = tl.load(slots_ptr + entry, mask=in_range, other=0)
-        tok = t % BLOCK_SIZE
-        return page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch, page, slot, tok
-
-    @triton.jit
     def _cold_entries(tables_ptr, slots_ptr, b, t, end, stride_tb, BLOCK_SIZE: tl.constexpr):
         """(page, slot) of the blocks holding tokens `t` (zeros past `end`)."""
         entry = b * stride_tb + t // BLOCK_SIZE
@@ -207,9 +196,9 @@ if has_triton():
             if KIND == 1 and COLD_DOTS != 0:
                 # Unmasked: tokens past the run read page 0's slot 0 (their table entries load
                 # as zeros), real and finite codes whose scores are masked below and whose zero
-                # probabilities cancel them (the masks cost ~150 instructions a tile, offline SASS). Only a value
-                # scale there could be inf or nan, which a zero probability would not cancel:
-                # it is selected after the load.
+                # probabilities cancel them (the masks cost ~150 instructions a tile, offline
+                # SASS). Only a value scale there could be inf or nan, which a zero probability
+                # would not cancel: it is selected after the load.
                 k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
                 v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
                 k_scale = tl.load(cks_ptr + scale_base).to(tl.float32)
