@@ -86,6 +86,22 @@ if has_triton():
         byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
         return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
 
+    @triton.jit
+    def _int8_values_to_fp16(x, PTX: tl.constexpr):
+        """_int8_to_fp16 for the P.V operand, done where the codes were loaded. Triton moves
+        a pure conversion of a dot operand behind its change to the dot's layout, and for
+        int8 values that change is a transpose: single-byte shared loads, one per code (int8
+        has no transposing ldmatrix; ~290 of the int8 loop's 914 instructions a tile, offline
+        SASS). Not marked pure, this conversion stays put: 16-byte shared loads, the codes
+        converted four at a time, and fp16 goes through shared memory to ldmatrix.trans."""
+        if PTX:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 r, c; xor.b32 r, $2, 0x80808080; mov.b32 c, 0x64806480;"
+                " prmt.b32 $0, r, 0x64646464, 0x5140; prmt.b32 $1, r, 0x64646464, 0x7362;"
+                " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }",
+                "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
+        return _int8_to_fp16(x)
+
     _LOG2E = tl.constexpr(1.4426950408889634)
     _LN2 = tl.constexpr(0.6931471805599453)
 
@@ -212,7 +228,7 @@ if has_triton():
                 else:
                     s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
                     s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
-                m_i, l_i, acc = _softmax_update_log2(s, _int8_to_fp16(v8), v_scale, m_i, l_i, acc, PTX)
+                m_i, l_i, acc = _softmax_update_log2(s, _int8_values_to_fp16(v8, PTX), v_scale, m_i, l_i, acc, PTX)
             elif FAST_INT4:  # nibbles to fp16 under the exponent byte 0x64 (1024 + 8 + code), keys and values
                 pk = tl.load(ck_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
                 pv = tl.load(cv_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
@@ -232,6 +248,9 @@ if has_triton():
         if KIND == 1 and COLD_DOTS != 0:
             m_i = m_i * _LN2  # the cold loop's running maximum back to base e for the hot loop and the merge
         ones = tl.full([TILE], 1.0, tl.float32)
+        # q read again for the hot loop: its shared-memory copy for the dot would otherwise be
+        # live through the cold loop, and those 4 KB decide whether four programs fit an SM.
+        q, heads, is_head, d = _group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
         for start in range(tl.maximum(lo, cold_end), hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < hi
