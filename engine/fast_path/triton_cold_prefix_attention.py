@@ -11,12 +11,13 @@ As in triton_cold_attention.py the integer codes go into the dot products as the
 (exact in bf16/fp16) and each token's scale multiplies its scores (keys) or its
 probabilities (values); int4 with several scale groups per head is scaled per element.
 
-The int8 loop is shaped by what the H200 showed (BENCHMARKS.md, issue 9, session 6): each
-tile's table entries are read two tiles ahead, so no iteration waits on a table read and
-then on the copies it addresses; with memory hidden the loop is bound by issuing
-instructions, hence scores in base 2 with a bare ex2, the accumulator rescaled only when a
-row's maximum moved, and unmasked K/V loads. The last split of each (sequence, KV head)
-to finish merges the splits, as in the hot kernel.
+The int8 loop is shaped by what the H200 showed (BENCHMARKS.md, issue 9, sessions 6-7):
+each tile's table entries and scales are read two tiles ahead, so no iteration waits on a
+table read and then on the copies it addresses; scores in base 2 with a bare ex2 and
+unmasked K/V loads cut instructions; the value codes are converted to fp16 where they are
+loaded (not as single-byte shared loads in the dot's layout), and the probabilities' row
+sums wait until after the loop, which leaves the loop bound by shared-memory latency. The
+last split of each (sequence, KV head) to finish merges the splits, as in the hot kernel.
 """
 from __future__ import annotations
 
@@ -81,6 +82,13 @@ if has_triton():
         return page, slot
 
     @triton.jit
+    def _cold_scales(cks_ptr, cvs_ptr, page, slot, t, kvh, stride_sp, stride_ss, stride_st, stride_sh,
+                     BLOCK_SIZE: tl.constexpr):
+        """Key and value scales of tokens `t`, whose blocks are at (page, slot)."""
+        scale_base = page * stride_sp + slot * stride_ss + (t % BLOCK_SIZE) * stride_st + kvh * stride_sh
+        return tl.load(cks_ptr + scale_base), tl.load(cvs_ptr + scale_base)
+
+    @triton.jit
     def _int8_to_fp16(x):
         """Exact fp16 of int8 codes without conversion instructions: code + 128 as the low
         byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
@@ -117,19 +125,18 @@ if has_triton():
         return tl.exp2(x)
 
     @triton.jit
-    def _softmax_update_log2(s, v, v_scale, m_i, l_i, acc, PTX: tl.constexpr):
+    def _softmax_update_log2(s, v, v_scale, m_i, l_tile, acc, PTX: tl.constexpr):
         """_softmax_update_scores for scores already multiplied by log2(e) and masked (-inf
-        past the keys): the running maximum is in base 2 too. The accumulator is multiplied
-        by the correction only in tiles where some row's maximum moved, which at long
-        context is a few tiles out of hundreds (the correction is exactly 1 in the others)."""
+        past the keys): the running maximum is in base 2 too. The probabilities' row sums
+        are kept per element in `l_tile` ([rows, tile]) and summed once after the loop:
+        a row sum per tile crosses the two warps, which hold different keys, through
+        shared memory and barriers, on the path to the next tile."""
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = _exp2(s - m_new[:, None], PTX)
-        alpha = _exp2(m_i - m_new, PTX)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if tl.min(alpha, 0) < 1.0:
-            acc = acc * alpha[:, None]
-        acc = tl.dot((p * v_scale[None, :]).to(v.dtype), v, acc)
-        return m_new, l_i, acc
+        alpha = _exp2(m_i - m_new, PTX)[:, None]
+        l_tile = l_tile * alpha + p
+        acc = tl.dot((p * v_scale[None, :]).to(v.dtype), v, acc * alpha)
+        return m_new, l_tile, acc
 
     @triton.jit
     def _quantize_rows_int8(q):
@@ -177,18 +184,31 @@ if has_triton():
         if KIND == 1 and COLD_DOTS == 2:
             q8, q_scale = _quantize_rows_int8(q)
             q_scale2 = q_scale * (scale * _LOG2E)
+        FAST_INT8: tl.constexpr = KIND == 1 and COLD_DOTS != 0
+        if FAST_INT8:
+            l_tile = tl.zeros([GROUP_PAD, TILE], tl.float32)
         # TABLES_AHEAD (0, 2 or 3): each tile's (page, slot) entries are loaded that many tiles
         # before it. Triton's pipeliner issues a tile's K/V copies num_stages - 1 iterations
         # early; with the entries loaded in that same iteration, every copy waits on a
-        # dependent global read (table, then data).
+        # dependent global read (table, then data). The int8 loop reads its scales ahead
+        # with the entries too: pipelined, a tile's 64 scale copies (one per token, from
+        # one address per block) took 15 times the shared-memory wavefronts of distinct
+        # addresses (ncu), about 9 us of 155 at 32k x 8.
+        SCALES_AHEAD: tl.constexpr = TABLES_AHEAD != 0 and FAST_INT8
         if TABLES_AHEAD:
-            page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, lo + tl.arange(0, TILE), cold_hi, stride_tb,
-                                           BLOCK_SIZE)
-            page_n, slot_n = _cold_entries(tables_ptr, slots_ptr, b, lo + TILE + tl.arange(0, TILE), cold_hi,
-                                           stride_tb, BLOCK_SIZE)
+            t_c = lo + tl.arange(0, TILE)
+            page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, t_c, cold_hi, stride_tb, BLOCK_SIZE)
+            page_n, slot_n = _cold_entries(tables_ptr, slots_ptr, b, t_c + TILE, cold_hi, stride_tb, BLOCK_SIZE)
+            if SCALES_AHEAD:
+                k_scale_c, v_scale_c = _cold_scales(cks_ptr, cvs_ptr, page_c, slot_c, t_c, kvh,
+                                                    stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
+                k_scale_n, v_scale_n = _cold_scales(cks_ptr, cvs_ptr, page_n, slot_n, t_c + TILE, kvh,
+                                                    stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
         if TABLES_AHEAD == 3:
-            page_nn, slot_nn = _cold_entries(tables_ptr, slots_ptr, b, lo + 2 * TILE + tl.arange(0, TILE), cold_hi,
-                                             stride_tb, BLOCK_SIZE)
+            page_nn, slot_nn = _cold_entries(tables_ptr, slots_ptr, b, t_c + 2 * TILE, cold_hi, stride_tb, BLOCK_SIZE)
+            if SCALES_AHEAD:
+                k_scale_nn, v_scale_nn = _cold_scales(cks_ptr, cvs_ptr, page_nn, slot_nn, t_c + 2 * TILE, kvh,
+                                                      stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
         for start in range(lo, cold_hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < cold_hi
@@ -198,18 +218,30 @@ if has_triton():
                 page_a, slot_a = _cold_entries(tables_ptr, slots_ptr, b, t + TABLES_AHEAD * TILE, cold_hi, stride_tb,
                                                BLOCK_SIZE)
                 # Computed, not passed on: Triton's pipeliner leaves a loop alone when a loop-carried
-                # value is passed on unchanged (a dependence two iterations deep).
+                # value is passed on unchanged (a dependence two iterations deep). Scales are >= 0.
                 page_c, slot_c = tl.maximum(page_n, 0), tl.maximum(slot_n, 0)
+                if SCALES_AHEAD:
+                    k_scale, v_scale_raw = k_scale_c, v_scale_c
+                    k_scale_a, v_scale_a = _cold_scales(cks_ptr, cvs_ptr, page_a, slot_a, t + TABLES_AHEAD * TILE, kvh,
+                                                        stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
+                    k_scale_c = tl.maximum(k_scale_n, 0.0, propagate_nan=tl.PropagateNan.ALL)
+                    v_scale_c = tl.maximum(v_scale_n, 0.0, propagate_nan=tl.PropagateNan.ALL)
                 if TABLES_AHEAD == 3:
                     page_n, slot_n = tl.maximum(page_nn, 0), tl.maximum(slot_nn, 0)
                     page_nn, slot_nn = page_a, slot_a
+                    if SCALES_AHEAD:
+                        k_scale_n = tl.maximum(k_scale_nn, 0.0, propagate_nan=tl.PropagateNan.ALL)
+                        v_scale_n = tl.maximum(v_scale_nn, 0.0, propagate_nan=tl.PropagateNan.ALL)
+                        k_scale_nn, v_scale_nn = k_scale_a, v_scale_a
                 else:
                     page_n, slot_n = page_a, slot_a
+                    if SCALES_AHEAD:
+                        k_scale_n, v_scale_n = k_scale_a, v_scale_a
             else:
                 page, slot = _cold_entries(tables_ptr, slots_ptr, b, t, cold_hi, stride_tb, BLOCK_SIZE)
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
-            if KIND == 1 and COLD_DOTS != 0:
+            if FAST_INT8:
                 # Unmasked: tokens past the run read page 0's slot 0 (their table entries load
                 # as zeros), real and finite codes whose scores are masked below and whose zero
                 # probabilities cancel them (the masks cost ~150 instructions a tile, offline
@@ -217,8 +249,11 @@ if has_triton():
                 # would not cancel: it is selected after the load.
                 k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
                 v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
-                k_scale = tl.load(cks_ptr + scale_base).to(tl.float32)
-                v_scale = tl.where(in_range, tl.load(cvs_ptr + scale_base).to(tl.float32), 1.0)
+                if not SCALES_AHEAD:
+                    k_scale, v_scale_raw = _cold_scales(cks_ptr, cvs_ptr, page, slot, t, kvh,
+                                                        stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
+                k_scale = k_scale.to(tl.float32)
+                v_scale = tl.where(in_range, v_scale_raw.to(tl.float32), 1.0)
                 # Scores in base 2 (exponentials by a bare ex2, _exp2), masked by adding -inf
                 # past the keys in the same fused multiply-add that scales them.
                 bias = tl.where(in_range, 0.0, float("-inf"))
@@ -228,7 +263,8 @@ if has_triton():
                 else:
                     s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
                     s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
-                m_i, l_i, acc = _softmax_update_log2(s, _int8_values_to_fp16(v8, PTX), v_scale, m_i, l_i, acc, PTX)
+                m_i, l_tile, acc = _softmax_update_log2(s, _int8_values_to_fp16(v8, PTX), v_scale, m_i, l_tile, acc,
+                                                        PTX)
             elif FAST_INT4:  # nibbles to fp16 under the exponent byte 0x64 (1024 + 8 + code), keys and values
                 pk = tl.load(ck_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
                 pv = tl.load(cv_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
@@ -245,7 +281,8 @@ if has_triton():
                                         dtype)
                 m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
 
-        if KIND == 1 and COLD_DOTS != 0:
+        if FAST_INT8:
+            l_i = tl.sum(l_tile, 1)
             m_i = m_i * _LN2  # the cold loop's running maximum back to base e for the hot loop and the merge
         ones = tl.full([TILE], 1.0, tl.float32)
         # q read again for the hot loop: its shared-memory copy for the dot would otherwise be
