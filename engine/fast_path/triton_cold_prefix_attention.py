@@ -40,17 +40,18 @@ INT8, INT4 = 1, 2  # kind codes, as in engine.kv_cache.KIND_CODE
 DOTS_IN_DTYPE, DOTS_FP16, DOTS_INT8_KEYS = 0, 1, 2
 DEFAULT_COLD_DOTS = DOTS_INT8_KEYS  # for bf16/fp16 queries; float32 always uses DOTS_IN_DTYPE
 # Launch defaults per kind, (warps, stages, tables ahead): the best of the sweeps on the H200 at
-# 32k x 8 (BENCHMARKS.md, session 6). int8 with three stages and its table entries read two
-# tiles ahead; int4 was slower with either, its loop being bound by the nibble unpacking.
+# 32k x 8 (BENCHMARKS.md, sessions 6-7): three stages, table entries and scales read two tiles
+# ahead, for both kinds since int4 runs the same fast loop (session 7; before it, int4 was
+# bound by nibble unpacking and slower with either).
 NUM_WARPS = 2
-LAUNCH_DEFAULTS = {INT8: (NUM_WARPS, 3, 2), INT4: (NUM_WARPS, 2, 0)}
+LAUNCH_DEFAULTS = {INT8: (NUM_WARPS, 3, 2), INT4: (NUM_WARPS, 3, 2)}
 MIN_TILE = 32
 
 if has_triton():
     import triton
     import triton.language as tl
 
-    from .triton_attention import (_group_queries, _merge_group, _softmax_update, _softmax_update_scores,
+    from .triton_attention import (_group_queries, _merge_group, _softmax_update,
                                    _split_bounds, _splits_with_keys,
                                    _store_split)
 
@@ -84,9 +85,9 @@ if has_triton():
     @triton.jit
     def _cold_scales(cks_ptr, cvs_ptr, page, slot, t, kvh, stride_sp, stride_ss, stride_st, stride_sh,
                      BLOCK_SIZE: tl.constexpr):
-        """Key and value scales of tokens `t`, whose blocks are at (page, slot)."""
+        """Key and value scales (float32) of tokens `t`, whose blocks are at (page, slot)."""
         scale_base = page * stride_sp + slot * stride_ss + (t % BLOCK_SIZE) * stride_st + kvh * stride_sh
-        return tl.load(cks_ptr + scale_base), tl.load(cvs_ptr + scale_base)
+        return tl.load(cks_ptr + scale_base).to(tl.float32), tl.load(cvs_ptr + scale_base).to(tl.float32)
 
     @triton.jit
     def _int8_to_fp16(x):
@@ -109,6 +110,28 @@ if has_triton():
                 " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }",
                 "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
         return _int8_to_fp16(x)
+
+    @triton.jit
+    def _int4_to_fp16(x):
+        """Exact fp16 of packed int4 codes (two a byte, even dims in the low nibble, stored
+        as code + 8): the nibble under fp16's exponent byte 0x64 is 1024 + 8 + code."""
+        x = x.to(tl.int32)
+        return (tl.interleave(x & 0xF, x >> 4) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+
+    @triton.jit
+    def _int4_values_to_fp16(x, PTX: tl.constexpr):
+        """_int4_to_fp16 for the P.V operand, converted where loaded (as _int8_values_to_fp16):
+        each byte's low nibbles and high nibbles as two fp16 tensors, interleaved."""
+        if PTX:
+            low, high = tl.inline_asm_elementwise(
+                "{ .reg .b32 l, h, c; and.b32 l, $4, 0x0F0F0F0F; shr.b32 h, $4, 4; and.b32 h, h, 0x0F0F0F0F;"
+                " mov.b32 c, 0x64086408;"
+                " prmt.b32 $0, l, 0x64646464, 0x5140; prmt.b32 $1, l, 0x64646464, 0x7362;"
+                " prmt.b32 $2, h, 0x64646464, 0x5140; prmt.b32 $3, h, 0x64646464, 0x7362;"
+                " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; sub.f16x2 $2, $2, c; sub.f16x2 $3, $3, c; }",
+                "=r,=r,=r,=r,r", [x], dtype=(tl.float16, tl.float16), is_pure=False, pack=4)
+            return tl.interleave(low, high)
+        return _int4_to_fp16(x)
 
     _LOG2E = tl.constexpr(1.4426950408889634)
     _LN2 = tl.constexpr(0.6931471805599453)
@@ -178,14 +201,14 @@ if has_triton():
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         cold_hi = tl.minimum(hi, cold_end)
-        FAST_INT4: tl.constexpr = KIND == 2 and COLD_DOTS != 0 and GROUP4 == HEAD_DIM
-        if (KIND == 1 and COLD_DOTS != 0) or FAST_INT4:
+        # The fast loop: int8 under cold_dots 1 and 2, int4 with one scale per head under both.
+        FAST: tl.constexpr = COLD_DOTS != 0 and (KIND == 1 or GROUP4 == HEAD_DIM)
+        if FAST:
             q16 = q.to(tl.float16)
         if KIND == 1 and COLD_DOTS == 2:
             q8, q_scale = _quantize_rows_int8(q)
             q_scale2 = q_scale * (scale * _LOG2E)
-        FAST_INT8: tl.constexpr = KIND == 1 and COLD_DOTS != 0
-        if FAST_INT8:
+        if FAST:
             l_tile = tl.zeros([GROUP_PAD, TILE], tl.float32)
         # TABLES_AHEAD (0, 2 or 3): each tile's (page, slot) entries are loaded that many tiles
         # before it. Triton's pipeliner issues a tile's K/V copies num_stages - 1 iterations
@@ -194,7 +217,7 @@ if has_triton():
         # with the entries too: pipelined, a tile's 64 scale copies (one per token, from
         # one address per block) took 15 times the shared-memory wavefronts of distinct
         # addresses (ncu), about 9 us of 155 at 32k x 8.
-        SCALES_AHEAD: tl.constexpr = TABLES_AHEAD != 0 and FAST_INT8
+        SCALES_AHEAD: tl.constexpr = TABLES_AHEAD != 0 and FAST
         if TABLES_AHEAD:
             t_c = lo + tl.arange(0, TILE)
             page_c, slot_c = _cold_entries(tables_ptr, slots_ptr, b, t_c, cold_hi, stride_tb, BLOCK_SIZE)
@@ -241,39 +264,38 @@ if has_triton():
                 page, slot = _cold_entries(tables_ptr, slots_ptr, b, t, cold_hi, stride_tb, BLOCK_SIZE)
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
-            if FAST_INT8:
+            if FAST:
                 # Unmasked: tokens past the run read page 0's slot 0 (their table entries load
                 # as zeros), real and finite codes whose scores are masked below and whose zero
                 # probabilities cancel them (the masks cost ~150 instructions a tile, offline
                 # SASS). Only a value scale there could be inf or nan, which a zero probability
                 # would not cancel: it is selected after the load.
-                k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
-                v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
+                if KIND == 1:
+                    k8 = tl.load(ck_ptr + base[:, None] + d[None, :])
+                    v8 = tl.load(cv_ptr + base[:, None] + d[None, :])
+                else:  # two codes a byte
+                    k4 = tl.load(ck_ptr + base[:, None] + d2[None, :])
+                    v4 = tl.load(cv_ptr + base[:, None] + d2[None, :])
                 if not SCALES_AHEAD:
                     k_scale, v_scale_raw = _cold_scales(cks_ptr, cvs_ptr, page, slot, t, kvh,
                                                         stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
-                k_scale = k_scale.to(tl.float32)
-                v_scale = tl.where(in_range, v_scale_raw.to(tl.float32), 1.0)
+                v_scale = tl.where(in_range, v_scale_raw, 1.0)
                 # Scores in base 2 (exponentials by a bare ex2, _exp2), masked by adding -inf
                 # past the keys in the same fused multiply-add that scales them.
                 bias = tl.where(in_range, 0.0, float("-inf"))
-                if COLD_DOTS == 1:
-                    s = tl.dot(q16, tl.trans(_int8_to_fp16(k8)))
+                if KIND == 2:
+                    s = tl.dot(q16, tl.trans(_int4_to_fp16(k4)))
                     s = tl.fma(s, (k_scale * (scale * _LOG2E))[None, :], bias[None, :])
+                    v16 = _int4_values_to_fp16(v4, PTX)
                 else:
-                    s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
-                    s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
-                m_i, l_tile, acc = _softmax_update_log2(s, _int8_values_to_fp16(v8, PTX), v_scale, m_i, l_tile, acc,
-                                                        PTX)
-            elif FAST_INT4:  # nibbles to fp16 under the exponent byte 0x64 (1024 + 8 + code), keys and values
-                pk = tl.load(ck_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
-                pv = tl.load(cv_ptr + base[:, None] + d2[None, :], mask=in_range[:, None], other=0x88).to(tl.int32)
-                k_scale = tl.load(cks_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                v_scale = tl.load(cvs_ptr + scale_base, mask=in_range, other=1.0).to(tl.float32)
-                k16 = (tl.interleave(pk & 0xF, pk >> 4) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-                s = tl.dot(q16, tl.trans(k16)) * (k_scale[None, :] * scale)
-                v16 = (tl.interleave(pv & 0xF, pv >> 4) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
-                m_i, l_i, acc = _softmax_update_scores(s, v16, v_scale, in_range, m_i, l_i, acc)
+                    if COLD_DOTS == 1:
+                        s = tl.dot(q16, tl.trans(_int8_to_fp16(k8)))
+                        s = tl.fma(s, (k_scale * (scale * _LOG2E))[None, :], bias[None, :])
+                    else:
+                        s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32)
+                        s = tl.fma(s * q_scale2[:, None], k_scale[None, :], bias[None, :])
+                    v16 = _int8_values_to_fp16(v8, PTX)
+                m_i, l_tile, acc = _softmax_update_log2(s, v16, v_scale, m_i, l_tile, acc, PTX)
             else:
                 k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4,
                                         dtype)
@@ -281,7 +303,7 @@ if has_triton():
                                         dtype)
                 m_i, l_i, acc = _softmax_update(q, k, v, k_scale, v_scale, in_range, m_i, l_i, acc, scale)
 
-        if FAST_INT8:
+        if FAST:
             l_i = tl.sum(l_tile, 1)
             m_i = m_i * _LN2  # the cold loop's running maximum back to base e for the hot loop and the merge
         ones = tl.full([TILE], 1.0, tl.float32)
