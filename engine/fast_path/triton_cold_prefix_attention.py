@@ -11,8 +11,8 @@ As in triton_cold_attention.py the integer codes go into the dot products as the
 (exact in bf16/fp16) and each token's scale multiplies its scores (keys) or its
 probabilities (values); int4 with several scale groups per head is scaled per element.
 
-The int8 loop is shaped by what the H200 showed (BENCHMARKS.md, issue 9, sessions 6-7):
-each tile's table entries and scales are read two tiles ahead, so no iteration waits on a
+The fast loop (int8, and int4 with one scale per head) is shaped by what the H200 showed
+(BENCHMARKS.md, issue 9, sessions 6-7): each tile's table entries and scales are read two tiles ahead, so no iteration waits on a
 table read and then on the copies it addresses; scores in base 2 with a bare ex2 and
 unmasked K/V loads cut instructions; the value codes are converted to fp16 where they are
 loaded (not as single-byte shared loads in the dot's layout), and the probabilities' row
@@ -213,9 +213,9 @@ if has_triton():
         # TABLES_AHEAD (0, 2 or 3): each tile's (page, slot) entries are loaded that many tiles
         # before it. Triton's pipeliner issues a tile's K/V copies num_stages - 1 iterations
         # early; with the entries loaded in that same iteration, every copy waits on a
-        # dependent global read (table, then data). The int8 loop reads its scales ahead
-        # with the entries too: pipelined, a tile's 64 scale copies (one per token, from
-        # one address per block) took 15 times the shared-memory wavefronts of distinct
+        # dependent global read (table, then data). The fast loop reads its scales ahead
+        # with the entries too: pipelined, an int8 tile's 64 scale copies (one per token,
+        # from one address per block) took 15 times the shared-memory wavefronts of distinct
         # addresses (ncu), about 9 us of 155 at 32k x 8.
         SCALES_AHEAD: tl.constexpr = TABLES_AHEAD != 0 and FAST
         if TABLES_AHEAD:
@@ -263,7 +263,6 @@ if has_triton():
             else:
                 page, slot = _cold_entries(tables_ptr, slots_ptr, b, t, cold_hi, stride_tb, BLOCK_SIZE)
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
-            scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
             if FAST:
                 # Unmasked: tokens past the run read page 0's slot 0 (their table entries load
                 # as zeros), real and finite codes whose scores are masked below and whose zero
@@ -297,6 +296,7 @@ if has_triton():
                     v16 = _int8_values_to_fp16(v8, PTX)
                 m_i, l_tile, acc = _softmax_update_log2(s, v16, v_scale, m_i, l_tile, acc, PTX)
             else:
+                scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
                 k, k_scale = _load_cold(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4,
                                         dtype)
                 v, v_scale = _load_cold(cv_ptr, cvs_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4,
