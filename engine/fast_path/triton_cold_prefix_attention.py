@@ -90,6 +90,13 @@ if has_triton():
         return tl.load(cks_ptr + scale_base).to(tl.float32), tl.load(cvs_ptr + scale_base).to(tl.float32)
 
     @triton.jit
+    def _recomputed(x):
+        """x (table entries or scales, all >= 0; NaN kept) computed again rather than passed
+        on: Triton's pipeliner leaves a loop alone when a loop-carried value is passed on
+        unchanged (a dependence two iterations deep)."""
+        return tl.maximum(x, 0, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
     def _int8_to_fp16(x):
         """Exact fp16 of int8 codes without conversion instructions: code + 128 as the low
         byte under fp16's exponent byte 0x64 is the fp16 1024 + 128 + code."""
@@ -240,21 +247,17 @@ if has_triton():
                 page, slot = page_c, slot_c
                 page_a, slot_a = _cold_entries(tables_ptr, slots_ptr, b, t + TABLES_AHEAD * TILE, cold_hi, stride_tb,
                                                BLOCK_SIZE)
-                # Computed, not passed on: Triton's pipeliner leaves a loop alone when a loop-carried
-                # value is passed on unchanged (a dependence two iterations deep). Scales are >= 0.
-                page_c, slot_c = tl.maximum(page_n, 0), tl.maximum(slot_n, 0)
+                page_c, slot_c = _recomputed(page_n), _recomputed(slot_n)
                 if SCALES_AHEAD:
                     k_scale, v_scale_raw = k_scale_c, v_scale_c
                     k_scale_a, v_scale_a = _cold_scales(cks_ptr, cvs_ptr, page_a, slot_a, t + TABLES_AHEAD * TILE, kvh,
                                                         stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
-                    k_scale_c = tl.maximum(k_scale_n, 0.0, propagate_nan=tl.PropagateNan.ALL)
-                    v_scale_c = tl.maximum(v_scale_n, 0.0, propagate_nan=tl.PropagateNan.ALL)
+                    k_scale_c, v_scale_c = _recomputed(k_scale_n), _recomputed(v_scale_n)
                 if TABLES_AHEAD == 3:
-                    page_n, slot_n = tl.maximum(page_nn, 0), tl.maximum(slot_nn, 0)
+                    page_n, slot_n = _recomputed(page_nn), _recomputed(slot_nn)
                     page_nn, slot_nn = page_a, slot_a
                     if SCALES_AHEAD:
-                        k_scale_n = tl.maximum(k_scale_nn, 0.0, propagate_nan=tl.PropagateNan.ALL)
-                        v_scale_n = tl.maximum(v_scale_nn, 0.0, propagate_nan=tl.PropagateNan.ALL)
+                        k_scale_n, v_scale_n = _recomputed(k_scale_nn), _recomputed(v_scale_nn)
                         k_scale_nn, v_scale_nn = k_scale_a, v_scale_a
                 else:
                     page_n, slot_n = page_a, slot_a
