@@ -1,8 +1,10 @@
 """`inferd bench serve` against a running server: a JSON report with a level per
-offered load and a PNG plot."""
+offered load and a PNG plot. `inferd bench burst`: the offline engine and the server on
+the same burst, every request's token count checked, errors counted."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from server_fixtures import one_torch_thread, running_server  # noqa: F401
@@ -32,3 +34,81 @@ def test_bench_serve_writes_report_and_plot(tiny_model, tmp_path):
 
 def test_bench_rejects_bad_rates(tmp_path):
     assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--rates", "4,2", "--out", str(tmp_path / "x")]) == 2
+
+
+# --- `inferd bench burst`: the server against the offline engine ---------------------------
+def _phases(report: dict) -> dict[str, dict]:
+    return {ph["phase"]: ph for ph in report["phases"]}
+
+
+def test_bench_burst_offline_and_server_every_request_exact(tmp_path):
+    out = tmp_path / "burst.json"
+    rc = main(["bench", "burst", "--preset", "tiny", "--num-requests", "8", "--prompt-len", "16", "--output-len", "8",
+               "--warmup-requests", "2", "--max-num-seqs", "8", "--block-size", "8", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["machine"]["cpus"] >= 1 and "gpu" in report["machine"]
+    assert report["versions"]["python"] and report["versions"]["torch"]
+    assert report["options"]["burst"]["num_requests"] == 8
+    assert report["options"]["engine"] == {"max_num_seqs": 8, "block_size": 8}
+    phases = _phases(report)
+    assert list(phases) == ["offline", "server non-stream", "server stream"]
+    for ph in phases.values():
+        assert ph["num_requests"] == ph["num_ok"] == 8
+        assert ph["num_errors"] == 0 and ph["num_wrong_token_count"] == 0 and ph["errors"] == []
+        assert ph["tokens"] == [8] * 8 and ph["output_tokens"] == 64
+        assert 0 < ph["ratio_to_offline"] < math.inf and ph["output_tok_s"] > 0
+    assert 0 < phases["offline"]["ttft_p50"] <= phases["offline"]["ttft_p99"] <= phases["offline"]["prefill_s"]
+    stream, plain = phases["server stream"], phases["server non-stream"]
+    assert 0 < stream["ttft_p50"] <= stream["ttft_p99"] <= stream["prefill_s"]
+    assert stream["mean_chunks"] >= 1
+    assert plain["ttft_p50"] is None and 0 < plain["e2e_p50"] <= plain["e2e_p99"]
+    for ph in (stream, plain):
+        assert ph["client_cpu_s"] >= 0
+
+
+def test_bench_burst_counts_errors_against_a_running_server(tiny_model, tmp_path):
+    out = tmp_path / "burst.json"
+    with running_server(tiny_model) as server:
+        # 16 + 4000 tokens is past the tiny model's 2048: every request is refused.
+        rc = main(["bench", "burst", "--url", server.url, "--num-requests", "4", "--prompt-len", "16",
+                   "--output-len", "4000", "--stream", "yes", "--warmup-requests", "0", "--out", str(out)])
+    assert rc == 1
+    (stream,) = json.loads(out.read_text())["phases"]
+    assert stream["phase"] == "server stream" and stream["ratio_to_offline"] is None
+    assert stream["num_errors"] == 4 and stream["num_ok"] == 0
+    assert stream["errors"] and stream["errors"][0].startswith("HTTP 400")
+
+
+def test_burst_phases_share_prompts_but_not_their_first_block():
+    from engine.bench.burst import for_phase, make_prompts
+
+    base = make_prompts(512, 4, 16, seed=3)
+    assert base == make_prompts(512, 4, 16, seed=3)
+    phases = [for_phase(base, k, 512) for k in range(3)]
+    assert phases[0] == base
+    for a, b in zip(phases[1], phases[2]):
+        assert a[1:] == b[1:] and a[0] != b[0] and 5 <= min(a) and max(a) < 512
+
+
+def test_burst_engine_options_reach_inferd_serve_as_given():
+    import argparse
+
+    from engine.bench.burst import server_flags
+    from engine.server.cli import add_arguments
+
+    options = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_prefix_caching": False,
+               "dtype": "bfloat16", "gpu_memory_utilization": 0.85}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(server_flags(options))
+    assert {name: getattr(args, name) for name in options} == options
+
+
+def test_burst_config_rejects_bad_values():
+    from engine.bench.burst import BurstConfig
+
+    with pytest.raises(ValueError, match="output_len"):
+        BurstConfig(output_len=0)
+    with pytest.raises(ValueError, match="stream"):
+        BurstConfig(stream="sometimes")

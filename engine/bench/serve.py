@@ -210,6 +210,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _is_ready(httpx, url: str) -> bool:
+    """`GET /ready` (the core is alive and stepping) where the server has the route,
+    else `GET /health` (the process answers)."""
+    ready = httpx.get(f"{url}/ready", timeout=1)
+    if ready.status_code != 404:
+        return ready.status_code == 200
+    return httpx.get(f"{url}/health", timeout=1).status_code == 200
+
+
 def start_server(model: str | None, extra: list[str], startup_timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
     import httpx
 
@@ -224,13 +233,23 @@ def start_server(model: str | None, extra: list[str], startup_timeout: float = 1
         if proc.poll() is not None:
             raise RuntimeError(f"inferd serve exited with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if _is_ready(httpx, url):
                 return proc, url
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
+    stop_server(proc)
+    raise RuntimeError(f"inferd serve was not ready within {startup_timeout:g} s")
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM (the server drains), then SIGKILL if it has not exited within `timeout`."""
     proc.terminate()
-    raise RuntimeError("inferd serve did not become healthy")
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -286,8 +305,7 @@ def run(args: argparse.Namespace) -> int:
                   f"failed {level.num_failed}/{level.num_requests}", flush=True)
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+            stop_server(proc)
     knee = find_knee([lv.offered_rps for lv in levels], [lv.output_tokens_per_s for lv in levels])
     report = {
         "config": asdict(cfg), "url": url if args.url else "started", "model": served,
