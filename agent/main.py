@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for `inferd serve` (repeatable)")
     parser.add_argument("--engine-command", help="run this command as the engine instead of `inferd serve` (testing)")
+    parser.add_argument("--engine-ready-url", metavar="URL",
+                        help="readiness URL the supervisor probes (default: the engine's /ready; "
+                             "none with --engine-command unless given)")
     parser.add_argument("--no-engine", action="store_true", help="collect and export only; do not run the engine")
     parser.add_argument("--no-collector", action="append", default=[], metavar="NAME",
                         help="disable a collector: gpu, pcie, numa, ebpf (repeatable)")
@@ -169,15 +172,20 @@ def run(args: argparse.Namespace) -> int:
         if "server" in server_box:
             server_box["server"].should_exit = True
 
+    engine_url = f"http://{args.engine_host}:{args.engine_port}"
     if not args.no_engine:
-        config = SupervisorConfig(command=engine_command(args), cpus=cpus, mem_node=node)
+        # a custom --engine-command need not serve /ready; then the process running counts as ready
+        ready_url = args.engine_ready_url or (None if args.engine_command else f"{engine_url}/ready")
+        try:
+            config = SupervisorConfig(command=engine_command(args), cpus=cpus, mem_node=node, ready_url=ready_url)
+        except ValueError as exc:
+            return fail(str(exc))
         supervisor = Supervisor(config, on_give_up=on_give_up)
     try:
         collectors, closers = build_collectors(args, supervisor, node)
     except ValueError as exc:
         return fail(str(exc))
 
-    engine_url = f"http://{args.engine_host}:{args.engine_port}"
     engine_metrics = EngineMetricsReader(EngineMetricsConfig(url=f"{engine_url}/metrics")) if not args.no_engine else None
     otlp = None
     if args.otlp_endpoint:

@@ -13,15 +13,26 @@
   `healthy_after_s`. A child that dies during start-up (before `healthy_after_s`)
   `max_startup_failures` times in a row with the same last stderr line is not
   restarted again: the loop stops and `error` holds that line.
-- Stop: SIGTERM to the child's process group, SIGKILL after `stop_timeout_s`.
+- Readiness: with `ready_url` set, a probe thread GETs the engine's /ready every
+  `probe_interval_s`. An engine that answers `engine_stalled` or `engine_dead`, or that
+  stops answering after it was ready (refused, timed out: a SIGSTOPped process), for
+  longer than `stall_restart_after_s` is restarted by the supervisor itself. `loading`
+  and `draining` never are.
+- Stop: SIGTERM to the child's process group, which makes `inferd serve` drain
+  (in-flight requests finish, up to its --shutdown-timeout), and SIGKILL only after
+  `stop_timeout_s`. An engine that exits after a restart the supervisor asked for is
+  started again like any other exit; it is never a start-up failure.
 
-`EngineCollector` exports inferd_engine_up and inferd_engine_restarts_total.
+`EngineCollector` exports inferd_engine_up (ready), inferd_engine_ready_state,
+inferd_engine_restarts_total and inferd_engine_stall_restarts_total.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import ctypes
+import http.client
+import json
 import logging
 import os
 import platform
@@ -31,6 +42,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -43,6 +57,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MPOL_BIND = 2
 SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
 
+# what the engine's /ready answers (its 503 reason codes), plus the supervisor's own two
+ENGINE_READINESS = ("ready", "loading", "engine_stalled", "engine_dead", "draining")
+READINESS_STATES = ENGINE_READINESS + ("unreachable", "not_running")
+STALLED_STATES = frozenset({"engine_stalled", "engine_dead"})  # and "unreachable" once it was ready
+# the engine is on the agent's host: an HTTP(S)_PROXY in the environment must not route the probe
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 
 @dataclass(slots=True)
 class SupervisorConfig:
@@ -53,9 +74,13 @@ class SupervisorConfig:
     backoff_max_s: float = 30.0
     healthy_after_s: float = 10.0
     max_startup_failures: int = 3
-    stop_timeout_s: float = 10.0
+    stop_timeout_s: float = 35.0  # the engine's default --shutdown-timeout (30 s) to drain, plus 5 s
     env: dict[str, str] | None = None
     use_numactl: bool = True  # prefer numactl when it is installed
+    ready_url: str | None = None  # the engine's /ready; None: running counts as ready, no probe
+    probe_interval_s: float = 2.0
+    probe_timeout_s: float = 2.0
+    stall_restart_after_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -72,6 +97,13 @@ class SupervisorConfig:
             raise ValueError("healthy_after_s must be >= 0 and stop_timeout_s > 0")
         if self.max_startup_failures < 1:
             raise ValueError(f"max_startup_failures must be >= 1, got {self.max_startup_failures}")
+        if self.ready_url is not None:
+            url = urllib.parse.urlsplit(self.ready_url)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise ValueError(f"SupervisorConfig.ready_url must be an http(s) URL, got {self.ready_url!r}")
+        for name in ("probe_interval_s", "probe_timeout_s", "stall_restart_after_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SupervisorConfig.{name} must be > 0, got {getattr(self, name)}")
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
@@ -109,18 +141,39 @@ def bound_command(config: SupervisorConfig) -> tuple[list[str], str]:
     return prefix + list(config.command), description
 
 
+def probe_readiness(url: str, timeout: float) -> str:
+    """One GET of the engine's /ready: "ready", the reason code of its 503, or "unreachable"
+    (refused, timed out, or an answer that is not the readiness contract)."""
+    try:
+        with _NO_PROXY_OPENER.open(url, timeout=timeout) as response:
+            return "ready" if response.status == 200 else "unreachable"
+    except urllib.error.HTTPError as exc:
+        try:
+            code = json.loads(exc.read())["error"]["code"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return "unreachable"
+        return code if code in ENGINE_READINESS else "unreachable"
+    except (OSError, http.client.HTTPException):
+        return "unreachable"
+
+
 class Supervisor:
     def __init__(self, config: SupervisorConfig, on_give_up: Callable[[str], None] | None = None):
         self.config = config
         self.on_give_up = on_give_up
         self.command, self.binding = bound_command(config)
         self.restarts = 0
+        self.stall_restarts = 0  # the restarts the readiness probe asked for
         self.error: str | None = None
         self._process: subprocess.Popen | None = None
+        self._restarting: subprocess.Popen | None = None  # the process a restart() is stopping
+        self._signalled: subprocess.Popen | None = None  # the process SIGTERM went to
+        self._last_probe: tuple[subprocess.Popen | None, str] = (None, "unreachable")
         self._spawned_at = 0.0
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine-supervisor", daemon=True)
+        self._prober = threading.Thread(target=self._probe_loop, name="engine-probe", daemon=True)
         self._lock = threading.Lock()
         self._pump: threading.Thread | None = None
 
@@ -136,23 +189,47 @@ class Supervisor:
         return self.pid is not None
 
     @property
+    def readiness(self) -> str:
+        """One of READINESS_STATES: the last probe's answer for the running engine."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return "not_running"
+        if self.config.ready_url is None:
+            return "ready"
+        probed, state = self._last_probe
+        return state if probed is process else "unreachable"
+
+    @property
+    def is_ready(self) -> bool:
+        return self.readiness == "ready"
+
+    @property
     def has_given_up(self) -> bool:
         return self.error is not None
 
     def start(self) -> None:
         log.info("starting engine: %s (%s)", " ".join(self.config.command), self.binding)
         self._thread.start()
+        if self.config.ready_url is not None:
+            self._prober.start()
 
     def restart(self, reason: str) -> bool:
         """Stop a running engine that no longer answers (the loop then starts a fresh one).
-        Refused while the engine is still within its start-up window, since a loading
-        engine does not answer either. Returns whether a restart was begun."""
-        process = self._process
-        if process is None or process.poll() is not None:
-            return False
-        if time.monotonic() - self._spawned_at < self.config.healthy_after_s:
-            log.info("not restarting engine pid %d (%s): still starting", process.pid, reason)
-            return False
+        Refused while the engine is still within its start-up window or says it is loading,
+        since a loading engine does not answer either; refused while it drains (it is on its
+        way out) or while a restart is already under way. Returns whether a restart was begun."""
+        with self._lock:
+            process = self._process
+            if process is None or process.poll() is not None or process is self._restarting:
+                return False
+            readiness = self.readiness
+            if time.monotonic() - self._spawned_at < self.config.healthy_after_s or readiness == "loading":
+                log.info("not restarting engine pid %d (%s): still starting", process.pid, reason)
+                return False
+            if readiness == "draining":
+                log.info("not restarting engine pid %d (%s): it is draining", process.pid, reason)
+                return False
+            self._restarting = process
         log.warning("restarting engine pid %d: %s", process.pid, reason)
         threading.Thread(target=self._terminate, name="engine-restart", daemon=True).start()
         return True
@@ -167,6 +244,8 @@ class Supervisor:
         self._terminate()
         if self._thread.is_alive():
             self._thread.join(timeout=self.config.stop_timeout_s + 5)
+        if self._prober.is_alive():
+            self._prober.join(timeout=self.config.probe_timeout_s + 1)
 
     # -- the loop --
 
@@ -187,6 +266,8 @@ class Supervisor:
                 return
             tail = self._last_stderr_line()
             log.warning("engine (pid %d) exited with %s after %.1f s: %s", process.pid, returncode, ran_for, tail or "no output")
+            # restart() refuses inside the start-up window, so an engine that exits (0, drained)
+            # on a restart the supervisor asked for has always run past it: never a start-up failure
             if ran_for < self.config.healthy_after_s:
                 error = tail or f"exit status {returncode}"
                 same_error_count = same_error_count + 1 if error == last_error else 1
@@ -204,6 +285,33 @@ class Supervisor:
             with self._lock:
                 self.restarts += 1
             log.info("restarting engine (restart %d)", self.restarts)
+
+    def _probe_loop(self) -> None:
+        """Probe readiness every probe_interval_s; restart an engine that has been stalled,
+        dead, or silent after being ready, for longer than stall_restart_after_s."""
+        config = self.config
+        probed: subprocess.Popen | None = None
+        was_ready, bad_since = False, None
+        while not self._stopping.is_set():
+            checked_at = time.monotonic()
+            process = self._process
+            running = process is not None and process.poll() is None
+            state = probe_readiness(config.ready_url, config.probe_timeout_s) if running else "not_running"
+            if process is not probed:  # a new engine process: the old one's history does not apply
+                probed, was_ready, bad_since = process, False, None
+            self._last_probe = (process, state)
+            was_ready = was_ready or state == "ready"
+            # before it was ever ready, silence is a server still starting up, not a hang
+            if state in STALLED_STATES or (state == "unreachable" and was_ready):
+                bad_since = checked_at if bad_since is None else bad_since
+                bad_for = checked_at - bad_since
+                if bad_for >= config.stall_restart_after_s and not self._stopping.is_set():
+                    if self.restart(f"readiness probe: {state} for {bad_for:.1f} s"):
+                        with self._lock:
+                            self.stall_restarts += 1
+            else:
+                bad_since = None
+            self._stopping.wait(max(0.0, checked_at + config.probe_interval_s - time.monotonic()))
 
     def _spawn(self) -> subprocess.Popen:
         env = dict(os.environ if self.config.env is None else self.config.env)
@@ -243,11 +351,15 @@ class Supervisor:
         process = self._process
         if process is None or process.poll() is not None:
             return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            os.killpg(process.pid, signal.SIGCONT)  # a stopped (hung) engine must run to see SIGTERM
-        except ProcessLookupError:
-            return
+        # once per process: a second SIGTERM makes inferd serve stop without finishing its drain
+        with self._lock:
+            signalled, self._signalled = self._signalled is process, process
+        if not signalled:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGCONT)  # a stopped (hung) engine must run to see SIGTERM
+            except ProcessLookupError:
+                return
         try:
             process.wait(self.config.stop_timeout_s)
         except subprocess.TimeoutExpired:
@@ -260,7 +372,7 @@ class Supervisor:
 
 
 class EngineCollector:
-    """inferd_engine_up (the engine process is running) and its restart count."""
+    """inferd_engine_up (the engine is ready), its readiness state and restart counts."""
 
     name = "engine"
 
@@ -268,13 +380,33 @@ class EngineCollector:
         self.supervisor = supervisor
 
     def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily("inferd_engine_up", "1 while the supervised engine process is running, else 0")
-        restarts = CounterMetricFamily("inferd_engine_restarts", "Times the agent restarted the engine after it died")
+        up = GaugeMetricFamily(
+            "inferd_engine_up",
+            "1 while the supervised engine is ready: its process runs and its last readiness probe "
+            "answered ready (without a probe: while its process runs), else 0",
+        )
+        restarts = CounterMetricFamily("inferd_engine_restarts", "Times the agent started the engine again after it exited")
+        stall_restarts = CounterMetricFamily(
+            "inferd_engine_stall_restarts",
+            "Restarts the agent made because the engine's readiness probe said stalled or dead, "
+            "or got no answer after the engine had been ready, for longer than the stall bound",
+        )
         supervisor = self.supervisor
-        up.add_metric([], 1.0 if supervisor is not None and supervisor.is_up else 0.0)
+        up.add_metric([], 1.0 if supervisor is not None and supervisor.is_ready else 0.0)
         restarts.add_metric([], float(supervisor.restarts if supervisor is not None else 0))
+        stall_restarts.add_metric([], float(supervisor.stall_restarts if supervisor is not None else 0))
         yield up
         yield restarts
+        yield stall_restarts
+        if supervisor is not None and supervisor.config.ready_url is not None:
+            state = GaugeMetricFamily(
+                "inferd_engine_ready_state", "1 for the engine's current readiness state, 0 for the others",
+                labels=["state"],
+            )
+            current = supervisor.readiness
+            for name in READINESS_STATES:
+                state.add_metric([name], 1.0 if name == current else 0.0)
+            yield state
 
 
 # -- the launcher: `python -m agent.supervisor --cpus 0,1 --membind 0 -- CMD ...` --

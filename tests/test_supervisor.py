@@ -1,8 +1,10 @@
-"""Engine supervision with small Python children: restart, give-up, binding, clean stop."""
+"""Engine supervision with small Python children: restart, give-up, binding, clean stop,
+readiness probing against a child that serves /ready."""
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -147,9 +149,251 @@ def test_launcher_requires_a_command():
         ({"mem_node": -1}, "mem_node must be >= 0"),
         ({"backoff_initial_s": 0}, "backoff_initial_s"),
         ({"max_startup_failures": 0}, "max_startup_failures"),
+        ({"ready_url": "127.0.0.1:8000/ready"}, "ready_url must be an http"),
+        ({"ready_url": "http:///ready"}, "ready_url must be an http"),
+        ({"probe_interval_s": 0}, "probe_interval_s must be > 0"),
+        ({"probe_timeout_s": -1}, "probe_timeout_s must be > 0"),
+        ({"stall_restart_after_s": 0}, "stall_restart_after_s must be > 0"),
     ],
 )
 def test_bad_config_is_refused(overrides, message):
     values = {"command": ["x"], **overrides}
     with pytest.raises(ValueError, match=message):
         SupervisorConfig(**values)
+
+
+def test_stop_waits_for_a_drain_by_default():
+    assert SupervisorConfig(command=["x"]).stop_timeout_s == 35.0  # inferd serve's 30 s --shutdown-timeout + 5
+
+
+# -- readiness: a child serving /ready, its answer read from a file the test writes --
+
+ENGINE = r"""
+import http.server, json, os, signal, sys, time
+port, state_file, log_file, drain_s = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+
+def note(event):
+    with open(log_file, "a") as f:
+        f.write(f"{os.getpid()} {event}\n")
+
+def on_term(signum, frame):
+    note("sigterm")
+    time.sleep(drain_s)  # in-flight requests finishing
+    note("drained")
+    os._exit(0)
+
+if drain_s >= 0:
+    signal.signal(signal.SIGTERM, on_term)
+else:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # an engine that never finishes its drain
+
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(state_file) as f:
+            state = f.read().strip()
+        if state == "ready":
+            status, body = 200, {"status": "ready"}
+        else:
+            status, body = 503, {"error": {"message": state, "type": "service_unavailable", "param": None, "code": state}}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer.allow_reuse_address = True
+http.server.HTTPServer(("127.0.0.1", port), Ready).serve_forever()
+"""
+
+
+class FakeEngine:
+    """The command for a supervised child serving /ready, and the files that steer and record it."""
+
+    def __init__(self, tmp_path, state="loading", drain_s=0.2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.script = tmp_path / "engine.py"
+        self.script.write_text(ENGINE)
+        self.state_file = tmp_path / "state"
+        self.log_file = tmp_path / "events"
+        self.set(state)
+        self.command = [sys.executable, str(self.script), str(self.port), str(self.state_file),
+                        str(self.log_file), str(drain_s)]
+        self.ready_url = f"http://127.0.0.1:{self.port}/ready"
+
+    def set(self, state: str) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(state)
+        tmp.replace(self.state_file)  # the child never reads half a file
+
+    def events(self, pid: int) -> list[str]:
+        lines = self.log_file.read_text().splitlines() if self.log_file.exists() else []
+        return [line.split()[1] for line in lines if line.split()[0] == str(pid)]
+
+
+def probed_config(engine: FakeEngine, **overrides) -> SupervisorConfig:
+    values = dict(ready_url=engine.ready_url, probe_interval_s=0.1, probe_timeout_s=0.5,
+                  stall_restart_after_s=1.0, healthy_after_s=0.2)
+    values.update(overrides)
+    return fast_config(engine.command, **values)
+
+
+def test_engine_is_up_only_once_ready_and_loading_or_draining_never_restart(tmp_path):
+    engine = FakeEngine(tmp_path, state="loading")
+    supervisor = Supervisor(probed_config(engine))
+    supervisor.start()
+    try:
+        assert wait_for(lambda: supervisor.readiness == "loading")
+        first = supervisor.pid
+        text = scrape(EngineCollector(supervisor))
+        assert "inferd_engine_up 0.0" in text
+        assert 'inferd_engine_ready_state{state="loading"} 1.0' in text
+        assert 'inferd_engine_ready_state{state="ready"} 0.0' in text
+        time.sleep(1.5)  # past stall_restart_after_s: loading for that long is not a stall
+        assert supervisor.pid == first and supervisor.restarts == 0
+
+        engine.set("ready")
+        assert wait_for(lambda: supervisor.is_ready)
+        text = scrape(EngineCollector(supervisor))
+        assert "inferd_engine_up 1.0" in text and 'inferd_engine_ready_state{state="ready"} 1.0' in text
+
+        for state in ("draining", "loading"):
+            engine.set(state)
+            assert wait_for(lambda: supervisor.readiness == state)
+            assert not supervisor.restart(f"test: asked while {state}")
+            time.sleep(1.5)
+            assert supervisor.pid == first and supervisor.restarts == 0 and supervisor.stall_restarts == 0
+    finally:
+        supervisor.stop()
+    assert supervisor.readiness == "not_running"
+    assert 'inferd_engine_ready_state{state="not_running"} 1.0' in scrape(EngineCollector(supervisor))
+
+
+@pytest.mark.parametrize("stuck", ["engine_stalled", "engine_dead"])
+def test_engine_stalled_past_the_bound_is_restarted_once(tmp_path, stuck):
+    engine = FakeEngine(tmp_path, state="ready")
+    supervisor = Supervisor(probed_config(engine))
+    supervisor.start()
+    try:
+        assert wait_for(lambda: supervisor.is_ready)
+        first = supervisor.pid
+        engine.set(stuck)  # shorter than stall_restart_after_s (1 s): a hiccup, not a stall
+        assert wait_for(lambda: supervisor.readiness == stuck)
+        time.sleep(0.3)
+        engine.set("ready")
+        assert wait_for(lambda: supervisor.is_ready)
+        assert supervisor.pid == first and supervisor.stall_restarts == 0
+
+        engine.set(stuck)
+        assert wait_for(lambda: supervisor.readiness == stuck)
+        text = scrape(EngineCollector(supervisor))
+        assert "inferd_engine_up 0.0" in text and f'inferd_engine_ready_state{{state="{stuck}"}} 1.0' in text
+        assert wait_for(lambda: supervisor.pid not in (None, first))
+        engine.set("ready")  # the fresh engine makes progress
+        assert wait_for(lambda: supervisor.is_ready)
+        assert engine.events(first) == ["sigterm", "drained"]
+        assert supervisor.restarts == 1 and supervisor.stall_restarts == 1
+        text = scrape(EngineCollector(supervisor))
+        assert "inferd_engine_restarts_total 1.0" in text and "inferd_engine_stall_restarts_total 1.0" in text
+        assert "inferd_engine_up 1.0" in text
+    finally:
+        supervisor.stop()
+
+
+def test_sigstopped_engine_stops_answering_and_is_restarted(tmp_path):
+    engine = FakeEngine(tmp_path, state="ready")
+    supervisor = Supervisor(probed_config(engine))
+    supervisor.start()
+    first = None
+    try:
+        assert wait_for(lambda: supervisor.is_ready)
+        first = supervisor.pid
+        os.kill(first, signal.SIGSTOP)  # alive, answers nothing: every probe times out
+        assert wait_for(lambda: supervisor.readiness == "unreachable")
+        assert wait_for(lambda: supervisor.pid not in (None, first))
+        assert wait_for(lambda: supervisor.is_ready)
+        assert supervisor.stall_restarts == 1 and supervisor.restarts == 1
+        assert engine.events(first) == ["sigterm", "drained"]  # SIGCONT let it see SIGTERM
+    finally:
+        supervisor.stop()
+        if first is not None and _alive(first):
+            os.kill(first, signal.SIGKILL)
+
+
+def test_engine_silent_before_it_was_ever_ready_is_not_restarted(tmp_path):
+    engine = FakeEngine(tmp_path, state="loading")
+    supervisor = Supervisor(probed_config(engine))
+    supervisor.start()
+    first = None
+    try:
+        assert wait_for(lambda: supervisor.readiness == "loading")
+        first = supervisor.pid
+        os.kill(first, signal.SIGSTOP)
+        assert wait_for(lambda: supervisor.readiness == "unreachable")
+        time.sleep(1.5)  # a server still starting up does not answer either
+        assert supervisor.pid == first and supervisor.stall_restarts == 0
+    finally:
+        if first is not None:
+            os.kill(first, signal.SIGCONT)
+        supervisor.stop()
+
+
+def test_stop_lets_the_engine_drain_and_exit_without_sigkill(tmp_path):
+    engine = FakeEngine(tmp_path, state="ready", drain_s=0.5)
+    supervisor = Supervisor(probed_config(engine, stop_timeout_s=5.0))
+    supervisor.start()
+    assert wait_for(lambda: supervisor.is_ready)
+    pid = supervisor.pid
+    process = supervisor._process
+    supervisor.stop()
+    assert engine.events(pid) == ["sigterm", "drained"]
+    assert process.returncode == 0  # exited on its own, not -SIGKILL
+
+
+def test_stop_during_a_restart_does_not_cut_the_drain_short(tmp_path):
+    engine = FakeEngine(tmp_path, state="ready", drain_s=1.0)
+    supervisor = Supervisor(probed_config(engine, stop_timeout_s=5.0))
+    supervisor.start()
+    assert wait_for(lambda: supervisor.is_ready)
+    pid = supervisor.pid
+    process = supervisor._process
+    assert wait_for(lambda: supervisor.restart("test"))
+    assert wait_for(lambda: engine.events(pid) == ["sigterm"])
+    supervisor.stop()  # a second SIGTERM would make inferd serve stop at once
+    assert engine.events(pid) == ["sigterm", "drained"]
+    assert process.returncode == 0
+    assert not supervisor.is_up
+
+
+def test_stop_kills_an_engine_that_does_not_finish_draining(tmp_path):
+    engine = FakeEngine(tmp_path, state="ready", drain_s=-1)  # ignores SIGTERM
+    supervisor = Supervisor(probed_config(engine, stop_timeout_s=0.5))
+    supervisor.start()
+    assert wait_for(lambda: supervisor.is_ready)
+    process = supervisor._process
+    supervisor.stop()
+    assert process.returncode == -signal.SIGKILL
+
+
+def test_engine_that_exits_0_after_an_asked_restart_is_started_again(tmp_path):
+    engine = FakeEngine(tmp_path, state="ready")
+    errors = []
+    # one start-up failure would end the loop: the drained exits must not count as such
+    supervisor = Supervisor(probed_config(engine, max_startup_failures=1), on_give_up=errors.append)
+    supervisor.start()
+    try:
+        for n in (1, 2, 3):
+            assert wait_for(lambda: supervisor.is_ready)
+            pid = supervisor.pid
+            assert wait_for(lambda: supervisor.restart("test"))  # once past the start-up window
+            assert wait_for(lambda: supervisor.pid not in (None, pid))
+            assert engine.events(pid) == ["sigterm", "drained"]
+            assert supervisor.restarts == n
+        assert errors == [] and not supervisor.has_given_up
+    finally:
+        supervisor.stop()
