@@ -109,7 +109,7 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
             "http://localhost:9400/healthz",
             "http://localhost:9400/metrics",
             (9400, 8000) if config.model else (9400,),
-            extra_health_urls=("http://localhost:8000/health",) if config.model else (),
+            extra_health_urls=("http://localhost:8000/ready",) if config.model else (),
         ),
         Component(
             "prometheus",

@@ -22,6 +22,7 @@ from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .async_decode import AsyncDecode, InflightStep
 from .fast_path import attach_fast_path, greedy_on_device
+from .request_validator import RequestLimits, RequestValidator
 from .sampler import NonFiniteLogits, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
@@ -95,6 +96,7 @@ class LLMEngine:
         self.last_step: StepStats | None = None
         self.async_decode = AsyncDecode(self)
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
+        self.validator = RequestValidator(self.tokenizer, self.request_limits)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
         log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
                  self.model_name, self.device, self.dtype, num_blocks, config.block_size,
@@ -113,32 +115,13 @@ class LLMEngine:
     def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
         """Token ids of a valid prompt; a ValueError naming the problem otherwise.
         Pure (no engine state changes), so the server may call it from any thread."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-            if not ids:
-                raise ValueError("prompt is empty")
-            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.model_config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt has unknown token id(s) {bad[:5]}; vocabulary is [0, {self.model_config.vocab_size})")
-        else:
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("prompt is empty after tokenization")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} (prompt plus at least one generated token)")
-        usable = self.block_manager.pool.num_blocks - self.block_manager.watermark_blocks
-        if cdiv(len(ids) + 1, self.config.block_size) > usable:
-            raise ValueError(f"prompt needs {cdiv(len(ids) + 1, self.config.block_size)} KV blocks; the KV pool has {usable}")
-        bad_stop = [t for t in params.stop_token_ids if t >= self.model_config.vocab_size]
-        if bad_stop:
-            raise ValueError(f"stop_token_ids has unknown token id(s) {bad_stop}")
-        return ids
+        return self.validator.validate(prompt, params)
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        bm = self.block_manager
+        return RequestLimits(self.model_config.vocab_size, self.max_model_len, self.config.block_size,
+                             bm.pool.num_blocks - bm.watermark_blocks)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     priority: int = 0, prompt_token_ids: list[int] | None = None,

@@ -54,6 +54,17 @@ class CompletionOutput:
         self._snapshot()
         self._logprobs = value
 
+    def token_ids_since(self, start: int) -> list[int]:
+        """token_ids[start:], without copying the prefix."""
+        end = self._num_tokens if self._num_tokens is not None else len(self._token_ids)
+        return self._token_ids[start:end]
+
+    def logprobs_since(self, start: int) -> list[dict[int, float]] | None:
+        if self._logprobs is None:
+            return None
+        end = self._num_tokens if self._num_tokens is not None else len(self._logprobs)
+        return self._logprobs[start:end]
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -1,12 +1,17 @@
 """Helpers to run the engine server for tests: a real uvicorn on a loopback port, in a
-background thread, with the app built from a model directory and engine options."""
+background thread, with the app built from a model directory and engine options; the
+engine core runs in its own process, as under `inferd serve`."""
 from __future__ import annotations
 
 import contextlib
 import http.server
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -14,10 +19,10 @@ import pytest
 import uvicorn
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.server.app import ServerSettings, create_app
-from engine.server.async_engine import AsyncEngine
+from engine.server.core_client import EngineCoreClient
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "tiny"
 ADMIN_TOKEN = "test-admin-token"
 
@@ -38,13 +43,18 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "ServerThread":
+    def start(self, wait_ready: bool = True) -> "ServerThread":
         self.thread.start()
         deadline = time.monotonic() + self.startup_timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.02)
+        # Polled here rather than over HTTP, so no test sees the 503s of its server's start-up.
+        while wait_ready and self.app.state.engine.state != "ready":
+            if time.monotonic() > deadline or not self.app.state.engine.is_alive:
+                raise RuntimeError(f"the engine core did not become ready ({self.app.state.engine.state})")
+            time.sleep(0.05)
         return self
 
     def stop(self) -> None:
@@ -54,12 +64,14 @@ class ServerThread:
 
 
 def build_app(model_dir: str, admin_token: str | None = ADMIN_TOKEN, enable_fault_injection: bool = False,
-              max_body_bytes: int = 1 << 20, tracer=None, **engine_options):
-    engine = LLMEngine(EngineConfig(model=model_dir, **engine_options))
-    async_engine = AsyncEngine(engine, tracer=tracer)
+              max_body_bytes: int = 1 << 20, otlp_endpoint: str | None = None, engine_factory=None,
+              stall_timeout_s: float = 10.0, shutdown_timeout_s: float = 30.0, **engine_options):
+    client = EngineCoreClient(EngineConfig(model=model_dir, **engine_options), otlp_endpoint=otlp_endpoint,
+                              engine_factory=engine_factory, stall_timeout_s=stall_timeout_s,
+                              heartbeat_s=min(1.0, stall_timeout_s / 4), torch_num_threads=1)
     settings = ServerSettings(served_model_name=MODEL_NAME, admin_token=admin_token, max_body_bytes=max_body_bytes,
-                              enable_fault_injection=enable_fault_injection)
-    return create_app(async_engine, settings)
+                              enable_fault_injection=enable_fault_injection, shutdown_timeout_s=shutdown_timeout_s)
+    return create_app(client, settings)
 
 
 @contextlib.contextmanager
@@ -145,3 +157,53 @@ class OtlpReceiver:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# --- `inferd serve` as a process ---------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--log-level", "WARNING", *args], cwd=REPO_ROOT,
+                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"inferd serve exited with {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("inferd serve did not become ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def child_pids(parent: int) -> list[int]:
+    """Direct children of `parent`, from /proc (the spawned workers; spawn's resource
+    tracker is a child too, and killing it is harmless)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids

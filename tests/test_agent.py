@@ -171,7 +171,7 @@ def test_sigint_stops_agent_and_engine():
 def test_real_engine_is_supervised(tiny_model):
     engine_port = free_port()
     agent = Agent("--model", tiny_model, "--engine-port", str(engine_port), "--gpu-backend", f"replay:{EIGHT_GPUS}")
-    engine_health = f"http://127.0.0.1:{engine_port}/health"
+    engine_health = f"http://127.0.0.1:{engine_port}/ready"
 
     def engine_answers():
         try:

@@ -132,7 +132,7 @@ class Stack:
         self._spawn("agent", agent, env={**os.environ, "INFERD_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(ROOT)})
         wait_for(lambda: self.http.get(f"{self.url('prometheus')}/-/ready").status_code == 200, 60, "prometheus ready", self)
         wait_for(lambda: self.http.get(f"{self.url('alertmanager')}/-/ready").status_code == 200, 60, "alertmanager ready", self)
-        wait_for(lambda: self.http.get(f"{self.url('engine')}/health").status_code == 200, 120, "engine healthy", self)
+        wait_for(lambda: self.http.get(f"{self.url('engine')}/ready").status_code == 200, 120, "engine ready", self)
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
         log = open(self.tmp / f"{name}.log", "wb")
@@ -333,7 +333,7 @@ def test_hung_engine_fires_engine_down_and_is_restarted(stack):
         applied = wait_for(lambda: stack.find(hung, event="applied", alert="InferdEngineDown"), 120,
                            "InferdEngineDown to reach the agent", stack)
         assert applied["action"] == "restart_engine"
-        wait_for(lambda: stack.http.get(f"{stack.url('engine')}/health").status_code == 200, 120,
+        wait_for(lambda: stack.http.get(f"{stack.url('engine')}/ready").status_code == 200, 120,
                  "the engine back", stack)
         assert stack.engine_pid() not in (None, old_pid)
         wait_for(lambda: stack.find(hung, event="alert", alert="InferdEngineDown", status="resolved"), 90,

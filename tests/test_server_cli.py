@@ -3,51 +3,14 @@ admin token from a file, OTLP export, and clean refusals of bad options."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from server_fixtures import OtlpReceiver
+from server_fixtures import OtlpReceiver, child_pids, free_port, serve, stop, wait_healthy
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--log-level", "WARNING", *args], cwd=REPO,
-                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"inferd serve exited with {proc.returncode}: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("inferd serve did not become healthy")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def test_serve_default_model_token_file_otlp(tmp_path):
@@ -94,20 +57,6 @@ def test_serve_refuses_bad_options(tmp_path, args, message):
     assert message in out
 
 
-def child_pids(parent: int) -> list[int]:
-    """Direct children of `parent`, from /proc (the spawned workers; spawn's resource
-    tracker is a child too, and killing it is harmless)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def test_tensor_parallel_worker_death_makes_the_server_exit_for_its_supervisor(tiny_model):
     """A dead tensor-parallel worker leaves the engine unusable: the requests in flight get
     an error, /health turns 503, and the process exits with 70 so a supervisor restarts it
@@ -117,7 +66,8 @@ def test_tensor_parallel_worker_death_makes_the_server_exit_for_its_supervisor(t
     proc = serve(["--model", tiny_model, "--port", str(port), "--tensor-parallel-size", "2"], {})
     try:
         wait_healthy(proc, url)
-        workers = child_pids(proc.pid)
+        cores = child_pids(proc.pid)  # the engine core process; rank 0 runs there, the workers are its children
+        workers = [pid for core in cores for pid in child_pids(core)]
         assert workers, "no tensor-parallel worker process found"
         for pid in workers:
             os.kill(pid, 9)

@@ -4,7 +4,6 @@ handling of a failing step."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 
 import pytest
@@ -114,11 +113,11 @@ def test_token_buckets_like_vllm():
     assert build_1_2_5_buckets(2048)[-1] == 2000
 
 
-def test_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_model):
+def flaky_engine(config):
+    """An engine whose first step raises (built in the engine core process)."""
     from engine.llm_engine import LLMEngine
-    from engine.server.async_engine import AsyncEngine, RequestFailed
 
-    engine = LLMEngine(EngineConfig(model=tiny_model, kv_cache_bytes=4 << 20))
+    engine = LLMEngine(config)
     real_step = engine.step
     calls = {"n": 0}
 
@@ -129,26 +128,25 @@ def test_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_model
         return real_step()
 
     engine.step = flaky_step
-    params = SamplingParams(max_tokens=4, temperature=0)
+    return engine
 
-    async def scenario():
-        aengine = AsyncEngine(engine)
-        aengine.start()
-        try:
-            ids = engine.validate_request("hello", params)
-            with pytest.raises(RequestFailed, match="boom"):
-                async for _ in aengine.generate("r1", "hello", ids, params):
-                    pass
-            outs = [o async for o in aengine.generate("r2", "hello", ids, params)]
-            assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4
-            snap = aengine.snapshot()
-            assert snap.kv.num_used == 0 and snap.num_running == 0
-            assert snap.counters.requests_finished["abort"] == 1
-            assert aengine.is_alive
-        finally:
-            aengine.shutdown()
 
-    asyncio.run(scenario())
+def test_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_model):
+    import httpx
+    from server_fixtures import metric_value, running_server, scrape
+
+    with running_server(tiny_model, engine_factory=flaky_engine, kv_cache_bytes=4 << 20) as s:
+        body = {"prompt": "hello", "max_tokens": 4, "temperature": 0}
+        first = httpx.post(f"{s.url}/v1/completions", json=body, timeout=30)
+        assert first.status_code == 500
+        assert first.json()["error"]["code"] == "engine_error" and "boom" in first.json()["error"]["message"]
+        second = httpx.post(f"{s.url}/v1/completions", json=body, timeout=30)
+        assert second.status_code == 200 and second.json()["usage"]["completion_tokens"] == 4
+        text = scrape(s.url)
+        assert metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0
+        assert metric_value(text, "vllm:num_requests_running") == 0
+        assert metric_value(text, "vllm:request_success_total", {"finished_reason": "abort"}) == 1
+        assert httpx.get(f"{s.url}/ready", timeout=10).status_code == 200
 
 
 def test_percentile_and_knee():

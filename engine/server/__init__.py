@@ -1,7 +1,9 @@
 """The engine's HTTP server: OpenAI-compatible API, vLLM-compatible metrics, admin API.
 
-    app.py           FastAPI app factory: /v1/*, /health, /metrics, error handlers
-    async_engine.py  the engine thread and the per-request queues that feed asyncio
+    app.py           FastAPI app factory: /v1/*, /health, /ready, /metrics, errors, drain
+    engine_core.py   the engine core process: owns LLMEngine, steps it, sends deltas
+    core_client.py   the API side: starts the core, sends requests, rebuilds outputs
+    core_messages.py the msgspec messages between the two (over ZeroMQ)
     serving.py       OpenAI request -> engine request -> OpenAI response / SSE chunks
     streaming.py     server-sent events; client disconnects abort at once
     logprobs.py      log-probabilities in OpenAI's completion and chat shapes

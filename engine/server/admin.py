@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from ..config import TUNABLE_BOUNDS
-from .async_engine import AsyncEngine
+from .core_client import EngineCoreClient
 from .errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ async def _json_object(request: Request) -> dict:
     return body
 
 
-def make_admin_router(engine: AsyncEngine, token: str | None, enable_fault_injection: bool = False) -> APIRouter:
+def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_injection: bool = False) -> APIRouter:
     router = APIRouter(prefix="/admin")
     expected = token.encode() if token else None
 
@@ -66,13 +66,13 @@ def make_admin_router(engine: AsyncEngine, token: str | None, enable_fault_injec
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
             raise ApiError(401, "missing or wrong admin token (Authorization: Bearer <token>)", None, "invalid_token")
 
-    def config_body(config) -> dict:
-        return {"config": config.tunables(), "bounds": _bounds()}
+    def config_body(tunables: dict[str, Any]) -> dict:
+        return {"config": tunables, "bounds": _bounds()}
 
     @router.get("/config")
     async def get_config(request: Request):
         authorize(request)
-        return config_body(await engine.call(lambda e: e.config))
+        return config_body(await engine.get_tunables())
 
     @router.patch("/config")
     async def patch_config(request: Request):
@@ -98,7 +98,7 @@ def make_admin_router(engine: AsyncEngine, token: str | None, enable_fault_injec
             config = await engine.set_mode(body["mode"])
         except ValueError as exc:
             raise ApiError(422, str(exc), "mode", "invalid_value") from None
-        log.info("admin: mode set to %s", config.mode)
+        log.info("admin: mode set to %s", config["mode"])
         return config_body(config)
 
     @router.post("/fault")

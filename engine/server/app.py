@@ -1,23 +1,35 @@
-"""The FastAPI app: OpenAI routes, /health, /metrics, the admin router, error handlers.
+"""The FastAPI app: OpenAI routes, /health, /ready, /metrics, the admin router, errors.
 
-`create_app(async_engine, settings)` wires a running-to-be `AsyncEngine` into routes;
-the engine thread starts and stops with the app's lifespan.
+`create_app(client, settings)` wires an `EngineCoreClient` into routes; the engine core
+process starts with the app's lifespan (the port is already bound, so /health and /ready
+answer while the model loads) and stops with it.
+
+- `/health` is liveness: 200 while the engine core process lives, 503 once it is dead.
+- `/ready` is readiness: 200 only when the core has reported ready and has been heard
+  from within its stall bound; else 503 with the reason as the error code: `loading`,
+  `engine_stalled`, `engine_dead` or `draining`.
+- Draining (`Drain.begin`, on SIGTERM): readiness turns 503 at once, new generation
+  requests get 503 with Retry-After, the requests in flight run to their end or until
+  the shutdown timeout, when the rest end as aborted (a stream still gets its final
+  chunk and [DONE]).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .admin import make_admin_router
 from .api_models import ChatCompletionRequest, CompletionRequest
-from .async_engine import AsyncEngine, EngineDeadError, RequestFailed
+from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
 from .errors import ApiError, error_response
 from .metrics import ServerMetrics
 from .middleware import BodyLimitAndMetrics
@@ -26,6 +38,8 @@ from .serving import OpenAIServing
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+RETRY_AFTER_S = 5  # what a 503 tells a client to wait (loading, draining)
 
 
 @dataclass(slots=True)
@@ -34,6 +48,7 @@ class ServerSettings:
     admin_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     enable_fault_injection: bool = False
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     on_shutdown: list[Callable[[], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -41,6 +56,9 @@ class ServerSettings:
             raise ValueError("served_model_name must be a non-empty string")
         if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
+        if isinstance(self.shutdown_timeout_s, bool) or not isinstance(self.shutdown_timeout_s, (int, float)) \
+                or self.shutdown_timeout_s < 0:
+            raise ValueError(f"shutdown_timeout_s must be a number >= 0, got {self.shutdown_timeout_s!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token must not be blank (leave it unset to turn the admin API off)")
 
@@ -55,11 +73,38 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) or "malformed request", first
 
 
-def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMetrics | None = None) -> FastAPI:
+class Drain:
+    """Graceful shutdown: refuse new work, let what is in flight finish, then stop."""
+
+    def __init__(self, engine: EngineCoreClient, timeout_s: float):
+        self.engine = engine
+        self.timeout_s = timeout_s
+        self.active = False
+
+    def check(self) -> None:
+        if self.active:
+            raise EngineUnavailable("draining", "the server is shutting down; retry on another replica")
+
+    async def run(self) -> None:
+        """Begin draining and return once no request is in flight (or the timeout passed)."""
+        self.active = True
+        deadline = time.monotonic() + self.timeout_s
+        log.info("draining: %d request(s) in flight, up to %.0f s", self.engine.num_live_requests, self.timeout_s)
+        while self.engine.num_live_requests and self.engine.is_alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        aborted = self.engine.abort_all()
+        if aborted:
+            log.warning("drain timeout: %d request(s) ended as aborted", aborted)
+            await asyncio.sleep(0.2)  # their final chunks go out before the server stops
+        log.info("drained")
+
+
+def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: ServerMetrics | None = None) -> FastAPI:
     if metrics is None:
-        metrics = ServerMetrics(settings.served_model_name, engine.engine.max_model_len, engine.snapshot)
+        metrics = ServerMetrics(settings.served_model_name, engine.max_model_len, engine.snapshot)
         engine.stat_logger = metrics.stats
     serving = OpenAIServing(engine, settings.served_model_name)
+    drain = Drain(engine, settings.shutdown_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -68,7 +113,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMet
         try:
             yield
         finally:
-            engine.shutdown()
+            await engine.shutdown()
             for hook in settings.on_shutdown:
                 try:
                     hook()
@@ -79,6 +124,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMet
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.settings = settings
+    app.state.drain = drain
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -89,13 +135,18 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMet
         message, param = _validation_message(exc)
         return error_response(422, message, param, "invalid_request_shape")
 
-    @app.exception_handler(EngineDeadError)
-    async def engine_dead(request: Request, exc: EngineDeadError):
-        return error_response(503, str(exc), None, "engine_unavailable")
+    @app.exception_handler(EngineUnavailable)
+    async def engine_unavailable(request: Request, exc: EngineUnavailable):
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.reason != "engine_dead" else None
+        return error_response(503, str(exc), None, exc.reason, headers=headers)
 
     @app.exception_handler(RequestFailed)
     async def request_failed(request: Request, exc: RequestFailed):
         return error_response(500, str(exc), None, "engine_error")
+
+    @app.exception_handler(RequestRejected)
+    async def request_rejected(request: Request, exc: RequestRejected):
+        return error_response(400, str(exc), None, "invalid_value")
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc):
@@ -108,10 +159,12 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMet
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        drain.check()
         return await serving.completions(body, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        drain.check()
         return await serving.chat_completions(body, request)
 
     @app.get("/v1/models")
@@ -121,9 +174,20 @@ def create_app(engine: AsyncEngine, settings: ServerSettings, metrics: ServerMet
     @app.get("/health")
     async def health():
         if not engine.is_alive:
-            return error_response(503, f"engine thread is not running ({engine.fatal_error or 'stopped'})",
-                                  None, "engine_unavailable")
+            return error_response(503, f"the engine core is not running ({engine.state})", None, "engine_dead")
         return Response(status_code=200)
+
+    @app.get("/ready")
+    async def ready():
+        state = "draining" if drain.active and engine.is_alive else engine.state
+        if state == "ready":
+            return {"status": "ready"}
+        messages = {"loading": "the engine is still loading the model",
+                    "engine_stalled": f"the engine core has not been heard from for over {engine.stall_timeout_s:g} s",
+                    "engine_dead": "the engine core is not running",
+                    "draining": "the server is shutting down"}
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if state in ("loading", "draining") else None
+        return error_response(503, messages.get(state, state), None, state, headers=headers)
 
     @app.get("/metrics")
     async def prometheus_metrics():

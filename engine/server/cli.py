@@ -2,7 +2,13 @@
 
     inferd serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                  [--admin-token-file F] [--otlp-endpoint URL] [--max-body-bytes N]
-                 [--enable-fault-injection] [every EngineConfig field as --kebab-case]
+                 [--enable-fault-injection] [--shutdown-timeout S] [--stall-timeout S]
+                 [every EngineConfig field as --kebab-case]
+
+The port is bound first (a busy port fails at once), then the engine core process
+loads the model while /health answers 200 and /ready 503 `loading`. SIGTERM drains:
+new requests get 503, those in flight finish (up to --shutdown-timeout), exit 0. When
+the engine core dies the server exits 70 (EX_SOFTWARE) for its supervisor to restart.
 
 Without --model the embedded default model (`inferd make-model --preset tiny`) is
 written once under $XDG_CACHE_HOME/inferd/models/tiny (~/.cache when unset) and used.
@@ -12,11 +18,12 @@ the admin API is off.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
-import gc
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -72,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default 4 MiB)")
     parser.add_argument("--enable-fault-injection", action="store_true",
                         help="allow POST /admin/fault (for remediation end-to-end tests)")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="on SIGTERM, how long requests in flight may run before they are aborted (default 30 s)")
+    parser.add_argument("--stall-timeout", type=float, default=10.0,
+                        help="/ready turns 503 engine_stalled when the engine core is silent this long (default 10 s)")
     group = parser.add_argument_group("engine", "EngineConfig fields (see engine/config.py)")
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -95,14 +106,58 @@ def served_name(model_arg: str | None) -> str:
         return DEFAULT_MODEL_PRESET
     return model_arg
 
-def run(args: argparse.Namespace) -> int:
-    import prometheus_client
+EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the server's listening socket now, before the model loads: a busy port
+    fails in a second, and clients meet a 503 `loading` rather than a refused connection."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app, drain, log_level: str = "info"):
+    """A uvicorn server whose first SIGTERM/SIGINT drains (see app.Drain) and exits 0;
+    a second one stops at once."""
     import uvicorn
 
-    from ..llm_engine import LLMEngine
+    class DrainingServer(uvicorn.Server):
+        exit_code = 0
+
+        def handle_exit(self, sig, frame) -> None:
+            if drain.active or self.should_exit:
+                return super().handle_exit(sig, frame)
+            drain.active = True  # refuse new work from this instant on
+            asyncio.get_event_loop().call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain_then_exit()))
+
+        async def _drain_then_exit(self) -> None:
+            await drain.run()
+            self.should_exit = True
+
+        def stop_after_engine_death(self, reason: str) -> None:
+            self.exit_code = EXIT_ENGINE_DEAD
+            # A moment for the failed requests' 503s to go out.
+            asyncio.get_event_loop().call_later(0.5, setattr, self, "should_exit", True)
+
+    # Drain already waited for the requests; this bounds what is left (idle keep-alives).
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+    return DrainingServer(config)
+
+
+def run(args: argparse.Namespace) -> int:
+    import prometheus_client
+
     from .admin import load_admin_token
     from .app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
-    from .async_engine import AsyncEngine
+    from .core_client import EngineCoreClient
 
     if not 0 < args.port < 65536:
         log.error("--port must be in [1, 65535], got %s", args.port)
@@ -114,35 +169,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = engine_config_from_args(args, model_dir)
         token = load_admin_token(args.admin_token_file)
+        settings = ServerSettings(
+            served_model_name=args.served_model_name or served_name(args.model),
+            admin_token=token,
+            max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+            enable_fault_injection=args.enable_fault_injection,
+            shutdown_timeout_s=args.shutdown_timeout,
+        )
+        if args.otlp_endpoint:
+            from .tracing import otlp_traces_url
+
+            otlp_traces_url(args.otlp_endpoint)  # a bad URL fails here, not in the engine core
+        client = EngineCoreClient(config, otlp_endpoint=args.otlp_endpoint, stall_timeout_s=args.stall_timeout,
+                                  log_level=args.log_level.upper())
     except (ValueError, OSError) as exc:
         log.error("%s", exc)
         return 2
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", args.host, args.port, exc.strerror or exc)
+        return 2
     prometheus_client.disable_created_metrics()  # as vLLM does: no *_created series
-    engine = LLMEngine(config)
-    # As vLLM does: what start-up allocated (the block pool's per-block objects, model and
-    # torch state) lives as long as the server, so keep the collector from rescanning it;
-    # a full collection over it paused a step by ~140 ms (docs/benchmarks/host_overhead.md).
-    gc.collect()
-    gc.freeze()
-    settings = ServerSettings(
-        served_model_name=args.served_model_name or served_name(args.model),
-        admin_token=token,
-        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-        enable_fault_injection=args.enable_fault_injection,
-    )
-    tracer = None
-    if args.otlp_endpoint:
-        from .tracing import RequestTracer, make_tracer
-
-        otel_tracer, provider = make_tracer(args.otlp_endpoint)
-        tracer = RequestTracer(otel_tracer)
-        settings.on_shutdown.append(provider.shutdown)
     if token is None:
         log.warning("admin API is off: no admin token (set INFERD_ADMIN_TOKEN or --admin-token-file)")
     if args.enable_fault_injection:
         log.warning("fault injection is enabled (POST /admin/fault)")
-    app = create_app(AsyncEngine(engine, tracer=tracer), settings)
-    # On SIGTERM, streams still open after 10 s are cut (their requests abort and free their blocks).
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), access_log=False,
-                timeout_graceful_shutdown=10)
-    return 0
+    app = create_app(client, settings)
+    server = make_server(app, app.state.drain, args.log_level.lower())
+    client.on_dead = server.stop_after_engine_death
+    server.run(sockets=[sock])
+    sock.close()
+    return server.exit_code

@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import error_body
 from .metrics import HttpMetrics
 
-KNOWN_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+KNOWN_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
                             "/admin/config", "/admin/mode", "/admin/fault"})
 
 

@@ -1,4 +1,4 @@
-"""OpenAI completions and chat completions on top of `AsyncEngine`.
+"""OpenAI completions and chat completions on top of the engine core client.
 
 A request is checked in full before anything is queued (types by pydantic, values by
 SamplingParams, the prompt by `engine.validate_request`), so a client mistake is a
@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .async_engine import AsyncEngine, RequestFailed
+from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
 from .chat import ChatTemplateError, render_chat
 from .errors import ApiError, bad_request, error_body
 from .logprobs import chat_logprobs, completion_logprobs
@@ -74,12 +74,11 @@ def streamable_text(text: str, finished: bool, holdback: int) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, served_model_name: str):
+    def __init__(self, engine: EngineCoreClient, served_model_name: str):
         self.engine = engine
         self.model_name = served_model_name
-        self.llm = engine.engine
-        self.tokenizer = engine.engine.tokenizer
-        self.max_model_len = engine.engine.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
 
     # --- checks ---------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -88,7 +87,7 @@ class OpenAIServing:
 
     def _validate_prompt(self, prompt: str | list[int], params: SamplingParams, param: str) -> list[int]:
         try:
-            return self.llm.validate_request(prompt, params)
+            return self.engine.validate_request(prompt, params)
         except ValueError as exc:
             code = "context_length_exceeded" if "max_model_len" in str(exc) or "KV" in str(exc) else "invalid_value"
             raise bad_request(str(exc), param, code) from None
@@ -281,6 +280,8 @@ class OpenAIServing:
                 yield sse(base | {"choices": [], "usage": self._usage(job, latest)})
         except RequestFailed as exc:
             yield sse(error_body(500, str(exc), None, "engine_error"))
+        except EngineUnavailable as exc:
+            yield sse(error_body(503, str(exc), None, exc.reason))
         finally:
             await outputs.aclose()
         yield SSE_DONE
@@ -310,4 +311,4 @@ class OpenAIServing:
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": self.model_name, "object": "model", "created": 0, "owned_by": "inferd",
-            "root": self.llm.model_name, "parent": None, "max_model_len": self.max_model_len}]}
+            "root": self.engine.model_name, "parent": None, "max_model_len": self.max_model_len}]}

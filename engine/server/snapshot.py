@@ -1,4 +1,5 @@
-"""A copy of the engine's state for readers outside the engine thread (/metrics, /health)."""
+"""A copy of the engine's state for readers outside the engine core (/metrics): taken in
+the core process, sent to the API server with the step outputs."""
 from __future__ import annotations
 
 import copy
@@ -17,6 +18,11 @@ class EngineSnapshot:
     kv: KVSnapshot
     counters: EngineCounters
     tunables: dict[str, Any]
+
+
+def empty_snapshot(config) -> EngineSnapshot:
+    """What /metrics shows before the engine core has reported (while it loads)."""
+    return EngineSnapshot(0.0, 0, 0, 0, KVSnapshot(0, 0, 0, 0, 0.0, 0, 0), EngineCounters(), dict(config.tunables()))
 
 
 def take_snapshot(engine, now: float) -> EngineSnapshot:
