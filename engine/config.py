@@ -15,6 +15,7 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 PREEMPTION_MODES = ("swap", "recompute")
 KV_COLD_DTYPES = ("none", "int8", "int4")
 MODES = ("fast", "fallback")
+LOAD_FORMATS = ("auto", "dummy")
 
 # Parameters the agent may change at run time, with their bounds (inclusive).
 # Enumerated ones list their allowed values instead.
@@ -48,6 +49,9 @@ class EngineConfig:
     """Path to a local Hugging Face checkpoint directory."""
     dtype: str = "auto"
     """float32, bfloat16, float16, or auto (the checkpoint's torch_dtype; float32 on CPU)."""
+    load_format: str = "auto"
+    """auto (the checkpoint's safetensors) or dummy (random weights drawn on the device from the
+    checkpoint's config.json, for benchmarks of large shapes; as vLLM's --load-format dummy)."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     seed: int = 0
@@ -89,6 +93,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
+        check_choice("load_format", self.load_format, LOAD_FORMATS)
         if not isinstance(self.device, str) or not (
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
         ):
@@ -105,6 +110,8 @@ class EngineConfig:
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         check_range("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
+        if self.load_format == "dummy" and self.tensor_parallel_size > 1:
+            raise ValueError("load_format=dummy needs tensor_parallel_size 1 (the ranks load their shards from the checkpoint)")
         for name in TUNABLE_BOUNDS:
             validate_tunable(name, getattr(self, name))
 

@@ -55,7 +55,8 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
         self.tokenizer = Tokenizer(config.model, list(self.model_config.eos_token_ids))
         tp = config.tensor_parallel_size
-        self.model = load_model(config.model, self.dtype, self.device) if tp == 1 else None  # TP: ranks load shards
+        self.model = (load_model(config.model, self.dtype, self.device, config.load_format, config.seed) if tp == 1
+                      else None)  # TP: ranks load shards
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.model_name = config.model
 

@@ -39,10 +39,16 @@ def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dt
     return TORCH_DTYPES[name]
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> LlamaModel:
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
+               seed: int = 0) -> LlamaModel:
+    """The checkpoint's weights (`auto`), or random ones drawn on the device (`dummy`)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
+    if load_format == "dummy":
+        from .dummy_weights import random_model_on_device
+
+        return random_model_on_device(model_dir, dtype, device, seed=seed)
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = LlamaModel(cfg)

@@ -9,7 +9,6 @@ LOGIT_STD). The engine and a transformers model then share that one set of tenso
 """
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -17,8 +16,8 @@ from unittest import mock
 import torch
 
 from .. import make_model as mm
-from ..model import LlamaModel, rope_inv_freq
-from ..model_config import ModelConfig
+from ..dummy_weights import random_model_on_device  # noqa: F401  (benchmarks import it from here)
+from ..model import LlamaModel
 
 
 def write_checkpoint_stub(out_dir: str | Path, preset: str = "llama3-8b-shape", dtype: str = "bfloat16") -> Path:
@@ -26,42 +25,6 @@ def write_checkpoint_stub(out_dir: str | Path, preset: str = "llama3-8b-shape", 
     with mock.patch.object(mm, "random_weights", lambda *a, **k: {}), \
             mock.patch.object(mm, "save_weights", lambda *a, **k: None):
         return mm.make_model(out_dir, mm.ModelSpec(preset=preset, dtype=dtype))
-
-
-@torch.no_grad()
-def random_model_on_device(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
-                           seed: int = 0) -> LlamaModel:
-    cfg = ModelConfig.from_dir(model_dir)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = LlamaModel(cfg)
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    h, heads, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    embed_std = 0.1 if cfg.tie_word_embeddings else 1.0
-    model.embed_tokens.weight.normal_(0, embed_std, generator=gen)
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
-            proj.weight.normal_(0, 1 / math.sqrt(h), generator=gen)
-            if proj.bias is not None:
-                proj.bias.normal_(0, 0.1, generator=gen)
-        attn.o_proj.weight.normal_(0, 1 / math.sqrt(heads * hd), generator=gen)
-        mlp.down_proj.weight.normal_(0, 1 / math.sqrt(cfg.intermediate_size), generator=gen)
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm.weight.normal_(1.0, 0.1, generator=gen)
-    model.norm.weight.normal_(1.0, 0.1, generator=gen)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-        model.norm.weight.mul_(mm.LOGIT_STD / (embed_std * math.sqrt(h)))
-    else:
-        model.lm_head.weight.normal_(0, mm.LOGIT_STD / math.sqrt(h), generator=gen)
-    model.rotary.register_buffer("inv_freq", rope_inv_freq(cfg).to(device), persistent=False)
-    return model.eval()
 
 
 @contextmanager

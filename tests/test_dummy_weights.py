@@ -1,0 +1,27 @@
+"""load_format=dummy: random weights drawn from the checkpoint's config, no weights file needed."""
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, EngineConfig, SamplingParams
+from engine.bench.random_model import write_checkpoint_stub
+
+
+def test_dummy_weights_serve_a_checkpoint_without_weights(tmp_path):
+    stub = write_checkpoint_stub(tmp_path / "stub", preset="tiny", dtype="float32")
+    assert not list(stub.glob("*.safetensors"))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        LLM(model=str(stub), kv_cache_bytes=4 << 20)
+    llm = LLM(model=str(stub), load_format="dummy", kv_cache_bytes=4 << 20)
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 8
+    again = LLM(model=str(stub), load_format="dummy", kv_cache_bytes=4 << 20)  # same seed, same weights
+    assert again.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids \
+        == out[0].outputs[0].token_ids
+
+
+def test_dummy_weights_are_checked():
+    with pytest.raises(ValueError, match="load_format"):
+        EngineConfig(model="x", load_format="random")
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        EngineConfig(model="x", load_format="dummy", tensor_parallel_size=2)
