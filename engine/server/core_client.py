@@ -78,6 +78,7 @@ class _Live:
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[_SeqState]
+    wake_on_finish_only: bool = False  # a non-streaming consumer needs only the final output
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
     num_cached_tokens: int = 0
@@ -95,7 +96,8 @@ class _Live:
             s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
-        self.changed.set()
+        if self.finished or not self.wake_on_finish_only:
+            self.changed.set()
 
     def output(self) -> RequestOutput:
         # The lists keep growing as deltas arrive: each output takes its length now and
@@ -246,19 +248,21 @@ class EngineCoreClient:
 
     async def generate(self, request_id: str, prompt: str | list[int], prompt_token_ids: list[int],
                        params: SamplingParams, priority: int = 0,
-                       trace_headers: dict[str, str] | None = None) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request until it finishes. Leaving early (the client
-        went away, the task was cancelled) aborts the request in the engine at once."""
+                       trace_headers: dict[str, str] | None = None,
+                       final_only: bool = False) -> AsyncIterator[RequestOutput]:
+        """Cumulative outputs of one request until it finishes (with `final_only`, just the
+        last). Leaving early (the client went away, the task was cancelled) aborts the
+        request in the engine at once."""
         self.check_can_serve()
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
         live = _Live(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
-                     [_SeqState() for _ in range(params.n)])
+                     [_SeqState() for _ in range(params.n)], wake_on_finish_only=final_only)
         self._live[request_id] = live
         finished = False
         try:
             self._send(AddRequest(request_id, live.prompt, prompt_token_ids, params, priority, time.time(),
-                                  trace_headers))
+                                  trace_headers, final_only))
             while True:
                 await live.changed.wait()
                 live.changed.clear()

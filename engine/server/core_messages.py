@@ -35,6 +35,7 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     priority: int
     arrival_time: float
     trace_headers: dict[str, str] | None = None
+    final_only: bool = False  # send this request's outputs once, when it finishes (non-streaming)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):

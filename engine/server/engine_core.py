@@ -131,6 +131,7 @@ class EngineCore:
         self.tracer = tracer
         self._encoder = encoder()
         self._sent: dict[str, list[_Sent]] = {}
+        self._final_only: set[str] = set()  # requests whose outputs go out only when they finish
         self._errors: list[RequestError] = []
         self._snapshot_due = True
         self._last_snapshot = 0.0
@@ -190,12 +191,15 @@ class EngineCore:
             self._errors.append(RequestError(msg.request_id, str(exc), True))
             return
         self._sent[msg.request_id] = [_Sent() for _ in range(msg.params.n)]
+        if msg.final_only:
+            self._final_only.add(msg.request_id)
         if self.tracer is not None:
             self.tracer.queued(msg.request_id, len(msg.prompt_token_ids), msg.params, msg.priority,
                                int(msg.arrival_time * 1e9), msg.trace_headers)
 
     def _abort(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
+        self._final_only.discard(request_id)
         if self.engine.abort(request_id) and self.tracer is not None:
             self.tracer.finished(request_id, "abort", 0)
 
@@ -236,7 +240,8 @@ class EngineCore:
             return True
         if self.tracer is not None:
             self.tracer.after_step(engine.requests)
-        deltas = [self._delta(out) for out in outputs]
+        final_only = self._final_only
+        deltas = [self._delta(out) for out in outputs if out.finished or out.request_id not in final_only]
         if not engine.has_unfinished():
             self._snapshot_due = True
         self._send(StepOutputs(deltas, self._take_errors(), engine.last_step, self._maybe_snapshot()))
@@ -259,6 +264,7 @@ class EngineCore:
             s.text = text
         if out.finished:
             self._sent.pop(out.request_id, None)
+            self._final_only.discard(out.request_id)
             if self.tracer is not None:
                 self.tracer.finished(out.request_id, out.outputs[0].finish_reason or "abort",
                                      sum(s.num_tokens for s in sent))
@@ -272,6 +278,7 @@ class EngineCore:
             except Exception:
                 log.exception("abort of %s after a failed step failed too", request_id)
             self._sent.pop(request_id, None)
+            self._final_only.discard(request_id)
             if self.tracer is not None:
                 self.tracer.finished(request_id, "abort", 0, error=repr(exc))
             self._errors.append(RequestError(request_id, message, False))

@@ -179,7 +179,7 @@ class OpenAIServing:
         if len(job.prompts) == 1:
             p = job.prompts[0]
             gen = self.engine.generate(job.request_id, p.text, p.token_ids, job.params, job.priority,
-                                       job.trace_headers)
+                                       job.trace_headers, final_only=not job.stream)
             try:
                 async for out in gen:
                     yield 0, out
@@ -191,7 +191,7 @@ class OpenAIServing:
 
         async def pump(i: int, p: _Prompt) -> None:
             gen = self.engine.generate(f"{job.request_id}-{i}", p.text, p.token_ids, job.params, job.priority,
-                                       job.trace_headers)
+                                       job.trace_headers, final_only=not job.stream)
             try:
                 async for out in gen:
                     await merged.put((i, out))
