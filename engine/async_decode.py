@@ -24,8 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
 from .fast_path.gpu_sampling import plain_greedy
@@ -33,50 +31,10 @@ from .sampler import sample
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .stats import StepStats
+from .token_readback import PendingTokens, TokenReadback
 
 if TYPE_CHECKING:
     from .llm_engine import LLMEngine
-
-
-class TokenReadback:
-    """A step's tokens and finiteness flag, computed on the device, with their copy to
-    pinned host memory under way. Two host buffers alternate: at most two steps are
-    in flight, and a buffer is reused only after the step that used it was read."""
-
-    def __init__(self, device: torch.device, max_rows: int):
-        pin = device.type == "cuda"
-        self._buffers = [torch.zeros(max_rows + 1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        self._turn = 0
-        self.device = device
-
-    def start(self, packed: torch.Tensor) -> "PendingTokens":
-        """Copy a step's packed answer ([1 + rows] int64 on the device: the finiteness
-        flag, then the tokens; greedy_head.py) to the host, without waiting."""
-        host = self._buffers[self._turn][: packed.numel()]
-        self._turn ^= 1
-        host.copy_(packed, non_blocking=True)
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return PendingTokens(packed[1:], host, event)
-
-
-@dataclass(slots=True)
-class PendingTokens:
-    device_tokens: torch.Tensor  # [rows] int64, feeds the next step's input ids
-    host: torch.Tensor  # [1 + rows]: the finiteness flag, then the tokens (filled asynchronously)
-    event: object | None  # torch.cuda.Event recorded after the copy; None on CPU (copy done)
-
-    def synchronize(self) -> None:
-        """Wait until the step, and every copy enqueued before it, has finished."""
-        if self.event is not None:
-            self.event.synchronize()
-
-    def wait(self) -> tuple[list[int], bool]:
-        self.synchronize()
-        finite, *tokens = self.host.tolist()
-        return tokens, bool(finite)
 
 
 @dataclass(slots=True)

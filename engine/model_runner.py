@@ -23,7 +23,7 @@ from .model import LlamaModel
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
-    from .async_decode import PendingTokens, TokenReadback
+    from .token_readback import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
 
