@@ -121,7 +121,7 @@ class AsyncDecode:
         for item in rows:  # the engine counted these tokens already; the rerun computes them again
             item.seq.num_computed_tokens -= item.num_tokens
         try:
-            tokens, _ = sample(engine.runner.execute(rows), [item.seq for item in rows],
+            tokens, _ = sample(engine.runner.execute(rows).logits, [item.seq for item in rows],
                                engine.tokenizer.eos_token_ids, engine.generator)
         finally:
             for item in rows:

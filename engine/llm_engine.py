@@ -230,23 +230,22 @@ class LLMEngine:
         """Run the step and choose its tokens. On the fast decode path the non-finite check
         comes back with the tokens (one host sync); if it fails, the step runs again on
         the portable path, with the seeded generators rewound."""
-        logits = self.runner.execute(batch)
+        output = self.runner.execute(batch)
         if not sampling:
             return [], []
-        take = getattr(self.runner, "take_sampled_tokens", None)  # greedy, read with the fast path's check
-        tokens = (take() if take is not None else None) or greedy_on_device(logits, sampling)
+        tokens = output.sampled_token_ids or greedy_on_device(output.logits, sampling)
         if tokens is not None:
             return tokens, [None] * len(sampling)
-        flag = self.runner.take_finite_flag() if hasattr(self.runner, "take_finite_flag") else None
+        flag = output.finite
         generators = [self.generator] + [s.generator for s in sampling if s.generator] if flag is not None else []
         rewind = [(g, g.get_state()) for g in generators]
         try:
-            return sample(logits, sampling, self.tokenizer.eos_token_ids, self.generator, finite=flag)
+            return sample(output.logits, sampling, self.tokenizer.eos_token_ids, self.generator, finite=flag)
         except NonFiniteLogits:
             for generator, state in rewind:
                 generator.set_state(state)
             self.runner.non_finite_after_all()
-            return sample(self.runner.execute(batch), sampling, self.tokenizer.eos_token_ids, self.generator)
+            return sample(self.runner.execute(batch).logits, sampling, self.tokenizer.eos_token_ids, self.generator)
 
     def _cool(self, seqs) -> None:
         """Quantize full blocks that left the hot window (not in fallback: no quantized

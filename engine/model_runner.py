@@ -20,6 +20,7 @@ from .fast_path.cold_layout import cold_prefix_layout
 from .fast_path.gpu_sampling import can_sample_greedy_on_device
 from .kv_cache import KVCache
 from .model import LlamaModel
+from .runner_output import RunnerOutput
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
@@ -52,11 +53,6 @@ class ModelRunner:
         # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
         # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
         self.fast_decode = None
-        # Greedy tokens a fast decode step already read back with its finiteness check
-        # (one host synchronisation for both); the engine takes them instead of sampling.
-        self.sampled_tokens: list[int] | None = None
-        # Otherwise the check's flag, still on the device, for the sampler to read with its tokens.
-        self.finite_flag: torch.Tensor | None = None
 
     def refresh_kv_views(self) -> None:
         """Per-layer (k, v, cold) views of the arena; call again after cold KV is enabled."""
@@ -129,30 +125,20 @@ class ModelRunner:
         )
         return torch.tensor(input_ids, dtype=torch.long, device=dev), meta, sample_rows
 
-    def take_sampled_tokens(self) -> list[int] | None:
-        """The last step's greedy tokens if the fast decode path read them already, else None."""
-        tokens, self.sampled_tokens = self.sampled_tokens, None
-        return tokens
-
-    def take_finite_flag(self) -> torch.Tensor | None:
-        """The last fast decode step's unread finiteness check (a device bool), else None."""
-        flag, self.finite_flag = self.finite_flag, None
-        return flag
-
     def non_finite_after_all(self) -> None:
         """The sampler found the deferred check false: switch to the fallback path (the
         caller runs the step again, which rewrites the same K/V slots)."""
         self._switch_to_fallback(FastPathError("non_finite_logits", "non-finite logits on the fast path"))
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits [num sampling sequences, vocab] in float32, in batch order."""
-        self.sampled_tokens = self.finite_flag = None
+    def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
+        """Run the batch: logits [num sampling sequences, vocab] in float32, in batch
+        order, and on the fast decode path its greedy tokens or its finiteness check."""
         if self.mode == "fast" and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
-                logits = self._fast_decode_checked(batch)
-                if logits is not None:  # None: a cold-block layout the graphs do not take
-                    return logits
+                output = self._fast_decode_checked(batch)
+                if output is not None:  # None: a cold-block layout the graphs do not take
+                    return output
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
                 self._switch_to_fallback(exc)
         input_ids, meta, sample_rows = self.prepare(batch)
@@ -160,10 +146,11 @@ class ModelRunner:
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
         if self.mode == "fast" and fast_handles_batch:
             try:
-                return self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
+                return RunnerOutput(self._forward(input_ids, meta, sample_rows, self._fast_attention_checked,
+                                                  check=True))
             except Exception as exc:  # any fast-path failure: fall back, keep serving
                 self._switch_to_fallback(exc)
-        return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
+        return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
 
     @torch.inference_mode()
     def launch_greedy_decode(self, batch: list[ScheduledSeq], readback: "TokenReadback",
@@ -187,7 +174,7 @@ class ModelRunner:
             self._switch_to_fallback(exc)
             return None
 
-    def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
+    def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> RunnerOutput | None:
         if self._injected_failure is not None:
             reason, self._injected_failure = self._injected_failure, None
             raise FastPathError("injected", f"injected fast-path failure: {reason}")
@@ -201,10 +188,8 @@ class ModelRunner:
             ok, *tokens = packed.tolist()
             if not ok:
                 raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
-            self.sampled_tokens = tokens
-        else:  # the sampler reads the flag with its tokens (engine.step)
-            self.finite_flag = packed[0]
-        return logits
+            return RunnerOutput(logits, sampled_token_ids=tokens)
+        return RunnerOutput(logits, finite=packed[0])  # the sampler reads it with its tokens
 
     def _switch_to_fallback(self, exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__

@@ -145,11 +145,11 @@ def record_logits(engine) -> dict[str, list[torch.Tensor]]:
     execute = engine.runner.execute
 
     def recording(batch):
-        logits = execute(batch)
+        output = execute(batch)
         rows = [it.seq.request_id for it in batch if it.completes]
-        for rid, row in zip(rows, logits):
+        for rid, row in zip(rows, output.logits):
             seen.setdefault(rid, []).append(row.float().cpu())
-        return logits
+        return output
 
     engine.runner.execute = recording
     return seen

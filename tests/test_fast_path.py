@@ -17,6 +17,7 @@ from engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, h
 from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
 from engine.fast_path.greedy_head import greedy_with_flag_reference
 from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
+from engine.runner_output import RunnerOutput
 
 needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
                                   reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
@@ -73,7 +74,7 @@ def _decoding_batch(llm, prompts):
         sched = engine.scheduler.schedule()
         if is_pure_decode(sched.scheduled):
             return sched.scheduled
-        logits = engine.runner.execute(sched.scheduled)
+        logits = engine.runner.execute(sched.scheduled).logits
         sampling = [item.seq for item in sched.scheduled if item.completes]
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_tokens
@@ -181,9 +182,15 @@ def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, m
     llm = LLM(tiny_model, async_scheduling=False)
     runner = llm.engine.runner
     runner.fast_decode = FakeDecode(runner, behaviour)
-    reads = []
-    take = runner.take_sampled_tokens
-    runner.take_sampled_tokens = lambda: (reads.append(runner.sampled_tokens), take())[1]
+    reads = []  # each step's greedy tokens as the runner handed them to the engine
+    execute = runner.execute
+
+    def recording(batch):
+        output = execute(batch)
+        reads.append(output.sampled_token_ids)
+        return output
+
+    runner.execute = recording
     transfers = []
     tolist = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (transfers.append(t.shape), tolist(t))[1])
@@ -195,6 +202,24 @@ def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, m
         assert len(decode_reads) == GREEDY.max_tokens - 1  # tokens + flag, once per decode step
     else:
         assert runner.mode == "fallback" and all(r is None for r in reads)
+
+
+def test_engine_takes_the_greedy_tokens_the_runner_output_carries(tiny_model):
+    """The engine reads a step's tokens from the runner's output only: greedy tokens
+    there are used as they are, not recomputed from the logits."""
+    llm = LLM(tiny_model, async_scheduling=False)
+    runner = llm.engine.runner
+    execute = runner.execute
+
+    def decoding_sevens(batch):
+        output = execute(batch)
+        if not is_pure_decode(batch):
+            return output
+        return RunnerOutput(output.logits, sampled_token_ids=[7] * len(batch))
+
+    runner.execute = decoding_sevens
+    for out in llm.generate(PROMPTS, GREEDY):
+        assert out.outputs[0].token_ids[1:] == [7] * (GREEDY.max_tokens - 1)
 
 
 def test_fast_decode_used_for_pure_decode_steps_only(tiny_model):

@@ -82,9 +82,9 @@ def record_logits(llm: LLM) -> list[torch.Tensor]:
     execute = runner.execute
 
     def recording(batch):
-        logits = execute(batch)
-        seen.append(logits.detach().clone())
-        return logits
+        output = execute(batch)
+        seen.append(output.logits.detach().clone())
+        return output
 
     runner.execute = recording
     return seen

@@ -38,6 +38,7 @@ from ..fast_path import unavailable_reason
 from ..kv_cache import KVCache
 from ..model_config import ModelConfig
 from ..model_runner import FastPathError, ModelRunner
+from ..runner_output import RunnerOutput
 from .shard_step import meta_to, run_shard
 from .sharded_model import load_sharded_model
 from .sharding import ShardSpec, check_divisible
@@ -324,19 +325,21 @@ class TPRunner(ModelRunner):
         return input_ids.to(device), meta_to(meta, device), sample_rows
 
     @torch.inference_mode()
-    def execute(self, batch) -> torch.Tensor:
-        """As ModelRunner.execute, but only a FastPathError switches to the fallback: any
-        other failure has left the ranks out of step and ends the engine."""
+    def execute(self, batch) -> RunnerOutput:
+        """As ModelRunner.execute (logits only: no decode graphs here), but only a
+        FastPathError switches to the fallback: any other failure has left the ranks out
+        of step and ends the engine."""
         self._check()
         input_ids, meta, sample_rows = self.prepare(batch)
         has_cold = self.kv_layers[0][2] is not None
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
         if self.mode == "fast" and fast_handles_batch:
             try:
-                return self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
+                return RunnerOutput(self._forward(input_ids, meta, sample_rows, self._fast_attention_checked,
+                                                  check=True))
             except FastPathError as exc:
                 self._switch_to_fallback(exc)
-        return self._forward(input_ids, meta, sample_rows, paged_attention, check=False)
+        return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
 
     def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
         host_ids, host_meta = self._host_inputs
