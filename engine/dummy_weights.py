@@ -5,6 +5,13 @@ reading them back costs minutes. The checkpoint directory still supplies config.
 the tokenizer; the weights follow make_model's initialisation (unit-variance
 embeddings, 1/sqrt(fan_in) projections, norms near 1, LM head scaled to a logit std of
 LOGIT_STD), so outputs are as varied as a written random checkpoint's.
+
+A preset's LM head can be wider than make_model's tokenizer (llama3-8b-shape keeps Llama
+3's 128,256 rows over a 4,096-token tokenizer); ids past the tokenizer decode to no text,
+and greedy decoding on random weights then streams a couple of chunks per request
+instead of one per token. `confine_head_to_tokenizer` zeroes those rows: their logits are
+exactly 0 while the others spread with a std of about LOGIT_STD, so the argmax stays
+inside the tokenizer, and every step still computes the full head.
 """
 from __future__ import annotations
 
@@ -52,3 +59,13 @@ def random_model_on_device(model_dir: str | Path, dtype: torch.dtype, device: to
         model.lm_head.weight.normal_(0, mm.LOGIT_STD / math.sqrt(h), generator=gen)
     model.rotary.register_buffer("inv_freq", rope_inv_freq(cfg).to(device), persistent=False)
     return model.eval()
+
+
+@torch.no_grad()
+def confine_head_to_tokenizer(model: LlamaModel, model_dir: str | Path) -> LlamaModel:
+    from tokenizers import Tokenizer
+
+    visible = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    if model.lm_head.weight is not model.embed_tokens.weight:  # tied rows are the embedding: leave them
+        model.lm_head.weight[visible:].zero_()
+    return model

@@ -46,9 +46,9 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
     if load_format == "dummy":
-        from .dummy_weights import random_model_on_device
+        from .dummy_weights import confine_head_to_tokenizer, random_model_on_device
 
-        return random_model_on_device(model_dir, dtype, device, seed=seed)
+        return confine_head_to_tokenizer(random_model_on_device(model_dir, dtype, device, seed=seed), model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = LlamaModel(cfg)
