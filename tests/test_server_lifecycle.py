@@ -4,6 +4,7 @@ mid-stream. Signals go to real processes (`inferd serve`, its engine core)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -51,6 +52,30 @@ def sse_events(response: httpx.Response):
             yield line[len("data: "):]
 
 
+@contextlib.contextmanager
+def serving(tiny_model: str, *args: str):
+    """`inferd serve` on the tiny model as a process, ready: (process, url)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = serve(["--model", tiny_model, "--served-model-name", MODEL_NAME, "--port", str(port), *args], {})
+    try:
+        wait_healthy(proc, url)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+
+
+def stream_then(url: str, body: dict, action) -> list[str]:
+    """Open a stream, read its first event, run `action()`, then read the rest."""
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+        assert json.loads(next(events))["choices"]
+        action()
+        return list(events)
+
+
 def slow_engine(config):
     """An engine that takes three seconds to load (built in the engine core process)."""
     from engine.llm_engine import LLMEngine
@@ -77,37 +102,21 @@ def test_loading_then_ready(tiny_model):
 
 @pytest.mark.slow
 def test_sigkill_of_the_engine_core_gives_503_and_the_server_exits(tiny_model):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = serve(["--model", tiny_model, "--served-model-name", MODEL_NAME, "--port", str(port)], {})
-    try:
-        wait_healthy(proc, url)
+    with serving(tiny_model) as (proc, url):
         core = engine_core_pid(proc.pid)
-        with httpx.Client(timeout=60) as client, client.stream("POST", f"{url}/v1/completions",
-                                                               json=LONG_STREAM) as response:
-            assert response.status_code == 200
-            events = sse_events(response)
-            assert json.loads(next(events))["choices"]
-            os.kill(core, signal.SIGKILL)
-            rest = list(events)  # the stream ends (no hang) with an error event, then [DONE]
+        # The stream ends (no hang) with an error event, then [DONE].
+        rest = stream_then(url, LONG_STREAM, lambda: os.kill(core, signal.SIGKILL))
         assert rest[-1] == "[DONE]"
         errors = [json.loads(e)["error"] for e in rest[:-1] if '"error"' in e]
         assert errors and errors[-1]["code"] == "engine_dead", rest[-3:]
         after = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert after.status_code == 503 and after.json()["error"]["code"] == "engine_dead"
         assert proc.wait(30) == 70
-    finally:
-        if proc.poll() is None:
-            stop(proc)
 
 
 @pytest.mark.slow
 def test_sigstop_of_the_engine_core_turns_ready_to_stalled(tiny_model):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = serve(["--model", tiny_model, "--served-model-name", MODEL_NAME, "--port", str(port), "--stall-timeout", "2"], {})
-    try:
-        wait_healthy(proc, url)
+    with serving(tiny_model, "--stall-timeout", "2") as (proc, url):
         core = engine_core_pid(proc.pid)
         os.kill(core, signal.SIGSTOP)
         try:
@@ -116,59 +125,36 @@ def test_sigstop_of_the_engine_core_turns_ready_to_stalled(tiny_model):
         finally:
             os.kill(core, signal.SIGCONT)
         wait_until(lambda: ready_code(url) is None, 30, "ready again")
-    finally:
-        stop(proc)
 
 
 @pytest.mark.slow
 def test_sigterm_drains_streams_and_exits_zero(tiny_model):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = serve(["--model", tiny_model, "--served-model-name", MODEL_NAME, "--port", str(port)], {})
-    try:
-        wait_healthy(proc, url)
-        body = {**LONG_STREAM, "max_tokens": 300}
-        with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/completions",
-                                                                json=body) as response:
-            events = sse_events(response)
-            assert json.loads(next(events))["choices"]
+    with serving(tiny_model) as (proc, url):
+        refused = {}
+
+        def sigterm_then_try_another():
             proc.send_signal(signal.SIGTERM)
             wait_until(lambda: ready_code(url) == "draining", 10, "draining")
-            refused = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
-            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-            assert int(refused.headers["retry-after"]) > 0
-            rest = list(events)
+            refused["r"] = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+
+        rest = stream_then(url, {**LONG_STREAM, "max_tokens": 300}, sigterm_then_try_another)
+        assert refused["r"].status_code == 503 and refused["r"].json()["error"]["code"] == "draining"
+        assert int(refused["r"].headers["retry-after"]) > 0
         assert rest[-1] == "[DONE]"
         chunks = [json.loads(e) for e in rest[:-1]]
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
         assert chunks[-1]["usage"]["completion_tokens"] == 300
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            stop(proc)
 
 
 @pytest.mark.slow
 def test_drain_timeout_ends_streams_with_a_final_chunk(tiny_model):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = serve(["--model", tiny_model, "--served-model-name", MODEL_NAME, "--port", str(port), "--shutdown-timeout", "1"], {})
-    try:
-        wait_healthy(proc, url)
-        body = {**LONG_STREAM, "max_tokens": 1900}
-        with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/completions",
-                                                                json=body) as response:
-            events = sse_events(response)
-            assert json.loads(next(events))["choices"]
-            proc.send_signal(signal.SIGTERM)
-            rest = list(events)
+    with serving(tiny_model, "--shutdown-timeout", "1") as (proc, url):
+        rest = stream_then(url, {**LONG_STREAM, "max_tokens": 1900}, lambda: proc.send_signal(signal.SIGTERM))
         assert rest[-1] == "[DONE]"
         reasons = [c["choices"][0]["finish_reason"] for c in map(json.loads, rest[:-1]) if c["choices"]]
         assert reasons[-1] == "abort"
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            stop(proc)
 
 
 def test_busy_port_fails_before_loading(tiny_model):
