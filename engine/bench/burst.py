@@ -6,6 +6,9 @@
    --url), the same N requests sent at once to /v1/completions with token-id prompts,
    non-streaming and/or streaming, by a thin client (engine/bench/burst_client.py).
 
+The model: --model DIR, or --preset (make_model's config and tokenizer; each side draws
+the same random weights on its device, load_format dummy).
+
 Per phase: output tokens/s over the burst's wall time (and its ratio to offline), TTFT
 p50/p99 (offline: first token; streaming: first chunk carrying text), the time until
 every request had its first token, end-to-end p50/p99, errors and requests whose token
@@ -149,15 +152,22 @@ def _server_bursts(url: str, cfg: BurstConfig, prompts: dict[bool, list[list[int
 
 
 def _git_commit() -> str | None:
+    """HEAD of the checkout this code runs from ("-dirty" with tracked changes); None for a
+    copy that is not a checkout itself (a copy inside another repository would report
+    that repository's HEAD)."""
     root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != root:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
-    return head + ("-dirty" if dirty else "")
 
 
 def _cpu_model() -> str | None:
@@ -189,8 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 8; 0: none)")
     parser.add_argument("--warmup-output-len", type=int, default=4, help="output tokens per warm-up request")
     parser.add_argument("--model", help="checkpoint directory for both sides")
-    parser.add_argument("--preset", choices=PRESETS, help="random make-model checkpoint written under a "
-                        "temporary folder and removed after (default tiny, without --model or --url)")
+    parser.add_argument("--preset", choices=PRESETS, help="make-model shape with random weights drawn on the "
+                        "device by both sides (load_format dummy); default tiny, without --model or --url")
     parser.add_argument("--url", help="burst a running server instead of starting one; the offline phase "
                         "then runs only with --model or --preset")
     parser.add_argument("--vocab-size", type=int, help="prompt ids are drawn below this (default: the model's; "
@@ -204,14 +214,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
 
 
-def write_random_checkpoint_logged(out_dir: str, preset: str, dtype: str, device: str) -> Path:
-    from .burst_offline import write_random_checkpoint
+def preset_checkpoint(out_dir: str, preset: str, options: dict) -> str:
+    """make_model's directory for `preset` without its weights: both sides draw the same
+    random ones on their device (load_format=dummy, one seed), so nothing is written or
+    read for llama3-8b-shape's 16 GB."""
+    from .random_model import write_checkpoint_stub
 
-    start = time.perf_counter()
-    out = write_random_checkpoint(out_dir, preset, dtype, device)
-    log.info("wrote a random %s checkpoint (%s, drawn on %s) in %.1f s", preset, dtype, device,
-             time.perf_counter() - start)
-    return out
+    return str(write_checkpoint_stub(out_dir, preset=preset, dtype=_checkpoint_dtype(options, _device(options))))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,16 +233,18 @@ def run(args: argparse.Namespace) -> int:
         EngineConfig.from_dict({"model": "", **options})  # a bad value fails here, before any checkpoint is written
         if args.model and args.preset:
             raise ValueError("give --model or --preset, not both")
+        preset = args.preset or (None if args.model or args.url else "tiny")
+        if preset and options.setdefault("load_format", "dummy") != "dummy":
+            raise ValueError("a --preset checkpoint has no weights on disk (load_format dummy); "
+                             "for load_format auto write one with `inferd make-model` and give --model")
     except ValueError as exc:
         log.error("bad option: %s", exc)
         return 2
-    preset = args.preset or (None if args.model or args.url else "tiny")
     tmp = tempfile.mkdtemp(prefix=f"inferd-burst-{preset}-") if preset else None
     try:
         model_dir = args.model
         if preset:
-            device = _device(options)
-            model_dir = str(write_random_checkpoint_logged(tmp, preset, _checkpoint_dtype(options, device), device))
+            model_dir = preset_checkpoint(tmp, preset, options)
         vocab = args.vocab_size or (json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
                                     if model_dir else URL_ONLY_VOCAB)
         if options.get("max_num_seqs", 64) < cfg.num_requests:

@@ -1,12 +1,10 @@
 """The burst's offline side: the engine in this process, every request submitted at
-once and stepped to the end, with each request's first-token time recorded; and the
-random checkpoint both sides load."""
+once and stepped to the end, with each request's first-token time recorded."""
 from __future__ import annotations
 
 import gc
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -17,38 +15,6 @@ class OfflineResult:
     first_token: list[float]  # per request, seconds from submission
     first_text: list[float]  # per request, first output with non-empty text (what a stream can show)
     num_tokens: list[int]  # output tokens per request
-
-
-def write_random_checkpoint(out_dir: str | Path, preset: str, dtype: str, device: str, seed: int = 0) -> Path:
-    """make_model's checkpoint for `preset`, the weights drawn on `device`: the GPU draws
-    llama3-8b-shape's 16 GB in seconds, where make_model's CPU generator takes minutes.
-    Written to disk because the server is another process and loads from there.
-
-    llama3-8b-shape keeps Llama 3's 128,256-row LM head but make_model's tokenizer has
-    4,096 tokens, and ids past the tokenizer decode to no text: greedy decoding on random
-    weights then streams about two chunks per request instead of one per token (measured
-    on the H200), and the streaming phase would skip the per-token work it is there to
-    measure. So the head's rows past the tokenizer are zeroed: their logits are exactly
-    0 while the others spread with a std of about 4, and the argmax stays inside the
-    tokenizer. The head is as large as before, so every step computes the same."""
-    from tokenizers import Tokenizer
-
-    from ..make_model import save_weights
-    from .random_model import random_model_on_device, write_checkpoint_stub
-
-    out = write_checkpoint_stub(out_dir, preset=preset, dtype=dtype)
-    model = random_model_on_device(out, getattr(torch, dtype), torch.device(device), seed=seed)
-    visible = Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
-    if model.lm_head.weight is not model.embed_tokens.weight:  # (stubs are untied; tied rows are the embedding)
-        with torch.no_grad():
-            model.lm_head.weight[visible:].zero_()
-    weights = {(n if n.startswith("lm_head") else "model." + n): p.detach().cpu()
-               for n, p in model.named_parameters()}
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    save_weights(weights, out, shard_bytes=4 << 30)  # shards keep safetensors' write buffers small
-    return out
 
 
 def run_offline(model_dir: str, engine_options: dict, prompts: list[list[int]], output_len: int,
