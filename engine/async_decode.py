@@ -79,11 +79,10 @@ class AsyncDecode:
     def launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
         """Start a scheduled greedy decode batch on the graphs without waiting for its tokens."""
         runner = self.engine.runner
-        launch = getattr(runner, "launch_greedy_decode", None)
-        if (not self.engine.config.async_scheduling or launch is None or getattr(runner, "fast_decode", None) is None
+        if (not self.engine.config.async_scheduling or runner.fast_decode is None
                 or not is_pure_decode(batch) or not all(plain_greedy(item.seq) for item in batch)):
             return None
-        pending = launch(batch, self._token_readback())
+        pending = runner.launch_greedy_decode(batch, self._token_readback())
         return InflightStep(batch, pending, stats) if pending is not None else None
 
     def launch_next(self, prev: InflightStep) -> InflightStep | None:

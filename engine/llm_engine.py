@@ -23,6 +23,7 @@ from .outputs import RequestOutput
 from .async_decode import AsyncDecode, InflightStep
 from .fast_path import attach_fast_path, greedy_on_device
 from .request_validator import RequestLimits, RequestValidator
+from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
@@ -78,18 +79,20 @@ class LLMEngine:
         if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
             from .parallel import TPRunner
 
-            self.runner = TPRunner(config.model, mc, self.dtype, self.device, tp, num_blocks, num_host_blocks,
-                                   config.block_size, config.mode, self.host_numa_node, cold_kinds,
-                                   pages=self.block_manager.pool.pages)
-            self.model, self.kv_cache = self.runner.model, self.runner.kv_cache
-            self.fast_path_unavailable = self.runner.fast_path_unavailable
+            tp_runner = TPRunner(config.model, mc, self.dtype, self.device, tp, num_blocks, num_host_blocks,
+                                 config.block_size, config.mode, self.host_numa_node, cold_kinds,
+                                 pages=self.block_manager.pool.pages)
+            self.model, self.kv_cache = tp_runner.model, tp_runner.kv_cache
+            self.fast_path_unavailable = tp_runner.fast_path_unavailable
+            self.runner: ModelRunnerProtocol = tp_runner
         else:
             self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
                                     mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
                                     cold_kinds=cold_kinds)
-            self.runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
-                                      pages=self.block_manager.pool.pages)
-            self.fast_path_unavailable = attach_fast_path(self.runner, self.max_model_len)  # None: attached
+            runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
+                                 pages=self.block_manager.pool.pages)
+            self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
+            self.runner = runner
         self.runner.on_fastpath_failure = self._on_fastpath_failure
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws, on the logits' device
         self.requests: dict[str, Request] = {}

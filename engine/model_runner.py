@@ -24,6 +24,7 @@ from .runner_output import RunnerOutput
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
+    from .fast_path.cuda_graphs import DecodeGraphs
     from .token_readback import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
+        # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
+        # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
+        self.fast_decode: DecodeGraphs | None = None
         self.refresh_kv_views()
         self.block_size = block_size
         self.device = kv_cache.device
@@ -50,15 +54,12 @@ class ModelRunner:
         self.fast_attention = fast_attention or paged_attention
         self.on_fastpath_failure: Callable[[str], None] = lambda reason: None
         self._injected_failure: str | None = None
-        # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
-        # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
-        self.fast_decode = None
 
     def refresh_kv_views(self) -> None:
         """Per-layer (k, v, cold) views of the arena; call again after cold KV is enabled."""
         self.kv_layers = [self.kv_cache.layer_views(i) for i in range(self.model.config.num_hidden_layers)]
-        fast_decode = getattr(self, "fast_decode", None)
-        if fast_decode is not None and hasattr(fast_decode, "decoder"):
+        fast_decode = self.fast_decode
+        if fast_decode is not None:
             fast_decode.decoder.set_kv_layers(self.kv_layers)
             if fast_decode.graphs:  # a cold kind switched on at run time: its graphs now, not mid-decode
                 try:
@@ -204,7 +205,7 @@ class ModelRunner:
         return self.fast_attention(*args, **kwargs)
 
     def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
-        decoder = getattr(self.fast_decode, "decoder", None) if check else None
+        decoder = self.fast_decode.decoder if check and self.fast_decode is not None else None
         if decoder is not None:  # fast path on a device with the fused ops: prefill and mixed steps too
             hidden = decoder.forward_step(input_ids, meta, attention_fn)
         else:

@@ -18,6 +18,7 @@ from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, i
 from engine.fast_path.greedy_head import greedy_with_flag_reference
 from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
 from engine.runner_output import RunnerOutput
+from engine.runner_protocol import ModelRunnerProtocol
 
 needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
                                   reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
@@ -40,6 +41,7 @@ def test_unavailable_on_cpu_with_reason():
 
 def test_engine_on_cpu_stays_portable(tiny_model):
     llm = LLM(tiny_model)
+    assert isinstance(llm.engine.runner, ModelRunnerProtocol)  # everything the engine uses of a runner
     assert llm.engine.fast_path_unavailable is not None
     assert llm.engine.runner.fast_decode is None
     assert attach_fast_path(llm.engine.runner, 128) == llm.engine.fast_path_unavailable
@@ -116,6 +118,8 @@ def test_device_greedy_only_for_plain_greedy_on_cuda(tiny_model):
 # --- fallback switching -------------------------------------------------------------
 class FakeDecode:
     """Stands in for DecodeGraphs: counts calls and fails or returns what it is told."""
+
+    decoder = None  # no fused forward: prefill and mixed steps run the model's own
 
     def __init__(self, runner, behaviour):
         self.runner, self.behaviour, self.calls = runner, behaviour, 0

@@ -20,6 +20,7 @@ from engine.loader import load_model
 from engine.model_config import ModelConfig
 from engine.parallel import ShardSpec, TensorParallelError, check_divisible, local_config, shard_tensor, split_dim
 from engine.parallel.sharding import read_shards
+from engine.runner_protocol import ModelRunnerProtocol
 
 HANG_GUARD_S = 120  # a hung engine fails the test instead of the whole run
 
@@ -253,6 +254,7 @@ def test_workers_keep_multicast_off_and_hold_their_share_of_kv_heads(engines):
     assert info["env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     assert info["num_kv_heads"] == 1
     assert tp2.engine.kv_cache.shape.num_kv_heads == 1  # rank 0's pool: its half too
+    assert isinstance(tp2.engine.runner, ModelRunnerProtocol)  # everything the engine uses of a runner
 
 
 @pytest.mark.slow

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from .availability import has_triton, unavailable_reason
 from .cuda_graphs import GRAPH_LADDER, graph_batch_size, is_pure_decode
 from .gpu_sampling import greedy_on_device
+
+if TYPE_CHECKING:
+    from ..model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -19,13 +23,13 @@ __all__ = ["attach_fast_path", "has_triton", "unavailable_reason", "GRAPH_LADDER
            "is_pure_decode", "greedy_on_device"]
 
 
-def hot_kv_layers(runner) -> list[tuple]:
-    """Per layer (k_cache, v_cache) views of the hot KV blocks, from either runner layout."""
-    layers = getattr(runner, "kv_layers", None) or runner.kv_cache.layers
-    return [(kv[0], kv[1]) for kv in layers]
+def hot_kv_layers(runner: ModelRunner) -> list[tuple]:
+    """Per layer (k_cache, v_cache) views of the hot KV blocks."""
+    return [(kv[0], kv[1]) for kv in runner.kv_layers]
 
 
-def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True, capture: bool = True) -> str | None:
+def attach_fast_path(runner: ModelRunner, max_model_len: int, use_graphs: bool = True,
+                     capture: bool = True) -> str | None:
     """Give `runner` the Triton attention and the decode graphs when this device can run
     them, capturing every graph now (`capture`: compile and capture at start, not in the
     middle of serving). Returns None when attached, else why not (the runner keeps the
@@ -42,9 +46,9 @@ def attach_fast_path(runner, max_model_len: int, use_graphs: bool = True, captur
     from .triton_attention import triton_paged_attention
 
     runner.fast_attention = triton_paged_attention
-    decoder = FastDecoder(runner.model, getattr(runner, "kv_layers", None) or hot_kv_layers(runner))
+    decoder = FastDecoder(runner.model, runner.kv_layers)
     runner.fast_decode = DecodeGraphs(decoder, runner.block_size, max_model_len, runner.device,
-                                      pages=getattr(runner, "pages", None), use_graphs=use_graphs)
+                                      pages=runner.pages, use_graphs=use_graphs)
     if use_graphs and capture:
         start = time.perf_counter()
         try:
