@@ -89,7 +89,7 @@ class StepOutputs(msgspec.Struct, tag="outputs", array_like=True):
     outputs: list[RequestDelta]
     errors: list[RequestError]
     stats: StepStats | None
-    snapshot: EngineSnapshot | None  # sent at most every few tens of ms, and whenever the engine turns idle
+    snapshot: EngineSnapshot | None  # at most every snapshot_interval_s, and whenever the engine turns idle
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", array_like=True):
