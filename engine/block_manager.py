@@ -212,7 +212,5 @@ class BlockManager:
     def blocks_by_kind(self) -> dict[str, int]:
         """Live blocks (referenced by some sequence) per kind: hot, int8, int4."""
         counts = {HOT: 0, **{k: 0 for k in self.slots_per_page}}
-        for block_id, block in self.pool.blocks.items():
-            if block.ref_count > 0:
-                counts[self.pool.pages.locate(block_id)[0]] += 1
+        counts.update(self.pool.live_by_kind)
         return counts

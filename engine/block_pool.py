@@ -17,10 +17,13 @@ Invariants (checked by tests/test_block_pool.py and tests/test_block_accounting.
   block holding that content, hot or cold. A cold block whose last reference goes is
   freed at once (its slot is not kept as a cache entry, so that a page never stays
   pinned by one cached slot); a hot one stays cached until its page is reused.
+- `live_by_kind` counts the blocks with references per kind and `num_cached_free_blocks`
+  the free pages still holding a hashed hot block; both are kept as blocks change, so
+  reading them (every metrics snapshot) never walks the pool.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,6 +158,8 @@ class BlockPool:
         self.pages = PageAllocator(num_blocks, slots_per_page)
         self.blocks: dict[int, Block] = {i: Block(i) for i in range(num_blocks)}
         self.hash_to_block: dict[int, int] = {}
+        self.live_by_kind: Counter[str] = Counter()  # blocks with ref_count > 0, per kind
+        self._num_cached_free = 0
 
     @property
     def num_blocks(self) -> int:
@@ -170,7 +175,10 @@ class BlockPool:
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return sum(1 for p in self.pages.free_queue if self.blocks[p].content_hash is not None)
+        return self._num_cached_free
+
+    def _is_cached_free(self, page: int) -> bool:
+        return page in self.pages.free_queue and self.blocks[page].content_hash is not None
 
     def is_cold(self, block_id: int) -> bool:
         return self.pages.is_cold(block_id)
@@ -183,10 +191,13 @@ class BlockPool:
 
     def take(self) -> int:
         """A free page for a new hot block; evicts the page's cached content if any."""
-        page = self.pages.take_hot()
+        page = next(iter(self.pages.free_queue))
+        self._num_cached_free -= self._is_cached_free(page)
+        self.pages.take_hot()
         block = self.blocks[page]
         self._forget_hash(block)
         block.ref_count = 1
+        self.live_by_kind[HOT] += 1
         return page
 
     def can_take_cold(self, kind: str) -> bool:
@@ -195,15 +206,20 @@ class BlockPool:
     def take_cold(self, kind: str) -> int:
         # Taking a fresh page evicts whatever hot content it cached.
         if not self.pages.open_pages[kind] and self.pages.free_queue:
-            self._forget_hash(self.blocks[next(iter(self.pages.free_queue))])
+            page = next(iter(self.pages.free_queue))
+            self._num_cached_free -= self._is_cached_free(page)
+            self._forget_hash(self.blocks[page])
         block_id = self.pages.take_cold(kind)
         self.blocks[block_id] = Block(block_id, ref_count=1)
+        self.live_by_kind[kind] += 1
         return block_id
 
     def touch(self, block_id: int) -> None:
         """Take a reference on a block found in the prefix cache."""
         block = self.blocks[block_id]
         if block.ref_count == 0:  # only hot blocks linger at 0 references
+            self._num_cached_free -= self._is_cached_free(block_id)
+            self.live_by_kind[HOT] += 1
             del self.pages.free_queue[block_id]
             self.pages.page_kind[block_id] = HOT
             self.pages.page_kind_code[block_id] = KIND_CODE[HOT]
@@ -216,19 +232,24 @@ class BlockPool:
         block.ref_count -= 1
         if block.ref_count > 0:
             return
+        kind = self.pages.locate(block_id)[0]
+        self.live_by_kind[kind] -= 1
         if self.pages.is_cold(block_id):
             self._forget_hash(block)
             del self.blocks[block_id]
-            self.pages.release_cold(block_id)
+            self.pages.release_cold(block_id)  # a page it empties goes back with no hashed block
             return
         if block.content_hash is not None and self.hash_to_block.get(block.content_hash) != block_id:
             self._forget_hash(block)  # a quantized copy now answers for this content
         self.pages.release_hot(block_id, to_head=block.content_hash is None)
+        self._num_cached_free += block.content_hash is not None
 
     def register(self, block_id: int, content_hash: int, token_ids: tuple[int, ...], prefer: bool = False) -> None:
         """Record a full block's content. `prefer` points the hash at this block even if
         another holds the same content (a freshly quantized copy replaces the hot one)."""
         block = self.blocks[block_id]
+        if block.ref_count == 0:
+            raise RuntimeError(f"block {block_id} registered with no reference")
         block.content_hash = content_hash
         block.token_ids = token_ids
         if prefer:

@@ -1,6 +1,8 @@
 """Property-based: random add/step/abort sequences never break block accounting."""
 from __future__ import annotations
 
+import collections
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -31,6 +33,10 @@ def check_invariants(engine: LLMEngine) -> None:
         if s.status is SequenceStatus.SWAPPED:
             assert not s.block_table and s.host_block_table
     pages = pool.pages
+    # The running counts the metrics read equal a walk of the pool.
+    walked = collections.Counter(pages.locate(b)[0] for b, block in pool.blocks.items() if block.ref_count > 0)
+    assert +pool.live_by_kind == walked
+    assert pool.num_cached_free_blocks == sum(1 for p in pages.free_queue if pool.blocks[p].content_hash is not None)
     cold_slots_per_page: dict[int, int] = {}
     for block_id, block in pool.blocks.items():
         assert block.ref_count >= 0
