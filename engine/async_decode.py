@@ -22,19 +22,24 @@ fallback path and runs the step again there, as the synchronous path does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
 from .fast_path.gpu_sampling import plain_greedy
-from .sampler import sample
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .stats import StepStats
 from .token_readback import PendingTokens, TokenReadback
 
 if TYPE_CHECKING:
-    from .llm_engine import LLMEngine
+    import torch
+
+    from .block_manager import BlockManager
+    from .config import EngineConfig
+    from .runner_protocol import ModelRunnerProtocol
+    from .scheduler import Scheduler
+    from .stats import EngineCounters
 
 
 @dataclass(slots=True)
@@ -69,17 +74,26 @@ def continuation_rows(prev: InflightStep, running: list[Sequence],
 
 
 class AsyncDecode:
-    """Launches an engine's greedy decode steps ahead of the host (see the module doc).
-    The engine owns the step in flight and its output processing; this owns launching."""
+    """Launches greedy decode steps ahead of the host (see the module doc). The engine
+    owns the step in flight, reading its tokens, the rerun after a non-finite step and
+    the output processing; this owns launching, with what it is given here."""
 
-    def __init__(self, engine: "LLMEngine"):
-        self.engine = engine
+    def __init__(self, runner: ModelRunnerProtocol, scheduler: Scheduler, block_manager: BlockManager,
+                 current_config: Callable[[], EngineConfig], max_model_len: int, device: torch.device,
+                 counters: EngineCounters):
+        self.runner = runner
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+        self.current_config = current_config  # reconfigure replaces the engine's configuration: read it each time
+        self.max_model_len = max_model_len
+        self.device = device
+        self.counters = counters
         self._readback: TokenReadback | None = None
 
     def launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
         """Start a scheduled greedy decode batch on the graphs without waiting for its tokens."""
-        runner = self.engine.runner
-        if (not self.engine.config.async_scheduling or runner.fast_decode is None
+        runner = self.runner
+        if (not self.current_config().async_scheduling or runner.fast_decode is None
                 or not is_pure_decode(batch) or not all(plain_greedy(item.seq) for item in batch)):
             return None
         pending = runner.launch_greedy_decode(batch, self._token_readback())
@@ -88,12 +102,12 @@ class AsyncDecode:
     def launch_next(self, prev: InflightStep) -> InflightStep | None:
         """Launch the step after `prev`, fed by prev's tokens on the device, when the
         scheduler would schedule exactly that batch."""
-        engine = self.engine
-        scheduler, bm = engine.scheduler, engine.block_manager
-        if not engine.config.async_scheduling or scheduler.waiting or scheduler.swapped:
+        config = self.current_config()
+        scheduler, bm = self.scheduler, self.block_manager
+        if not config.async_scheduling or scheduler.waiting or scheduler.swapped:
             return None
-        found = continuation_rows(prev, scheduler.running, engine.max_model_len)
-        if found is None or len(found[0]) > engine.config.max_num_batched_tokens:
+        found = continuation_rows(prev, scheduler.running, self.max_model_len)
+        if found is None or len(found[0]) > config.max_num_batched_tokens:
             return None
         rows, index = found
         if sum(bm.num_new_blocks(r.seq, r.seq.num_computed_tokens + 1) for r in rows) > bm.pool.num_free_blocks:
@@ -102,33 +116,16 @@ class AsyncDecode:
             bm.append_slots(r.seq, r.seq.num_computed_tokens + 1)
         fed = prev.tokens.device_tokens
         if len(index) != len(prev.batch):
-            fed = fed.index_select(0, device_index(index, engine.device))
+            fed = fed.index_select(0, device_index(index, self.device))
         scheduler.step_count += 1  # a step the scheduler did not have to plan
         stats = StepStats(len(rows), len(rows))
-        pending = engine.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
+        pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
         if pending is None:
             return None
-        engine.counters.decode_steps_launched_ahead += 1
+        self.counters.decode_steps_launched_ahead += 1
         return InflightStep(rows, pending, stats)
-
-    def rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
-        """The deferred check found non-finite logits: switch to the fallback path and
-        compute this batch again there. Tokens in batch order (-1 for rows that left)."""
-        engine = self.engine
-        engine.runner.non_finite_after_all()
-        rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
-        for item in rows:  # the engine counted these tokens already; the rerun computes them again
-            item.seq.num_computed_tokens -= item.num_tokens
-        try:
-            tokens, _ = sample(engine.runner.execute(rows).logits, [item.seq for item in rows],
-                               engine.tokenizer.eos_token_ids, engine.generator)
-        finally:
-            for item in rows:
-                item.seq.num_computed_tokens += item.num_tokens
-        by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
-        return [by_seq.get(id(item.seq), -1) for item in batch]
 
     def _token_readback(self) -> TokenReadback:
         if self._readback is None:
-            self._readback = TokenReadback(self.engine.device, self.engine.runner.fast_decode.max_batch)
+            self._readback = TokenReadback(self.device, self.runner.fast_decode.max_batch)
         return self._readback

@@ -98,7 +98,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None
-        self.async_decode = AsyncDecode(self)
+        self.async_decode = AsyncDecode(runner=self.runner, scheduler=self.scheduler, block_manager=self.block_manager,
+                                        current_config=lambda: self.config, max_model_len=self.max_model_len,
+                                        device=self.device, counters=self.counters)
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
         self.validator = RequestValidator(self.tokenizer, self.request_limits)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
@@ -219,7 +221,7 @@ class LLMEngine:
         tokens, finite = prev.tokens.wait()
         if not finite:
             self._inflight = None  # launched from non-finite logits
-            tokens = self.async_decode.rerun_on_fallback(prev.batch)
+            tokens = self._rerun_on_fallback(prev.batch)
         live = [(item.seq, token) for item, token in zip(prev.batch, tokens)
                 if item.seq.status is SequenceStatus.RUNNING]
         outputs: list[RequestOutput] = []
@@ -228,6 +230,23 @@ class LLMEngine:
             outputs = self.output_processor.process(self.requests, seqs, toks, [None] * len(seqs), time.time(),
                                                     prev.stats)
         return self._close_step(prev.stats, start, outputs)
+
+    def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
+        """A step in flight read back non-finite (its deferred check): switch to the
+        fallback path and compute the batch again there. Tokens in batch order (-1 for
+        rows that left)."""
+        self.runner.non_finite_after_all()
+        rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
+        for item in rows:  # the engine counted these tokens already; the rerun computes them again
+            item.seq.num_computed_tokens -= item.num_tokens
+        try:
+            tokens, _ = sample(self.runner.execute(rows).logits, [item.seq for item in rows],
+                               self.tokenizer.eos_token_ids, self.generator)
+        finally:
+            for item in rows:
+                item.seq.num_computed_tokens += item.num_tokens
+        by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
+        return [by_seq.get(id(item.seq), -1) for item in batch]
 
     def _execute_and_sample(self, batch, sampling: list[Sequence]) -> tuple[list[int], list]:
         """Run the step and choose its tokens. On the fast decode path the non-finite check
