@@ -80,7 +80,7 @@ class LLMEngine:
             from .parallel import TPRunner
 
             tp_runner = TPRunner(config.model, mc, self.dtype, self.device, tp, num_blocks, num_host_blocks,
-                                 config.block_size, config.mode, self.host_numa_node, cold_kinds,
+                                 config.block_size, self._current_mode, self.host_numa_node, cold_kinds,
                                  pages=self.block_manager.pool.pages)
             self.model, self.kv_cache = tp_runner.model, tp_runner.kv_cache
             self.fast_path_unavailable = tp_runner.fast_path_unavailable
@@ -89,7 +89,7 @@ class LLMEngine:
             self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
                                     mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
                                     cold_kinds=cold_kinds)
-            runner = ModelRunner(self.model, self.kv_cache, config.block_size, config.mode,
+            runner = ModelRunner(self.model, self.kv_cache, config.block_size, self._current_mode,
                                  pages=self.block_manager.pool.pages)
             self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
             self.runner = runner
@@ -316,8 +316,6 @@ class LLMEngine:
         new = self.config.replace(**changes)
         if "swap_space_bytes" in changes:
             self._resize_swap(new.swap_space_bytes)
-        if "mode" in changes:
-            self.runner.mode = new.mode
         self.config = new
         self.scheduler.config = new
         return new
@@ -334,6 +332,11 @@ class LLMEngine:
     def _resize_swap(self, nbytes: int) -> None:
         remap = self.block_manager.resize_host(nbytes // self.block_bytes, self.scheduler.swapped)
         self.kv_cache.resize_host(self.block_manager.host_pool.num_blocks, remap)
+
+    def _current_mode(self) -> str:
+        """The runner's mode. `config.mode` is its one owner: reconfigure and a fast-path
+        failure (_on_fastpath_failure) change it; the runner reads it through this."""
+        return self.config.mode
 
     def _on_fastpath_failure(self, reason: str) -> None:
         self.counters.fastpath_failures[reason] += 1

@@ -37,7 +37,12 @@ class FastPathError(RuntimeError):
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, mode: str,
+    """`current_mode` reads the mode ("fast" or "fallback") from its one owner, the
+    engine's configuration; the runner never sets it. Leaving the fast path, the runner
+    runs the step on the portable path and reports the reason to `on_fastpath_failure`,
+    where the engine switches its configuration to fallback."""
+
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, current_mode: Callable[[], str],
                  fast_attention: Callable | None = None, pages: PageAllocator | None = None):
         self.model = model
         self.kv_cache = kv_cache
@@ -48,7 +53,7 @@ class ModelRunner:
         self.refresh_kv_views()
         self.block_size = block_size
         self.device = kv_cache.device
-        self.mode = mode
+        self._current_mode = current_mode
         # Without an accelerated kernel the fast path is the portable one, still guarded,
         # so the switching logic is the same everywhere (and testable on CPU).
         self.fast_attention = fast_attention or paged_attention
@@ -66,6 +71,10 @@ class ModelRunner:
                     fast_decode.capture_all()
                 except Exception as exc:  # the decode step itself will fall back if it fails again
                     log.warning("capturing decode graphs for a new cold kind failed: %s", exc)
+
+    @property
+    def mode(self) -> str:
+        return self._current_mode()
 
     def inject_fastpath_failure(self, reason: str) -> None:
         """Make the next fast-path step fail with `reason` (fault injection for tests)."""
@@ -135,17 +144,19 @@ class ModelRunner:
     def execute(self, batch: list[ScheduledSeq]) -> RunnerOutput:
         """Run the batch: logits [num sampling sequences, vocab] in float32, in batch
         order, and on the fast decode path its greedy tokens or its finiteness check."""
-        if self.mode == "fast" and self.fast_decode is not None and self.fast_decode.can_run(batch):
+        fast = self.mode == "fast"
+        if fast and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
                 output = self._fast_decode_checked(batch)
                 if output is not None:  # None: a cold-block layout the graphs do not take
                     return output
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
                 self._switch_to_fallback(exc)
+                fast = False
         input_ids, meta, sample_rows = self.prepare(batch)
         has_cold = self.kv_layers[0][2] is not None
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
-        if self.mode == "fast" and fast_handles_batch:
+        if fast and fast_handles_batch:
             try:
                 return RunnerOutput(self._forward(input_ids, meta, sample_rows, self._fast_attention_checked,
                                                   check=True))
@@ -195,8 +206,7 @@ class ModelRunner:
     def _switch_to_fallback(self, exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__
         log.error("fast path failed (%s: %s); switching to fallback", reason, exc)
-        self.mode = "fallback"
-        self.on_fastpath_failure(str(reason))
+        self.on_fastpath_failure(str(reason))  # the engine sets its mode to fallback
 
     def _fast_attention_checked(self, *args, **kwargs):
         if self._injected_failure is not None:

@@ -194,6 +194,8 @@ def test_reconfigure_bounds_and_fallback_switch(tiny_model):
     assert outs[-1].outputs[0].token_ids == ref  # the failed step was re-run, nothing lost
     assert engine.config.mode == "fallback" and engine.counters.fastpath_failures["injected"] == 1
     assert engine.set_mode("fast").mode == "fast" and engine.runner.mode == "fast"
+    with pytest.raises(AttributeError):  # the engine's config is the mode's one owner
+        engine.runner.mode = "fallback"
 
 
 def test_extreme_sampling_values_do_not_fail_the_batch(llm):

@@ -216,7 +216,8 @@ def _shutdown(group: WorkerGroup, owns_process_group: list[bool]) -> None:
 
 class TPRunner(ModelRunner):
     def __init__(self, model_dir: str, model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 world_size: int, num_blocks: int, num_host_blocks: int, block_size: int, mode: str,
+                 world_size: int, num_blocks: int, num_host_blocks: int, block_size: int,
+                 current_mode: Callable[[], str],
                  host_numa_node: int | None, cold_kinds: tuple[str, ...] = (),
                  pages=None, timeout_s: float | None = None):
         if world_size < 2:
@@ -256,7 +257,7 @@ class TPRunner(ModelRunner):
         except BaseException:
             self._finalizer()
             raise
-        super().__init__(model, ShardedKVCache(local, self._send), block_size, mode,
+        super().__init__(model, ShardedKVCache(local, self._send), block_size, current_mode,
                          fast_attention=fast_attention_for(devices[0], dtype), pages=pages)
         self.world_size = world_size
         # Triton attention where available; the decode graphs (FastDecoder) are single-rank
