@@ -2,10 +2,14 @@
 pool small enough to force preemption (swap and recompute). Every request completes,
 nothing is a 5xx, and every greedy or seeded request returns exactly what it returns
 when sent alone. The second test does the same while the admin API retunes the
-engine, flips fast/fallback and injects fast-path failures all along."""
+engine, flips fast/fallback and injects fast-path failures all along.
+
+INFERD_SOAK_REQUESTS and INFERD_SOAK_CONCURRENCY make the first a longer soak
+(e.g. 2000 and 64); CI runs the defaults."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from dataclasses import dataclass
 
@@ -19,8 +23,8 @@ from engine.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
-NUM_REQUESTS = 200
-CONCURRENCY = 32
+NUM_REQUESTS = int(os.environ.get("INFERD_SOAK_REQUESTS", 200))
+CONCURRENCY = int(os.environ.get("INFERD_SOAK_CONCURRENCY", 32))
 BLOCK_BYTES_TINY = 8192  # tiny preset, float32, block_size 16
 SMALL_POOL = dict(kv_cache_bytes=48 * BLOCK_BYTES_TINY, swap_space_bytes=12 * BLOCK_BYTES_TINY, max_num_seqs=32)
 WORDS = ("the engine keeps key value cache blocks sequence table batch step token memory host device "
