@@ -75,10 +75,7 @@ def run_engine_core(options: CoreOptions) -> None:
     enc = encoder()
     tracer, provider = None, None
     try:
-        if options.torch_num_threads:
-            import torch
-
-            torch.set_num_threads(options.torch_num_threads)
+        _set_torch_threads(options)
         engine = (options.engine_factory or _default_engine)(options.config)
         if options.otlp_endpoint:
             from .tracing import RequestTracer, make_tracer
@@ -108,6 +105,20 @@ def run_engine_core(options: CoreOptions) -> None:
     # left to do for a process that is going away, and print leak reports when they run.
     sys.stderr.flush()
     os._exit(code)
+
+
+def _set_torch_threads(options: CoreOptions) -> None:
+    """On the CPU, leave one core to the API server process: torch's intra-op threads
+    spin-wait for each other, and one of them waiting for a core the server holds stalls
+    every op (on two cores the engine core ran at a twentieth of its speed under load)."""
+    import torch
+
+    if options.torch_num_threads:
+        torch.set_num_threads(options.torch_num_threads)
+        return
+    device = options.config.device
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)) - 1)))
 
 
 def _default_engine(config: EngineConfig):
