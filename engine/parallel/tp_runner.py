@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..attention import paged_attention
 from ..fast_path import unavailable_reason
-from ..kv_cache import KVCache
+from ..kv_cache import ColdLayer, KVCache
 from ..model_config import ModelConfig
 from ..model_runner import FastPathError, ModelRunner
 from ..runner_output import RunnerOutput
@@ -175,11 +175,27 @@ class WorkerGroup:
 
 
 class ShardedKVCache:
-    """Rank 0's KV pool; the operations that change pools are sent to every rank too."""
+    """Rank 0's KV pool; the operations that change pools are sent to every rank too,
+    the ones that read it are rank 0's."""
 
     def __init__(self, local: KVCache, send: Callable[[tuple], None]):
         self.local = local
         self._send = send
+        self.shape, self.dtype, self.device = local.shape, local.dtype, local.device
+
+    @property
+    def num_blocks(self) -> int:
+        return self.local.num_blocks
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self.local.num_host_blocks  # resize_host changes it
+
+    def has_kind(self, kind: str) -> bool:
+        return self.local.has_kind(kind)
+
+    def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, ColdLayer | None]:
+        return self.local.layer_views(layer)
 
     def swap(self, swap_out, swap_in) -> None:
         if not swap_out and not swap_in:
@@ -199,9 +215,6 @@ class ShardedKVCache:
     def resize_host(self, num_blocks: int, keep: dict) -> None:
         self._send(("resize_host", num_blocks, keep))
         self.local.resize_host(num_blocks, keep)
-
-    def __getattr__(self, name: str):
-        return getattr(self.local, name)
 
 
 def _shutdown(group: WorkerGroup, owns_process_group: list[bool]) -> None:
