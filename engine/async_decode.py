@@ -18,6 +18,11 @@ length for certain is left out of the continuation.
 Non-finite logits are found when a step's tokens are read (the flag travels with
 them): the continuation launched from them is dropped, the engine switches to the
 fallback path and runs the step again there, as the synchronous path does.
+
+In: a scheduled batch (`launch`) or the step in flight (`launch_next`), with the
+runner, scheduler, block manager and the engine's current configuration given at
+construction. Out: an InflightStep (the batch, its PendingTokens, its stats), whose
+tokens the engine reads in its next step. This module does not know the engine.
 """
 from __future__ import annotations
 

@@ -3,6 +3,20 @@
 request -> sequences -> scheduler / block manager -> model runner -> sampler -> outputs.
 The engine is single-threaded: the server drives `step()` from its own thread and
 hands it new requests, aborts and configuration changes between steps.
+
+A step is plain data both ways. The scheduler's output goes in: its swaps to the KV
+cache, its batch of ScheduledSeq to the runner (any ModelRunnerProtocol: ModelRunner,
+or TPRunner for tensor_parallel_size > 1). A RunnerOutput comes out of
+`runner.execute(batch)`, the only thing the engine reads of the step: the logits and,
+on the fast decode path, the greedy tokens read with the finiteness check, or that
+check still on the device. The step's tokens are the ones it carries or the sampler's
+draw from its logits; the OutputProcessor turns them into outputs. With async
+scheduling, AsyncDecode launches greedy decode steps ahead of the host; their tokens
+come back as PendingTokens, read one step later here.
+
+The engine's configuration is the one owner of `mode` (fast/fallback): the runner
+reads it, reconfigure changes it, and a fast-path failure reaches the engine through
+the runner's `on_fastpath_failure`, where the engine switches to fallback.
 """
 from __future__ import annotations
 

@@ -1,11 +1,20 @@
 """Runs the model on one scheduled batch: inputs, attention metadata, forward, logits.
 
+In: the scheduler's batch (ScheduledSeq: a sequence and how many of its tokens to
+compute now). Out: a RunnerOutput (engine/runner_output.py), all the engine reads of
+the step: the logits of the rows that sample and, on the fast decode path, the greedy
+tokens already read back with the finiteness check, or that check still on the
+device for the sampler. `launch_greedy_decode` is the form that does not wait: its
+tokens come back later as PendingTokens (async scheduling, engine/async_decode.py).
+What the engine uses of a runner is ModelRunnerProtocol (engine/runner_protocol.py).
+
 Fast and fallback paths: the fast path is whatever accelerated attention the device
 offers (Triton kernels on CUDA, see engine/fast_path); the fallback is the portable
-torch path. A fast-path exception or a non-finite logit switches the runner to the
-fallback for good (until the mode is set back), counts the reason, and the step is
-run again on the portable path: writing K/V is idempotent (same slots, same values),
-so no request sees the failure.
+torch path. The mode is the engine's (read through `current_mode`). A fast-path
+exception or a non-finite logit is reported to the engine (`on_fastpath_failure`),
+which counts the reason and switches to the fallback for good (until the mode is set
+back), and the step is run again on the portable path: writing K/V is idempotent
+(same slots, same values), so no request sees the failure.
 """
 from __future__ import annotations
 
@@ -37,10 +46,9 @@ class FastPathError(RuntimeError):
 
 
 class ModelRunner:
-    """`current_mode` reads the mode ("fast" or "fallback") from its one owner, the
-    engine's configuration; the runner never sets it. Leaving the fast path, the runner
-    runs the step on the portable path and reports the reason to `on_fastpath_failure`,
-    where the engine switches its configuration to fallback."""
+    """One device's runner (a ModelRunnerProtocol). `current_mode` reads the mode
+    ("fast" or "fallback") from its one owner, the engine's configuration: the runner
+    never sets it, it reports leaving the fast path to `on_fastpath_failure`."""
 
     def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, current_mode: Callable[[], str],
                  fast_attention: Callable | None = None, pages: PageAllocator | None = None):

@@ -1,11 +1,13 @@
 """Rank 0 of a tensor-parallel engine: the runner the engine uses in place of ModelRunner
 when tensor_parallel_size > 1.
 
-Same interface as ModelRunner (it is one: prepare, execute, mode, fast/fallback
-switching), with two differences: before each forward the prepared batch goes to
-every worker, and the forward runs this rank's shard; `kv_cache` is a ShardedKVCache
-that sends swaps, quantizations and pool changes to the workers as well, so the
-engine's calls reach every rank's pool (all pools share the block tables).
+Same interface as ModelRunner (it is one: ModelRunnerProtocol, execute returning a
+RunnerOutput, the engine's mode, fast/fallback switching), with two differences:
+before each forward the prepared batch goes to every worker, and the forward runs this
+rank's shard; `kv_cache` is a ShardedKVCache that sends swaps, quantizations and pool
+changes to the workers as well, so the engine's calls reach every rank's pool (all
+pools share the block tables). No decode graphs here: a RunnerOutput carries logits
+only, and async decode never launches.
 
 Every rank's pool has the engine's block count, each page holding that rank's KV heads,
 so the engine's kv_cache_bytes is the budget of all ranks together (1/n on each GPU).
