@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -53,8 +54,9 @@ class AuditLog:
         return parse_lines(text, source=str(self.path))
 
     def tail(self, limit: int) -> list[dict[str, Any]]:
+        """The last `limit` records (0: all), made safe to answer as JSON."""
         records = self.read()
-        return records[-limit:] if limit > 0 else records
+        return [json_safe(r) for r in (records[-limit:] if limit > 0 else records)]
 
 
 def parse_lines(text: str, source: str = "audit log") -> list[dict[str, Any]]:
@@ -72,6 +74,22 @@ def parse_lines(text: str, source: str = "audit log") -> list[dict[str, Any]]:
             continue
         records.append(record)
     return records
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with what a strict UTF-8 JSON response refuses written out as text: a lone
+    surrogate (from a `\\ud800` escape) as its escape, NaN and infinities as "nan"/"inf".
+    Records are read back from a file anything may have written, and one such record
+    must not fail the whole answer."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _iso(ts: float) -> str:

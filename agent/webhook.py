@@ -97,7 +97,25 @@ def _parse_alert(index: int, raw: Any) -> Alert:
     for key in ("startsAt", "fingerprint"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise PayloadError(f"{where}.{key} must be a non-empty string")
+    # JSON's \ud800 escape parses to a lone surrogate, which no UTF-8 response or audit
+    # reader could carry: refuse it here, before the alert is logged.
+    for name, mapping in (("labels", labels), ("annotations", annotations)):
+        for key, text in mapping.items():
+            if not (_is_unicode(key) and _is_unicode(text)):
+                field = f"{where}.{name}.{key}" if _is_unicode(key) else f"{where}.{name}"
+                raise PayloadError(f"{field} is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
+    for key in ("startsAt", "fingerprint"):
+        if not _is_unicode(raw[key]):
+            raise PayloadError(f"{where}.{key} is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
     return Alert(status, dict(labels), dict(annotations), raw["startsAt"], raw["fingerprint"])
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _str_map(value: Any) -> bool:
@@ -120,7 +138,8 @@ def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike
             return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
         try:
             alerts = parse_notification(json.loads(raw))
-        except (ValueError, PayloadError) as exc:  # JSONDecodeError is a ValueError
+        # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: nested too deep.
+        except (ValueError, PayloadError, RecursionError) as exc:
             return JSONResponse({"error": f"malformed Alertmanager payload: {exc}"}, status_code=400)
         results = []
         for alert in alerts:

@@ -95,6 +95,52 @@ def test_malformed_body_gets_400_and_no_action(setup, payload, message):
     assert engine.changes == []
 
 
+def raw_json(payload) -> bytes:
+    # json.dumps writes a lone surrogate as the \\ud800 escape: valid JSON, not valid Unicode.
+    return json.dumps(payload).encode()
+
+
+@pytest.mark.parametrize("payload, message", [
+    (alert_payload("Inferd\ud800Thrashing"), "alerts[0].labels.alertname is not valid Unicode text"),
+    (alert_payload(**{"team\udfff": "x"}), "alerts[0].labels is not valid Unicode text"),
+    (alert_payload(fingerprint="f\ud800"), "alerts[0].fingerprint is not valid Unicode text"),
+    ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "annotations": {"summary": "\ud800"}}]},
+     "alerts[0].annotations.summary"),
+])
+def test_surrogate_strings_get_400_and_are_never_logged(setup, payload, message):
+    engine, make_client, _, audit_path = setup
+    client, _ = make_client()
+    response = post(client, raw_json(payload))
+    assert response.status_code == 400
+    assert message in response.json()["error"]
+    assert engine.changes == []
+    assert not audit_path.exists()
+    assert client.get("/v1/actions").status_code == 200
+
+
+@pytest.mark.parametrize("body", [b'{"version": "4", "alerts": "\xff\xfe"}', b"[" * 10000 + b"]" * 10000])
+def test_undecodable_or_deep_body_gets_400(setup, body):
+    _, make_client, _, _ = setup
+    client, _ = make_client()
+    response = post(client, body)
+    assert response.status_code == 400
+    assert "malformed Alertmanager payload" in response.json()["error"]
+
+
+def test_a_bad_record_in_the_audit_log_does_not_break_actions(setup):
+    engine, make_client, _, audit_path = setup
+    client, _ = make_client()
+    post(client, alert_payload())
+    # What an older agent could have logged: a lone surrogate and a NaN.
+    with open(audit_path, "a") as fh:
+        fh.write('{"ts": 1, "event": "alert", "alert": "Bad\\ud800Alert", "value": NaN}\n')
+    response = client.get("/v1/actions")
+    assert response.status_code == 200
+    records = response.json()["records"]
+    assert [r["event"] for r in records] == ["alert", "decision", "applied", "alert"]
+    assert (records[-1]["alert"], records[-1]["value"]) == ("Bad\\ud800Alert", "nan")
+
+
 def test_replaying_the_same_notification_acts_once(setup):
     engine, make_client, _, _ = setup
     client, _ = make_client(cooldown_s=0)
