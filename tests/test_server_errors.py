@@ -2,12 +2,15 @@
 naming the problem; none is a 5xx and none disturbs the requests around it."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_fixtures import MODEL_NAME, metric_value, running_server, scrape
+from prometheus_client.parser import text_string_to_metric_families
+from server_fixtures import MODEL_NAME, admin_headers, metric_value, running_server, scrape
 
 MAX_MODEL_LEN = 128
 MAX_BODY = 4096
@@ -115,6 +118,96 @@ def test_body_too_large_413(server):
 ])
 def test_malformed_422(server, content, fragments):
     assert_error(post(server, "/v1/completions", content=content), 422, *fragments)
+
+
+def chat(**overrides):
+    return {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **overrides}
+
+
+def raw(body: dict) -> bytes:
+    # json.dumps writes a lone surrogate as the \\ud800 escape: valid JSON, but not valid Unicode text.
+    return json.dumps(body).encode()
+
+
+SURROGATE = "\ud800"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", completion(prompt=f"ab{SURROGATE}cd"), "prompt"),
+    ("/v1/completions", completion(prompt=["fine", SURROGATE]), "prompt[1]"),
+    ("/v1/completions", completion(model=SURROGATE), "model"),
+    ("/v1/completions", completion(stop=["ok", SURROGATE]), "stop[1]"),
+    ("/v1/completions", completion(user=SURROGATE), "user"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": f"a{SURROGATE}"}]), "messages[0].content"),
+    ("/v1/chat/completions", chat(messages=[{"role": SURROGATE, "content": "a"}]), "messages[0].role"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "a", "name": SURROGATE}]), "messages[0].name"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}]),
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", chat(model=SURROGATE), "model"),
+    ("/v1/chat/completions", chat(metadata={"k": SURROGATE}), "metadata.k"),
+])
+def test_lone_surrogates_get_400_naming_the_field(server, path, body, param):
+    error = assert_error(post(server, path, content=raw(body)), 400, "not valid Unicode text", param=param)
+    assert error["code"] == "invalid_encoding"
+
+
+def test_error_messages_quoting_client_text_still_render(server):
+    # An unknown argument's name is quoted in the message; a surrogate in it must not break the answer.
+    r = post(server, "/v1/completions", content=raw(completion(**{f"x{SURROGATE}": 1})))
+    assert 400 <= r.status_code < 500, r.text
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+NOT_UTF8 = b'{"model": "tiny", "prompt": "\xff\xfe"}'
+DEEP = b"[" * 2000 + b"]" * 2000  # under the body limit, past the JSON parser's nesting limit
+DEEPER = b"[" * 10000 + b"]" * 10000  # over this server's body limit
+
+
+@pytest.mark.parametrize("path, method, headers", [
+    ("/v1/completions", "POST", {}),
+    ("/v1/chat/completions", "POST", {}),
+    ("/admin/config", "PATCH", admin_headers()),
+])
+@pytest.mark.parametrize("content, fragment", [
+    (NOT_UTF8, "not valid UTF-8: byte 0xff at position"),
+    (DEEP, "nests too deeply"),
+    (DEEPER, ""),
+    (b'{"prompt": "hi",, }', "request body is not valid JSON: Expecting property name enclosed in double quotes "
+                              "at position 16"),
+])
+def test_unparsable_bodies_get_4xx_in_the_openai_shape(server, path, method, headers, content, fragment):
+    r = httpx.request(method, f"{server.url}{path}", content=content, timeout=30,
+                      headers={"content-type": "application/json", **headers})
+    assert r.status_code in (400, 413, 422), r.text
+    error = assert_error(r, r.status_code, fragment)
+    if r.status_code != 413:
+        assert error["param"] is None
+
+
+def test_hostile_input_leaves_the_server_working(server):
+    for content in (raw(completion(prompt=SURROGATE)), NOT_UTF8, DEEP):
+        post(server, "/v1/completions", content=content)
+    r = post(server, "/v1/completions", completion())
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+    with pytest.raises(KeyError):
+        metric_value(scrape(server.url), "http_requests_total", {"status": "5xx"})
+
+
+def http_series(text: str) -> set[tuple]:
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "http_requests"]
+    return {tuple(sorted(s.labels.items())) for s in family.samples if s.name == "http_requests_total"}
+
+
+def test_made_up_methods_and_paths_fold_into_other(server):
+    before = http_series(scrape(server.url))
+    for i in range(50):
+        httpx.request(f"FOO{i}", f"{server.url}/v1/completions", timeout=10)
+        httpx.get(f"{server.url}/no/such/path/{i}", timeout=10)
+    added = http_series(scrape(server.url)) - before
+    assert len(added) <= 2, added  # at most {method="other"} on the route and GET on handler "other"
+    assert all(dict(labels)["method"] in ("other", "GET") for labels in added), added
+    assert all(dict(labels)["handler"] in ("/v1/completions", "other") for labels in added), added
 
 
 def test_chat_malformed_422(server):

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 
 from ..config import TUNABLE_BOUNDS
 from .core_client import EngineCoreClient
-from .errors import ApiError
+from .errors import ApiError, unparsable_body_message
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def _bounds() -> dict[str, Any]:
 async def _json_object(request: Request) -> dict:
     try:
         body = await request.json()
-    except ValueError as exc:
-        raise ApiError(422, f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8 (ValueErrors), or nested too deep
+        raise ApiError(422, unparsable_body_message(exc), None, "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(422, f"request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
     return body

@@ -10,6 +10,7 @@ skip_special_tokens) and `priority` are accepted.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
@@ -21,6 +22,36 @@ from .errors import ApiError, bad_request
 MIN_TEMPERATURE = 0.01
 # Dividing logits by a tiny penalty overflows them to inf, which breaks the whole batch's draw.
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+
+
+def first_non_unicode(value: Any, where: str = "") -> str | None:
+    """The path (`messages[0].content`) of the first string in `value`, key or value, that
+    is not valid Unicode text, else None. JSON's `\\ud800` escape parses to a lone
+    surrogate, which the tokenizer and the UTF-8 response encoder both refuse; finding it
+    here makes it a 400 instead. Breadth-first with a queue, not recursion: free-form
+    fields (tools, metadata, unknown ones) may nest as deep as the JSON parser allows."""
+    queue = deque([(where, value)])
+    while queue:
+        path, item = queue.popleft()
+        if isinstance(item, str):
+            if not _is_unicode(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if isinstance(key, str) and not _is_unicode(key):
+                    return path or "body"  # the key itself cannot be quoted
+                queue.append((f"{path}.{key}" if path else str(key), sub))
+        elif isinstance(item, (list, tuple)):
+            queue.extend((f"{path}[{i}]", sub) for i, sub in enumerate(item))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Lenient(BaseModel):
@@ -63,6 +94,11 @@ class SamplingFields(_Lenient):
     priority: StrictInt = 0
 
     def check_common(self) -> None:
+        # First, so that no later check, message or the tokenizer ever sees a surrogate.
+        where = first_non_unicode(self.model_dump(exclude_none=True))
+        if where is not None:
+            raise bad_request(f"{where} is not valid Unicode text (it holds a lone surrogate such as \\ud800); "
+                              "send UTF-8 text", where, "invalid_encoding")
         self.reject_unknown_fields()
         if self.stream_options is not None:
             self.stream_options.reject_unknown_fields()

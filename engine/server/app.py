@@ -26,11 +26,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from .admin import make_admin_router
 from .api_models import ChatCompletionRequest, CompletionRequest
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
-from .errors import ApiError, error_response
+from .errors import ApiError, error_response, unparsable_body_message
 from .metrics import ServerMetrics
 from .middleware import BodyLimitAndMetrics
 from .serving import OpenAIServing
@@ -66,6 +67,9 @@ class ServerSettings:
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, first = [], None
     for err in exc.errors()[:5]:
+        if err.get("type") == "json_invalid":  # FastAPI puts the position where a field name would be
+            reason = (err.get("ctx") or {}).get("error", "JSON decode error")
+            return f"request body is not valid JSON: {reason} at position {err['loc'][-1]}", None
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         where = ".".join(loc) or "body"
         first = first or (loc[0] if loc else None)
@@ -134,6 +138,14 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
     async def validation_error(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
         return error_response(422, message, param, "invalid_request_shape")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        # FastAPI raises these itself, e.g. a 400 for a body it cannot parse (not UTF-8, nested
+        # too deep); its {"detail": ...} shape is not one an OpenAI client reads.
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            return error_response(400, unparsable_body_message(exc.__cause__), None, "invalid_json")
+        return error_response(exc.status_code, str(exc.detail), None, None, headers=exc.headers)
 
     @app.exception_handler(EngineUnavailable)
     async def engine_unavailable(request: Request, exc: EngineUnavailable):

@@ -1,10 +1,12 @@
 """OpenAI-style error objects: {"error": {"message", "type", "param", "code"}}.
 
-Client mistakes are `ApiError`s with a 4xx status; the app turns them (and FastAPI's
-validation errors) into this shape, so the official client raises its usual
+Client mistakes are `ApiError`s with a 4xx status; the app turns them (and FastAPI's own
+HTTP and validation errors) into this shape, so the official client raises its usual
 `BadRequestError` / `NotFoundError` / ... with our message.
 """
 from __future__ import annotations
+
+import json
 
 from fastapi.responses import JSONResponse
 
@@ -29,9 +31,17 @@ class ApiError(Exception):
         self.code = code
 
 
+def printable(text: str | None) -> str | None:
+    """`text` with lone surrogates written as escapes: a message or param that quotes
+    client text must still encode as UTF-8, or rendering the error fails with a 500."""
+    if text is None:
+        return None
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    return {"error": {"message": printable(message), "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": printable(param), "code": printable(code)}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -41,3 +51,14 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, param, code)
+
+
+def unparsable_body_message(exc: BaseException | None) -> str:
+    """Why a request body could not be parsed as JSON, in words a client can act on."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"request body is not valid UTF-8: byte 0x{exc.object[exc.start]:02x} at position {exc.start}"
+    if isinstance(exc, RecursionError):
+        return "request body is not valid JSON: it nests too deeply to parse"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"request body is not valid JSON: {exc.msg} at position {exc.pos}"
+    return f"request body is not valid JSON: {exc}" if exc is not None else "request body is not valid JSON"

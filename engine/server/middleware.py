@@ -5,9 +5,8 @@ streaming response and the client's disconnect.
 """
 from __future__ import annotations
 
-import time
-
 import json
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -16,6 +15,9 @@ from .metrics import HttpMetrics
 
 KNOWN_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
                             "/admin/config", "/admin/mode", "/admin/fault"})
+# Labels come from the request line, which the client writes: anything else is counted as
+# "other", so made-up paths or methods cannot add series without bound.
+KNOWN_METHODS = frozenset({"GET", "POST", "PATCH", "PUT", "DELETE", "HEAD", "OPTIONS"})
 
 
 class BodyLimitAndMetrics:
@@ -54,8 +56,9 @@ class BodyLimitAndMetrics:
             await self.app(scope, replay, send_counted)
         finally:
             if self.http_metrics is not None:
-                path = scope.get("path", "")
-                self.http_metrics.observe(path if path in KNOWN_HANDLERS else "other", scope.get("method", ""),
+                path, method = scope.get("path", ""), scope.get("method", "")
+                self.http_metrics.observe(path if path in KNOWN_HANDLERS else "other",
+                                          method if method in KNOWN_METHODS else "other",
                                           status["code"], time.perf_counter() - started)
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, bool | None]:
