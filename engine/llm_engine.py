@@ -90,6 +90,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, num_host_blocks, config.block_size,
                                           config.enable_prefix_caching, config.watermark, shape.slots_per_page())
         self.scheduler = Scheduler(config, self.block_manager)
+        self._clamp_max_model_len()
         if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
             from .parallel import TPRunner
 
@@ -121,6 +122,18 @@ class LLMEngine:
         log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
                  self.model_name, self.device, self.dtype, num_blocks, config.block_size,
                  num_blocks * self.block_bytes >> 20, num_host_blocks, self.host_numa_node)
+
+    def _clamp_max_model_len(self) -> None:
+        """Bound max_model_len by the tokens one sequence can hold (the pool less its
+        watermark). Generation stops at max_model_len, so no sequence can then outgrow
+        the pool and preempt itself for ever. vLLM refuses to start instead; a small
+        pool here still serves the requests that fit."""
+        bm = self.block_manager
+        pool_tokens = (bm.pool.num_blocks - bm.watermark_blocks) * self.config.block_size
+        if self.max_model_len > pool_tokens:
+            log.warning("max_model_len %d clamped to %d: the KV pool holds %d blocks of %d tokens for one sequence",
+                        self.max_model_len, pool_tokens, pool_tokens // self.config.block_size, self.config.block_size)
+            self.max_model_len = pool_tokens
 
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes:
@@ -212,12 +225,9 @@ class LLMEngine:
 
     def _advance(self, batch: list[ScheduledSeq]) -> None:
         """The batch's tokens are computed: count them, cache full blocks, cool old ones."""
-        now = time.time()
         running = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
         for item in running:
             seq = item.seq
-            if seq.times.first_scheduled is None:
-                seq.times.first_scheduled = now
             seq.num_computed_tokens += item.num_tokens
             self.block_manager.commit_full_blocks(seq)
         self._cool(item.seq for item in running)

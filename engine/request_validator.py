@@ -59,7 +59,27 @@ class RequestValidator:
         needed = cdiv(len(ids) + 1, lim.block_size)
         if needed > lim.num_usable_blocks:
             raise ValueError(f"prompt needs {needed} KV blocks; the KV pool has {lim.num_usable_blocks}")
+        self._check_fits(len(ids), params)
         bad_stop = [t for t in params.stop_token_ids if t >= lim.vocab_size]
         if bad_stop:
             raise ValueError(f"stop_token_ids has unknown token id(s) {bad_stop}")
         return ids
+
+    def _check_fits(self, num_prompt: int, params: SamplingParams) -> None:
+        """A sequence that could outgrow the KV pool would preempt itself for ever (or,
+        recomputed, block the queue), so prompt + max_tokens must fit in the blocks one
+        sequence can hold. The n sequences of a request are checked one by one: they
+        may share prompt blocks, and preemption lets each run alone if it must.
+        A max_tokens of max_model_len or more no prompt could honour; it asks for what
+        the context allows (the server's probe when a client gives no max_tokens), and
+        generation stops at max_model_len, which start-up bounded by the pool."""
+        lim = self.limits
+        if params.max_tokens >= lim.max_model_len:
+            return
+        num_tokens = num_prompt + params.max_tokens
+        needed = cdiv(num_tokens, lim.block_size)
+        if needed > lim.num_usable_blocks:
+            each = f" (each of the n={params.n} sequences must fit alone)" if params.n > 1 else ""
+            raise ValueError(f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) needs {needed} KV blocks "
+                             f"of {lim.block_size} tokens; the KV pool holds {lim.num_usable_blocks} for one sequence "
+                             f"({lim.num_usable_blocks * lim.block_size:,} tokens){each}")

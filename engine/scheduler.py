@@ -16,6 +16,7 @@ Effective priority is the request's priority plus one level per
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -106,6 +107,11 @@ class Scheduler:
                 continue
             target = seq.num_computed_tokens + num
             if target > len(seq.block_table) * block_size:  # else its blocks already hold the tokens
+                # A sequence that preempts itself waits for the sequences scheduled before
+                # it this step to finish. It cannot do so for ever: validation and the
+                # start-up clamp of max_model_len keep every sequence within the blocks
+                # one sequence can hold (the pool less its watermark), so once it runs
+                # alone it fits, and admission and swap-in let it back.
                 while not bm.can_append(seq, target):
                     victim = queue.pop() if queue else seq
                     self._preempt(victim, out)
@@ -158,6 +164,8 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if seq.times.first_scheduled is None:  # now, not after the step: its prefill is not queue time
+                seq.times.first_scheduled = time.time()
             if seq.needs_recompute_fault:
                 out.num_recompute_faults += 1
                 seq.needs_recompute_fault = False
