@@ -11,7 +11,7 @@ import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.stats import FinishedRequestStats
-from tests.server_fixtures import MODEL_NAME, running_server
+from server_fixtures import MODEL_NAME, running_server
 
 SMALL_POOL = 524288  # 64 blocks of 16 tokens for the tiny model: 1,024 tokens, below its max_model_len
 
@@ -103,6 +103,12 @@ def test_server_refuses_what_cannot_fit_and_serves_the_next(tiny_model):
         open_ended = httpx.post(f"{s.url}/v1/completions", timeout=60, json={
             "model": MODEL_NAME, "prompt": [5] * 10, "temperature": 0})
         assert open_ended.status_code == 200, open_ended.text
+        # The API server takes the engine core's clamped context length.
+        assert httpx.get(f"{s.url}/v1/models").json()["data"][0]["max_model_len"] == 1024
+        too_long = httpx.post(f"{s.url}/v1/completions", timeout=30, json={
+            "model": MODEL_NAME, "prompt": [5] * 10, "max_tokens": 1500})
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+        assert "1024" in too_long.json()["error"]["message"]
 
 
 def test_prefill_time_counts_the_step_not_the_queue(tiny_model, monkeypatch):

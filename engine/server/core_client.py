@@ -339,6 +339,7 @@ class EngineCoreClient:
             self._on_result(msg)
         elif isinstance(msg, CoreReady):
             self._validator = RequestValidator(self.tokenizer, msg.limits)
+            self.max_model_len = msg.limits.max_model_len  # the core may have clamped it to the KV pool
             self._snapshot = msg.snapshot
             self._state = READY
             self._ready.set()

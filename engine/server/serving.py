@@ -78,7 +78,10 @@ class OpenAIServing:
         self.engine = engine
         self.model_name = served_model_name
         self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len  # set from the engine core's limits once it is ready
 
     # --- checks ---------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
