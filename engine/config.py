@@ -7,7 +7,7 @@ documented default and bounds; a bad value or an unknown key raises a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 BLOCK_SIZES = (8, 16, 32)

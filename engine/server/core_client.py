@@ -92,7 +92,7 @@ class _Live:
                 if s.logprobs is None:
                     s.logprobs = []
                 s.logprobs.extend(d.new_logprobs)
-            s.text = s.text[:d.text_keep] + d.text_add if d.text_keep < len(s.text) else s.text + d.text_add
+            s.text = s.text[:d.text_keep] + d.text_add
             s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens

@@ -43,7 +43,8 @@ class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
 
 
 class UtilityCall(msgspec.Struct, tag="call", array_like=True):
-    """A command run between steps: `method` is one of UTILITY_METHODS."""
+    """A command run between steps: get_tunables, reconfigure, set_mode or
+    inject_fastpath_failure (engine_core.EngineCore._call)."""
     call_id: int
     method: str
     args: list[Any]
@@ -54,9 +55,6 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
 
 
 ToCore = Union[AddRequest, AbortRequests, UtilityCall, Shutdown]
-
-# The engine core's commands, by name: (engine method, whether it changes the snapshot).
-UTILITY_METHODS = ("get_tunables", "reconfigure", "set_mode", "inject_fastpath_failure")
 
 # --- core -> API ----------------------------------------------------------------------
 
