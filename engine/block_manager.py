@@ -184,22 +184,22 @@ class BlockManager:
         self.host_pool.release(seq.host_block_table)
         seq.host_block_table = []
 
-    def resize_host(self, num_blocks: int, swapped: list[Sequence]) -> dict[tuple, tuple]:
-        """Replace the host pool by one of `num_blocks`, moving the swapped-out sequences'
-        blocks into it. Returns old (kind, page, slot) -> new (kind, page, slot), the
-        copies the KV cache must make."""
-        old_pool, new_pool = self.host_pool, HostBlockPool(num_blocks, self.slots_per_page)
+    def plan_host_resize(self, num_blocks: int, swapped: list[Sequence]) -> "HostResize":
+        """A host pool of `num_blocks` holding the swapped-out sequences' blocks, planned
+        without changing anything: `remap` (old (kind, page, slot) -> new) is the copies
+        the KV cache must make; `commit` switches to the new pool."""
+        new_pool = HostBlockPool(num_blocks, self.slots_per_page)
         remap: dict[tuple, tuple] = {}
+        tables: list[tuple[Sequence, list[int]]] = []
         for seq in swapped:
             new_ids = []
             for block_id in seq.host_block_table:
-                old = old_pool.pages.locate(block_id)
+                old = self.host_pool.pages.locate(block_id)
                 new_id = new_pool.take(old[0])
                 remap[old] = new_pool.pages.locate(new_id)
                 new_ids.append(new_id)
-            seq.host_block_table = new_ids
-        self.host_pool = new_pool
-        return remap
+            tables.append((seq, new_ids))
+        return HostResize(self, new_pool, remap, tables)
 
     # --- accounting -------------------------------------------------------------
     @property
@@ -214,3 +214,18 @@ class BlockManager:
         counts = {HOT: 0, **{k: 0 for k in self.slots_per_page}}
         counts.update(self.pool.live_by_kind)
         return counts
+
+
+@dataclass(slots=True)
+class HostResize:
+    """A planned host-pool resize (BlockManager.plan_host_resize); nothing changes until commit."""
+
+    manager: BlockManager
+    new_pool: HostBlockPool
+    remap: dict[tuple, tuple]
+    tables: list[tuple[Sequence, list[int]]]
+
+    def commit(self) -> None:
+        for seq, new_ids in self.tables:
+            seq.host_block_table = new_ids
+        self.manager.host_pool = self.new_pool

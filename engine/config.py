@@ -132,13 +132,26 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
+class TunableError(ValueError):
+    """A run-time change refused; `name` is the tunable it concerns."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
 def validate_tunable(name: str, value: Any) -> None:
     if name not in TUNABLE_BOUNDS:
-        raise ValueError(f"{name} is not a tunable parameter; tunables: {', '.join(TUNABLE_BOUNDS)}")
+        raise TunableError(name, f"{name} is not a tunable parameter; tunables: {', '.join(TUNABLE_BOUNDS)}")
     bounds = TUNABLE_BOUNDS[name]
-    if isinstance(bounds[0], str):
-        check_choice(name, value, bounds)  # type: ignore[arg-type]
-    else:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-        check_range(name, value, bounds[0], bounds[1])  # type: ignore[arg-type]
+    try:
+        if isinstance(bounds[0], str):
+            check_choice(name, value, bounds)  # type: ignore[arg-type]
+        else:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            check_range(name, value, bounds[0], bounds[1])  # type: ignore[arg-type]
+    except TunableError:
+        raise
+    except ValueError as exc:
+        raise TunableError(name, str(exc)) from None

@@ -104,14 +104,27 @@ class _Arena:
             self.add_scales(kind)
 
     def add_scales(self, kind: str) -> None:
+        self.set_scales(kind, self.new_scales(kind))
+
+    def new_scales(self, kind: str) -> torch.Tensor | None:
+        """A zeroed scale table for `kind`, not yet attached (None when it has one)."""
         s, slots = self.shape, self.shape.slots_per_page()
         if kind == "int8" and self.scales8 is None:
-            self.scales8 = torch.zeros((self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
-                                       dtype=torch.float32, device=self.device)
+            return torch.zeros((self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
+                               dtype=torch.float32, device=self.device)
         if kind == "int4" and self.scales4 is None:
             groups = s.head_dim // int4_group_size(s.head_dim)
-            self.scales4 = torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.num_kv_heads, s.block_size, groups),
-                                       dtype=torch.float16, device=self.device).transpose(4, 5)  # head-major, as the codes
+            return torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.num_kv_heads, s.block_size, groups),
+                               dtype=torch.float16, device=self.device).transpose(4, 5)  # head-major, as the codes
+        return None
+
+    def set_scales(self, kind: str, table: torch.Tensor | None) -> None:
+        if table is None:
+            return
+        if kind == "int8":
+            self.scales8 = table
+        else:
+            self.scales4 = table
 
     def has_kind(self, kind: str) -> bool:
         return (self.scales8 if kind == "int8" else self.scales4) is not None
@@ -178,13 +191,15 @@ class KVCache:
         return self.device_pool.has_kind(kind)
 
     def enable_kind(self, kind: str) -> None:
-        """Allocate a cold kind's scale tables at run time (beside the budget)."""
+        """Allocate a cold kind's scale tables at run time (beside the budget). Both pools'
+        tables are allocated before either is attached: a failed allocation changes nothing."""
         if not self.has_kind(kind):
             extra = self.shape.scale_bytes_per_page(kind) * (self.num_blocks + self.num_host_blocks)
+            device_table, host_table = self.device_pool.new_scales(kind), self.host_pool.new_scales(kind)
+            self.device_pool.set_scales(kind, device_table)
+            self.host_pool.set_scales(kind, host_table)
             log.info("cold KV %s switched on at run time: %.1f MiB of scale tables beside the KV budget",
                      kind, extra / 2**20)
-            self.device_pool.add_scales(kind)
-            self.host_pool.add_scales(kind)
 
     def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, ColdLayer | None]:
         d = self.device_pool
@@ -271,7 +286,9 @@ class KVCache:
             getattr(dst, scales)[dp, ds] = getattr(src, scales)[sp, ss].to(dst.device, non_blocking=non_blocking)
 
     def resize_host(self, num_blocks: int, keep: dict[tuple, tuple]) -> None:
-        """New host pool of `num_blocks` pages; `keep` maps old (kind, page, slot) -> new."""
+        """New host pool of `num_blocks` pages; `keep` maps old (kind, page, slot) -> new.
+        The new pool is allocated before anything changes: a failed allocation leaves the
+        old pool in place."""
         kinds = tuple(k for k in COLD_KINDS if self.host_pool.has_kind(k))
         new = _Arena(self.shape, num_blocks, torch.device("cpu"), self.host_numa_node, kinds)
         self._copy(self.host_pool, new, list(keep.items()), non_blocking=False)

@@ -20,6 +20,7 @@ the runner's `on_fastpath_failure`, where the engine switches to fallback.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -27,11 +28,11 @@ from typing import Any
 import torch
 
 from .block_manager import BlockManager, cdiv
-from .config import EngineConfig, validate_tunable
+from .config import EngineConfig, TunableError, validate_tunable
 from .kv_cache import KVCache, KVShape
 from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
-from .numa_memory import device_numa_node
+from .numa_memory import available_host_bytes, device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .async_decode import AsyncDecode, InflightStep
@@ -325,21 +326,33 @@ class LLMEngine:
 
     # --- run-time configuration ---------------------------------------------------
     def reconfigure(self, changes: dict[str, Any]) -> EngineConfig:
-        """Apply tunable changes (call between steps). All or nothing: every value is
-        validated before any is applied. Returns the new configuration."""
+        """Apply tunable changes (call between steps). A transaction: every value is
+        validated and every new buffer allocated before anything switches; a refusal or a
+        failed allocation raises TunableError naming the field and changes nothing the
+        engine reads (a cold kind's scale tables, once allocated, stay: unused until that
+        kind is switched on). Returns the new configuration."""
         for name, value in changes.items():
             validate_tunable(name, value)
+        try:
+            new = self.config.replace(**changes)
+        except TunableError:
+            raise
+        except ValueError as exc:  # a rule across fields: name the first changed field it mentions
+            raise TunableError(next((n for n in changes if n in str(exc)), next(iter(changes))), str(exc)) from None
+        host_resize = None
+        if "swap_space_bytes" in changes:
+            host_resize = self._plan_swap_resize(new.swap_space_bytes)
         if self._inflight is not None:  # its copies are done before graphs are captured or buffers change
             self._inflight.tokens.synchronize()
         cold = changes.get("kv_cold_dtype", "none")
         if cold != "none" and not self.kv_cache.has_kind(cold):
-            self.kv_cache.enable_kind(cold)
+            with _allocating("kv_cold_dtype", f"the {cold} scale tables"):
+                self.kv_cache.enable_kind(cold)
             self.runner.refresh_kv_views()
-        if "swap_space_bytes" in changes:
-            self._check_swap_resize(changes["swap_space_bytes"])
-        new = self.config.replace(**changes)
-        if "swap_space_bytes" in changes:
-            self._resize_swap(new.swap_space_bytes)
+        if host_resize is not None:
+            with _allocating("swap_space_bytes", f"a host pool of {host_resize.new_pool.num_blocks} pages"):
+                self.kv_cache.resize_host(host_resize.new_pool.num_blocks, host_resize.remap)
+            host_resize.commit()
         self.config = new
         self.scheduler.config = new
         return new
@@ -347,15 +360,19 @@ class LLMEngine:
     def set_mode(self, mode: str) -> EngineConfig:
         return self.reconfigure({"mode": mode})
 
-    def _check_swap_resize(self, nbytes: int) -> None:
-        in_use = self.block_manager.host_pool.num_blocks - self.block_manager.host_pool.num_free_blocks
-        if nbytes // self.block_bytes < in_use:
-            raise ValueError(f"swap_space_bytes={nbytes} holds {nbytes // self.block_bytes} host pages; "
-                             f"{in_use} are in use by swapped-out sequences")
-
-    def _resize_swap(self, nbytes: int) -> None:
-        remap = self.block_manager.resize_host(nbytes // self.block_bytes, self.scheduler.swapped)
-        self.kv_cache.resize_host(self.block_manager.host_pool.num_blocks, remap)
+    def _plan_swap_resize(self, nbytes: int):
+        pool = self.block_manager.host_pool
+        num_pages = nbytes // self.block_bytes
+        in_use = pool.num_blocks - pool.num_free_blocks
+        if num_pages < in_use:
+            raise TunableError("swap_space_bytes", f"swap_space_bytes={nbytes} holds {num_pages} host pages; "
+                               f"{in_use} are in use by swapped-out sequences")
+        available = available_host_bytes()
+        needed = num_pages * self.block_bytes
+        if available is not None and needed > available:
+            raise TunableError("swap_space_bytes", f"swap_space_bytes={nbytes} needs {needed / 2**30:.1f} GiB of "
+                               f"host memory; this host has {available / 2**30:.1f} GiB available (MemAvailable)")
+        return self.block_manager.plan_host_resize(num_pages, self.scheduler.swapped)
 
     def _current_mode(self) -> str:
         """The runner's mode. `config.mode` is its one owner: reconfigure and a fast-path
@@ -394,3 +411,12 @@ class LLMEngine:
             bytes_saved=sum(n * (self.block_bytes - self.kv_shape.cold_block_bytes(k))
                             for k, n in by_kind.items() if k != "hot"),
         )
+
+
+@contextlib.contextmanager
+def _allocating(name: str, what: str):
+    """Turn an allocation failure into a TunableError naming the field."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:  # torch's out-of-memory errors are RuntimeErrors
+        raise TunableError(name, f"{name}: could not allocate {what}: {exc}; nothing was changed") from None

@@ -84,3 +84,14 @@ def empty_on_node(shape: tuple[int, ...], dtype: torch.dtype, node: int | None, 
         if placed:
             _set_mempolicy(MPOL_DEFAULT, None)
     return tensor
+
+
+def available_host_bytes(procfs_root: str = "/proc") -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None when it cannot be read)."""
+    try:
+        for line in Path(procfs_root, "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

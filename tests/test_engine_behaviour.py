@@ -207,3 +207,52 @@ def test_extreme_sampling_values_do_not_fail_the_batch(llm):
     assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4, 4]
     greedy = llm.generate("a", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
     assert outs[0].outputs[0].token_ids == greedy.outputs[0].token_ids  # a vanishing temperature is greedy
+
+
+def test_failed_swap_resize_changes_nothing(tiny_model, monkeypatch):
+    """A host allocation that fails mid-reconfigure leaves the old host pool and the
+    swapped-out sequences' tables in place; every request still finishes as alone."""
+    import engine.kv_cache as kv_cache
+
+    busy = busy_llm(tiny_model, "swap")
+    engine = busy.engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    prompts = [f"request {i} about caches and NUMA nodes " * (1 + i % 3) for i in range(10)]
+    alone = [LLM(tiny_model, block_size=8).generate(p, greedy)[0].outputs[0].token_ids for p in prompts[:3]]
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, greedy)
+    outs = {}
+    while not engine.scheduler.swapped and engine.has_unfinished():
+        outs.update({o.request_id: o for o in engine.step()})
+    assert engine.scheduler.swapped, "the workload should swap sequences out"
+    before = (engine.config, engine.block_manager.host_pool, engine.kv_cache.host_pool,
+              [list(s.host_block_table) for s in engine.scheduler.swapped])
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("host allocation failed")
+
+    monkeypatch.setattr(kv_cache, "_Arena", no_memory)
+    with pytest.raises(ValueError, match="swap_space_bytes: could not allocate .* nothing was changed") as info:
+        engine.reconfigure({"swap_space_bytes": 80 * engine.block_bytes, "max_num_seqs": 3})
+    assert info.value.name == "swap_space_bytes"
+    monkeypatch.undo()
+    assert (engine.config, engine.block_manager.host_pool, engine.kv_cache.host_pool,
+            [list(s.host_block_table) for s in engine.scheduler.swapped]) == before
+    while engine.has_unfinished():
+        outs.update({o.request_id: o for o in engine.step()})
+    assert [outs[str(i)].outputs[0].token_ids for i in range(3)] == alone
+    assert all(len(o.outputs[0].token_ids) == 30 for o in outs.values()) and len(outs) == 10
+
+
+def test_swap_resize_beyond_host_memory_is_refused_up_front(tiny_model, monkeypatch):
+    import engine.llm_engine as llm_engine
+
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
+    monkeypatch.setattr(llm_engine, "available_host_bytes", lambda: 10 * engine.block_bytes)
+    before = engine.block_manager.host_pool
+    with pytest.raises(ValueError, match=r"needs .* GiB of host memory; this host has .* available") as info:
+        engine.reconfigure({"max_num_seqs": 4, "swap_space_bytes": 11 * engine.block_bytes})
+    assert info.value.name == "swap_space_bytes"
+    assert engine.block_manager.host_pool is before and engine.config.max_num_seqs == 64
+    assert engine.reconfigure({"swap_space_bytes": 9 * engine.block_bytes}).swap_space_bytes == 9 * engine.block_bytes
+    assert engine.block_manager.host_pool.num_blocks == 9 == engine.kv_cache.num_host_blocks

@@ -104,7 +104,23 @@ def test_patch_is_all_or_nothing(server):
     before = admin(server, "GET", "/config").json()["config"]
     r = admin(server, "PATCH", "/config", {"max_num_seqs": 3, "max_num_batched_tokens": 1})
     assert r.status_code == 422
+    assert r.json()["error"]["param"] == "max_num_batched_tokens"  # the field at fault, not the first one
     assert admin(server, "GET", "/config").json()["config"] == before
+
+
+def test_swap_space_beyond_host_memory_refused_and_serving_goes_on(server):
+    """Inside the documented bound (1 TiB) but more than this host has: refused before
+    anything is allocated, and the engine keeps serving."""
+    expected = greedy_text(server)
+    before = admin(server, "GET", "/config").json()["config"]
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines())
+    too_big = (int(meminfo["MemTotal"].split()[0]) * 1024) * 2
+    r = admin(server, "PATCH", "/config", {"max_num_seqs": 5, "swap_space_bytes": too_big})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == "swap_space_bytes" and "of host memory" in error["message"]
+    assert admin(server, "GET", "/config").json()["config"] == before
+    assert greedy_text(server) == expected
 
 
 def test_patch_malformed_body(server):

@@ -83,7 +83,7 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         try:
             config = await engine.reconfigure(changes)
         except ValueError as exc:
-            raise ApiError(422, str(exc), next(iter(changes)), "invalid_value") from None
+            raise ApiError(422, str(exc), getattr(exc, "name", None) or next(iter(changes)), "invalid_value") from None
         log.info("admin: applied %s", changes)
         return config_body(config)
 

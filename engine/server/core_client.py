@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable
 import zmq
 import zmq.asyncio
 
-from ..config import EngineConfig
+from ..config import EngineConfig, TunableError
 from ..model_config import ModelConfig
 from ..outputs import CompletionOutput, RequestOutput
 from ..request_validator import RequestValidator
@@ -374,7 +374,8 @@ class EngineCoreClient:
         if msg.error_type is None:
             future.set_result(msg.result)
         elif msg.error_type == "ValueError":
-            future.set_exception(ValueError(msg.error_message))
+            future.set_exception(TunableError(msg.error_field, msg.error_message) if msg.error_field
+                                 else ValueError(msg.error_message))
         else:
             future.set_exception(RuntimeError(f"{msg.error_type}: {msg.error_message}"))
 

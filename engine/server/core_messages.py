@@ -99,6 +99,7 @@ class UtilityResult(msgspec.Struct, tag="result", array_like=True):
     result: Any = None
     error_type: str | None = None  # "ValueError" for a refused change, else the exception's type
     error_message: str | None = None
+    error_field: str | None = None  # the tunable a refused change concerns
 
 
 class CoreReady(msgspec.Struct, tag="ready", array_like=True):

@@ -230,7 +230,8 @@ class EngineCore:
         except Exception as exc:
             if not isinstance(exc, ValueError):
                 log.exception("engine core: %s failed", msg.method)
-            return UtilityResult(msg.call_id, None, type(exc).__name__, str(exc))
+            kind = "ValueError" if isinstance(exc, ValueError) else type(exc).__name__
+            return UtilityResult(msg.call_id, None, kind, str(exc), getattr(exc, "name", None))
         return UtilityResult(msg.call_id, result)
 
     # --- steps ----------------------------------------------------------------------
