@@ -1,8 +1,0 @@
-#!/bin/bash
-# Session 6, call 7 (nvidia-h200): warps, tiles, stages and splits with the new int8 loop.
-export PYTHONPATH=. PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-R=$OUT/r; mkdir -p $R
-git log --oneline -1 > $R/commit.txt; git diff --stat >> $R/commit.txt
-timeout 200 python3 .gpu/s6_sweep7.py $R/s6.json > $R/s6.log 2>&1; echo "rc $?" >> $R/s6.log; el variants; cat $R/s6.log
-tar czf $OUT/results.tgz -C $OUT r
