@@ -3,8 +3,8 @@ and rebind the running engine to its GPU's NUMA node.
 
 `SupervisorHost` adapts `agent.supervisor.Supervisor` to the policy's `EngineHost`
 protocol. The supervisor already restarts a dead engine with backoff; the policy's
-`restart_engine` reports where that stands (and fails loudly when the supervisor gave
-up, since a restart loop would not help). `rebind_engine` moves the engine's pages to
+`restart_engine` reports where that stands (and fails loudly while the engine is in a
+crash loop, since another restart would not help). `rebind_engine` moves the engine's pages to
 its node with migrate_pages(2) and resets every thread's CPU affinity to the node's
 CPUs.
 """
@@ -58,8 +58,8 @@ class SupervisorHost:
 
     def restart_engine(self) -> str:
         sup = self.supervisor
-        if sup.has_given_up:
-            raise RuntimeError(f"the supervisor gave up on the engine: {sup.error}")
+        if sup.crash_looping:
+            raise RuntimeError(f"the engine is in a crash loop: {sup.error}")
         if sup.is_up:
             # The process runs but the alert says it does not answer: a hung engine.
             pid = sup.pid

@@ -6,8 +6,9 @@ every collector through one CollectorSet, serves /metrics, /healthz and /v1/topo
 on 127.0.0.1:9400, and with --otlp-endpoint pushes the same metrics over OTLP/HTTP.
 
 Exit status: 0 after SIGTERM/SIGINT (the engine is stopped first), 2 for bad
-arguments (a --model that is not a model directory, an unreadable replay file), 1
-when the engine keeps dying at start-up with the same error.
+arguments (a --model that is not a model directory, an unreadable replay file). The
+agent never exits because of its engine: an engine that keeps dying is restarted with
+a growing backoff, and /healthz and the inferd_engine_* metrics say so.
 """
 from __future__ import annotations
 
@@ -166,11 +167,6 @@ def run(args: argparse.Namespace) -> int:
 
     topology, topology_error, node, cpus = discover_placement(args.sysfs_root)
     supervisor = None
-    server_box: dict[str, uvicorn.Server] = {}
-
-    def on_give_up(error: str) -> None:
-        if "server" in server_box:
-            server_box["server"].should_exit = True
 
     engine_url = f"http://{args.engine_host}:{args.engine_port}"
     if not args.no_engine:
@@ -180,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             config = SupervisorConfig(command=engine_command(args), cpus=cpus, mem_node=node, ready_url=ready_url)
         except ValueError as exc:
             return fail(str(exc))
-        supervisor = Supervisor(config, on_give_up=on_give_up)
+        supervisor = Supervisor(config)
     try:
         collectors, closers = build_collectors(args, supervisor, node)
     except ValueError as exc:
@@ -209,9 +205,11 @@ def run(args: argparse.Namespace) -> int:
         routers = load_extra_routers(state, log=log.warning)
     except (OSError, ValueError) as exc:
         return fail(f"remediation: {exc}")
+    policy = state.extra.get("remediation")
+    if supervisor is not None and policy is not None:
+        supervisor.add_ready_listener(policy.on_engine_ready)  # a fresh engine gets what is in force
     app = create_app(state, routers)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
-    server_box["server"] = server
 
     # uvicorn re-raises a captured SIGTERM/SIGINT after shutting down; a no-op handler
     # lets run() go on to stop the engine instead of dying with the child left behind.
@@ -238,8 +236,5 @@ def run(args: argparse.Namespace) -> int:
                 close()
             except Exception:
                 log.exception("closing a collector failed")
-    if supervisor is not None and supervisor.has_given_up:
-        print(f"inferd agent: {supervisor.error}", file=sys.stderr)
-        return 1
     return 0
 

@@ -51,13 +51,17 @@ class AgentState:
             engine = {
                 "up": supervisor.is_up,
                 "pid": supervisor.pid,
+                "readiness": supervisor.readiness,
                 "restarts": supervisor.restarts,
+                "crash_loop": supervisor.crash_looping,
                 "error": supervisor.error,
                 "binding": supervisor.binding,
                 "url": self.engine_url,
             }
-        healthy = supervisor is None or not supervisor.has_given_up
-        return {"status": "ok" if healthy else "engine_failed", "engine": engine, "collectors": self.collectors.names}
+        # The agent's own liveness: it serves whatever its engine does, so an engine that is
+        # down only makes it "degraded" (the body says why), never a failing probe.
+        healthy = supervisor is None or supervisor.is_ready
+        return {"status": "ok" if healthy else "degraded", "engine": engine, "collectors": self.collectors.names}
 
 
 def create_app(state: AgentState, routers: Iterable[Any] = ()):
@@ -73,8 +77,7 @@ def create_app(state: AgentState, routers: Iterable[Any] = ()):
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
-        body = state.health()
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        return JSONResponse(state.health())
 
     @app.get("/v1/topology")
     def topology() -> JSONResponse:

@@ -10,9 +10,15 @@
   cannot be set the launcher logs why and runs with the CPU binding only.
 - Restarts: a child that dies is started again after a backoff that doubles from
   `backoff_initial_s` to `backoff_max_s`, and drops back once a child has stayed up
-  `healthy_after_s`. A child that dies during start-up (before `healthy_after_s`)
-  `max_startup_failures` times in a row with the same last stderr line is not
-  restarted again: the loop stops and `error` holds that line.
+  `healthy_after_s`. The supervisor never gives up, so the agent's metrics and webhook
+  outlive any engine fault: a child that dies during start-up (before `healthy_after_s`
+  and before it was ever ready) `max_startup_failures` times in a row with the same
+  error is in a crash loop: `error` says why, and the backoff grows on to
+  `crash_backoff_max_s` until a child runs again. A child that was ready and then died
+  (killed, crashed) is never a start-up failure, however soon it died.
+- Ready listeners (`add_ready_listener`) are called, in a thread of their own, each
+  time a newly started engine process first answers ready: the remediation policy
+  re-applies what it believes is in force on a fresh engine.
 - Readiness: with `ready_url` set, a probe thread GETs the engine's /ready every
   `probe_interval_s`. An engine that answers `engine_stalled` or `engine_dead`, or that
   stops answering after it was ready (refused, timed out: a SIGSTOPped process), for
@@ -74,6 +80,7 @@ class SupervisorConfig:
     backoff_max_s: float = 30.0
     healthy_after_s: float = 10.0
     max_startup_failures: int = 3
+    crash_backoff_max_s: float = 300.0  # the longest wait between starts in a crash loop
     stop_timeout_s: float = 35.0  # the engine's default --shutdown-timeout (30 s) to drain, plus 5 s
     env: dict[str, str] | None = None
     use_numactl: bool = True  # prefer numactl when it is installed
@@ -89,9 +96,10 @@ class SupervisorConfig:
             raise ValueError(f"SupervisorConfig.cpus must be non-empty CPU ids >= 0, got {self.cpus}")
         if self.mem_node is not None and self.mem_node < 0:
             raise ValueError(f"SupervisorConfig.mem_node must be >= 0, got {self.mem_node}")
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s <= self.crash_backoff_max_s:
             raise ValueError(
-                f"need 0 < backoff_initial_s <= backoff_max_s, got {self.backoff_initial_s}, {self.backoff_max_s}"
+                "need 0 < backoff_initial_s <= backoff_max_s <= crash_backoff_max_s, got "
+                f"{self.backoff_initial_s}, {self.backoff_max_s}, {self.crash_backoff_max_s}"
             )
         if self.healthy_after_s < 0 or self.stop_timeout_s <= 0:
             raise ValueError("healthy_after_s must be >= 0 and stop_timeout_s > 0")
@@ -158,13 +166,15 @@ def probe_readiness(url: str, timeout: float) -> str:
 
 
 class Supervisor:
-    def __init__(self, config: SupervisorConfig, on_give_up: Callable[[str], None] | None = None):
+    def __init__(self, config: SupervisorConfig):
         self.config = config
-        self.on_give_up = on_give_up
         self.command, self.binding = bound_command(config)
         self.restarts = 0
         self.stall_restarts = 0  # the restarts the readiness probe asked for
-        self.error: str | None = None
+        self.error: str | None = None  # set while in a crash loop: the repeated start-up error
+        self.generation = 0  # engine processes started so far
+        self._ready_listeners: list[Callable[[int], None]] = []
+        self._ready_seen: subprocess.Popen | None = None  # the last process seen ready
         self._process: subprocess.Popen | None = None
         self._restarting: subprocess.Popen | None = None  # the process a restart() is stopping
         self._signalled: subprocess.Popen | None = None  # the process SIGTERM went to
@@ -204,8 +214,12 @@ class Supervisor:
         return self.readiness == "ready"
 
     @property
-    def has_given_up(self) -> bool:
+    def crash_looping(self) -> bool:
         return self.error is not None
+
+    def add_ready_listener(self, listener: Callable[[int], None]) -> None:
+        """`listener(generation)` runs once per engine process, when it first answers ready."""
+        self._ready_listeners.append(listener)
 
     def start(self) -> None:
         log.info("starting engine: %s (%s)", " ".join(self.config.command), self.binding)
@@ -250,38 +264,44 @@ class Supervisor:
     # -- the loop --
 
     def _loop(self) -> None:
-        backoff = self.config.backoff_initial_s
+        config = self.config
+        backoff = config.backoff_initial_s
         last_error: str | None = None
         same_error_count = 0
         while not self._stopping.is_set():
             started = time.monotonic()
             try:
                 process = self._spawn()
-            except OSError as exc:
-                self._give_up(f"cannot start the engine ({self.command[0]}): {exc}")
-                return
-            returncode = process.wait()
+            except OSError as exc:  # the command itself cannot run: as a start-up failure
+                process, returncode, tail = None, None, f"cannot start the engine ({self.command[0]}): {exc}"
+                log.error("%s", tail)
+            else:
+                returncode = process.wait()
+                tail = self._last_stderr_line()
             ran_for = time.monotonic() - started
             if self._stopping.is_set():
                 return
-            tail = self._last_stderr_line()
-            log.warning("engine (pid %d) exited with %s after %.1f s: %s", process.pid, returncode, ran_for, tail or "no output")
+            if process is not None:
+                log.warning("engine (pid %d) exited with %s after %.1f s: %s", process.pid, returncode, ran_for,
+                            tail or "no output")
             # restart() refuses inside the start-up window, so an engine that exits (0, drained)
             # on a restart the supervisor asked for has always run past it: never a start-up failure
-            if ran_for < self.config.healthy_after_s:
-                error = tail or f"exit status {returncode}"
+            was_ready = process is not None and self._ready_seen is process
+            if ran_for < config.healthy_after_s and not was_ready:
+                error = _describe_exit(returncode, tail)
                 same_error_count = same_error_count + 1 if error == last_error else 1
                 last_error = error
-                if same_error_count >= self.config.max_startup_failures:
-                    self._give_up(
-                        f"engine exited during start-up {same_error_count} times in a row with: {error}"
-                    )
-                    return
+                if same_error_count >= config.max_startup_failures:
+                    self.error = f"engine exited during start-up {same_error_count} times in a row with: {error}"
+                    log.error("engine crash loop: %s; retrying in %.0f s", self.error, backoff)
             else:
-                backoff, last_error, same_error_count = self.config.backoff_initial_s, None, 0
+                last_error, same_error_count, self.error = None, 0, None
+                if ran_for >= config.healthy_after_s:
+                    backoff = config.backoff_initial_s
             if self._stopping.wait(backoff):
                 return
-            backoff = min(backoff * 2, self.config.backoff_max_s)
+            cap = config.crash_backoff_max_s if self.error is not None else config.backoff_max_s
+            backoff = min(backoff * 2, cap)
             with self._lock:
                 self.restarts += 1
             log.info("restarting engine (restart %d)", self.restarts)
@@ -300,6 +320,8 @@ class Supervisor:
             if process is not probed:  # a new engine process: the old one's history does not apply
                 probed, was_ready, bad_since = process, False, None
             self._last_probe = (process, state)
+            if state == "ready" and not was_ready:
+                self._on_ready(process)
             was_ready = was_ready or state == "ready"
             # before it was ever ready, silence is a server still starting up, not a hang
             if state in STALLED_STATES or (state == "unreachable" and was_ready):
@@ -313,6 +335,22 @@ class Supervisor:
                 bad_since = None
             self._stopping.wait(max(0.0, checked_at + config.probe_interval_s - time.monotonic()))
 
+    def _ready_if_running(self, process: subprocess.Popen) -> None:
+        if process is self._process and process.poll() is None and not self._stopping.is_set():
+            self._on_ready(process)
+
+    def _on_ready(self, process: subprocess.Popen) -> None:
+        self._ready_seen = process
+        self.error = None  # a crash loop ends when an engine comes up
+        generation = self.generation
+        for listener in list(self._ready_listeners):
+            def call(listener=listener) -> None:
+                try:
+                    listener(generation)
+                except Exception:
+                    log.exception("engine ready listener %r failed", listener)
+            threading.Thread(target=call, name="engine-ready", daemon=True).start()
+
     def _spawn(self) -> subprocess.Popen:
         env = dict(os.environ if self.config.env is None else self.config.env)
         # the launcher runs as `python -m agent.supervisor`; make sure it is importable
@@ -322,9 +360,14 @@ class Supervisor:
             self.command, env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
         )
         self._process = process
+        self.generation += 1
         self._spawned_at = time.monotonic()
         self._pump = threading.Thread(target=self._pump_stderr, args=(process,), name="engine-stderr", daemon=True)
         self._pump.start()
+        if self.config.ready_url is None:  # no probe: running healthy_after_s counts as ready
+            timer = threading.Timer(self.config.healthy_after_s, self._ready_if_running, args=(process,))
+            timer.daemon = True
+            timer.start()
         log.info("engine started, pid %d", process.pid)
         return process
 
@@ -340,12 +383,6 @@ class Supervisor:
         if self._pump is not None:
             self._pump.join(timeout=1.0)  # drain what the child wrote before it exited
         return self._stderr_tail[-1] if self._stderr_tail else None
-
-    def _give_up(self, error: str) -> None:
-        self.error = error
-        log.error("engine supervision stopped: %s", error)
-        if self.on_give_up:
-            self.on_give_up(error)
 
     def _terminate(self) -> None:
         process = self._process
@@ -369,6 +406,18 @@ class Supervisor:
             except ProcessLookupError:
                 pass
             process.wait()
+
+
+def _describe_exit(returncode: int | None, last_line: str | None) -> str:
+    """What a start-up failure is compared by: the last stderr line (for a signal, which
+    signal too), else the exit status."""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}" + (f" after: {last_line}" if last_line else "")
+    return last_line or f"exit status {returncode}"
 
 
 class EngineCollector:

@@ -125,15 +125,19 @@ def test_bad_model_path_is_a_clear_error_not_a_restart_loop(tmp_path, make, mess
     assert f"inferd agent: --model: {model} {message}" in result.stderr
 
 
-def test_engine_dying_at_startup_with_the_same_error_stops_the_agent():
+def test_engine_dying_at_startup_with_the_same_error_leaves_the_agent_serving():
     crash = f'{sys.executable} -c "import sys; sys.exit(\'error: cannot load weights\')"'
-    result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", "--engine-command", crash, "--port", str(free_port()),
-         "--gpu-backend", f"replay:{EIGHT_GPUS}", "--no-collector", "ebpf"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 1
-    assert "engine exited during start-up 3 times in a row with: error: cannot load weights" in result.stderr
+    agent = Agent("--engine-command", crash, "--gpu-backend", f"replay:{EIGHT_GPUS}")
+    try:
+        agent.wait_ready()
+        health = wait_for(lambda: (h := agent.health())["engine"]["crash_loop"] and h, timeout=60)
+        assert health, "the agent did not report the crash loop"
+        assert health["status"] == "degraded"
+        assert "engine exited during start-up 3 times in a row with: error: cannot load weights" in health["engine"]["error"]
+        assert "inferd_engine_up 0.0" in agent.metrics()
+        assert agent.process.poll() is None  # still serving /metrics and the webhook
+    finally:
+        assert agent.stop() == 0
 
 
 def test_killed_engine_is_restarted_and_stopping_the_agent_stops_the_engine():
@@ -192,6 +196,59 @@ def test_real_engine_is_supervised(tiny_model):
         assert agent.stop() == 0
     with pytest.raises(ProcessLookupError):
         os.kill(second, 0)
+
+
+@pytest.mark.slow
+def test_three_quick_kills_of_a_ready_engine_leave_the_agent_serving_and_remediation_in_force(tiny_model, tmp_path):
+    """The agent outlives an engine killed three times in a row as soon as it is ready, and
+    a fresh engine gets back the change the remediation policy had made."""
+    from remediation_fakes import alert_payload
+
+    engine_port = free_port()
+    (tmp_path / "webhook.token").write_text("hook-secret")
+    (tmp_path / "admin.token").write_text("admin-secret")
+    agent = Agent("--model", tiny_model, "--engine-port", str(engine_port), "--gpu-backend", f"replay:{EIGHT_GPUS}",
+                  "--webhook-token-file", str(tmp_path / "webhook.token"),
+                  "--admin-token-file", str(tmp_path / "admin.token"),
+                  "--audit-log", str(tmp_path / "audit.jsonl"), "--prometheus-url", f"http://127.0.0.1:{free_port()}")
+    engine_url = f"http://127.0.0.1:{engine_port}"
+
+    def engine_ready():
+        try:
+            return get(f"{engine_url}/ready", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    def engine_config():
+        request = urllib.request.Request(f"{engine_url}/admin/config", headers={"Authorization": "Bearer admin-secret"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["config"]
+
+    def post_alert():
+        request = urllib.request.Request(f"{agent.url}/v1/alerts", data=json.dumps(alert_payload()).encode(),
+                                         headers={"Authorization": "Bearer hook-secret",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["results"][0]
+
+    try:
+        agent.wait_ready()
+        assert wait_for(engine_ready, timeout=180), "inferd serve did not come up"
+        assert post_alert()["result"] == "applied"
+        assert engine_config()["max_num_seqs"] == 48
+        for _ in range(3):
+            pid = agent.health()["engine"]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            assert wait_for(lambda: agent.health()["engine"]["pid"] not in (None, pid), timeout=30)
+            assert wait_for(engine_ready, timeout=180), "restarted inferd serve did not come up"
+            assert get(f"{agent.url}/metrics")[0] == 200
+        assert agent.process.poll() is None and not agent.health()["engine"]["crash_loop"]
+        assert wait_for(lambda: engine_config()["max_num_seqs"] == 48, timeout=30), "the change was not re-applied"
+        records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        assert [r["new"] for r in records if r["event"] == "reapplied"][-1] == {"max_num_seqs": 48}
+        assert "inferd_engine_restarts_total 3.0" in agent.metrics()
+    finally:
+        assert agent.stop() == 0
 
 
 def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):

@@ -1,4 +1,4 @@
-"""Engine supervision with small Python children: restart, give-up, binding, clean stop,
+"""Engine supervision with small Python children: restart, crash loop, binding, clean stop,
 readiness probing against a child that serves /ready."""
 from __future__ import annotations
 
@@ -76,16 +76,41 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_repeated_startup_failure_stops_the_loop_with_the_error():
+def test_repeated_startup_failure_is_a_crash_loop_that_keeps_retrying_with_a_growing_backoff():
     crash = [sys.executable, "-c", "import sys; sys.exit('error: model directory /nope has no config.json')"]
-    errors = []
-    supervisor = Supervisor(fast_config(crash, max_startup_failures=3), on_give_up=errors.append)
+    supervisor = Supervisor(fast_config(crash, max_startup_failures=3, backoff_max_s=0.1, crash_backoff_max_s=0.4))
     supervisor.start()
-    assert supervisor.wait(timeout=20)
-    assert supervisor.has_given_up
-    assert "3 times" in supervisor.error and "has no config.json" in supervisor.error
-    assert errors == [supervisor.error]
-    assert supervisor.restarts == 2
+    try:
+        assert wait_for(lambda: supervisor.crash_looping, timeout=20)
+        assert "3 times" in supervisor.error and "has no config.json" in supervisor.error
+        restarts = supervisor.restarts
+        assert wait_for(lambda: supervisor.restarts >= restarts + 2, timeout=20)  # never gives up
+        assert not supervisor.wait(timeout=0.1)  # the loop runs on
+        text = scrape(EngineCollector(supervisor))
+        assert "inferd_engine_up 0.0" in text
+    finally:
+        supervisor.stop()
+
+
+def test_quick_kills_of_a_ready_engine_are_not_start_up_failures(tmp_path):
+    """A ready engine killed again and again, each time soon after it started, is
+    restarted each time: it was ready, so its death is no start-up failure."""
+    engine = FakeEngine(tmp_path, state="ready")
+    ready_generations = []
+    supervisor = Supervisor(probed_config(engine, max_startup_failures=1, healthy_after_s=30.0))
+    supervisor.add_ready_listener(ready_generations.append)
+    supervisor.start()
+    try:
+        for n in (1, 2, 3):
+            assert wait_for(lambda: supervisor.is_ready)
+            pid = supervisor.pid
+            os.kill(pid, signal.SIGKILL)
+            assert wait_for(lambda: supervisor.pid not in (None, pid))
+            assert not supervisor.crash_looping
+        assert wait_for(lambda: supervisor.is_ready)
+        assert wait_for(lambda: ready_generations == [1, 2, 3, 4])  # each new engine once
+    finally:
+        supervisor.stop()
 
 
 def test_stop_terminates_the_engine_process_group():
@@ -382,9 +407,8 @@ def test_stop_kills_an_engine_that_does_not_finish_draining(tmp_path):
 
 def test_engine_that_exits_0_after_an_asked_restart_is_started_again(tmp_path):
     engine = FakeEngine(tmp_path, state="ready")
-    errors = []
-    # one start-up failure would end the loop: the drained exits must not count as such
-    supervisor = Supervisor(probed_config(engine, max_startup_failures=1), on_give_up=errors.append)
+    # one start-up failure would be a crash loop: the drained exits must not count as such
+    supervisor = Supervisor(probed_config(engine, max_startup_failures=1))
     supervisor.start()
     try:
         for n in (1, 2, 3):
@@ -394,6 +418,6 @@ def test_engine_that_exits_0_after_an_asked_restart_is_started_again(tmp_path):
             assert wait_for(lambda: supervisor.pid not in (None, pid))
             assert engine.events(pid) == ["sigterm", "drained"]
             assert supervisor.restarts == n
-        assert errors == [] and not supervisor.has_given_up
+        assert not supervisor.crash_looping
     finally:
         supervisor.stop()
