@@ -1,11 +1,14 @@
 """The remediation rules: which bounded change answers which alert, and how to judge it.
 
 `PolicyConfig` holds the bounds (minimum, maximum, maximum step) of every parameter the
-agent moves, the cooldown, the verification window and the restore delay. Each `Rule`
-names its alert, its action family (the cooldown key), a planner that turns the
-engine's current tunables into a `Plan` (or a reason why nothing is left within
-bounds), and the PromQL target watched after the change with the direction that
-counts as better. `judge` compares the target before and after.
+agent moves, the cooldown between episodes, the verification window and the restore
+delay. Each `Rule` names its alert, its action family (the cooldown key), its planners
+in escalation order (each turns the engine's current tunables into a `Plan`, or a
+reason why nothing is left within its bounds; the next planner is tried when one is at
+its bound or its last step made things worse), and the PromQL target watched after a
+change with the direction that counts as better. `judge` compares the target before
+and after; `credit` refuses to call a change an improvement when the demand on the
+engine fell by more than `demand_drop_tolerance` meanwhile.
 """
 from __future__ import annotations
 
@@ -52,14 +55,22 @@ class PolicyConfig:
     step_fraction: float = 0.25
     """One step moves a parameter by this share of its value, at most max_step."""
     cooldown_s: float = 600.0
-    """Least time between two actions of the same rule."""
+    """Least time between the last step of one episode of a rule and the start of the next
+    (the steps of one episode follow each other one verification window apart)."""
     verify_window_s: float = 120.0
     worse_tolerance: float = 0.1
     """The target counts as worse when it moved the wrong way by more than this share."""
+    max_episode_steps: int = 8
+    """Most steps one episode takes while its alert keeps firing."""
     restore_after_s: float = 600.0
-    """How long the fast-path alert must stay resolved before going back to fast."""
+    """How long an alert must stay resolved before the values its episode changed (the
+    fast path's fallback included) go back to what they were."""
     engine_selector: str = 'job="inferd-engine"'
     """PromQL matchers for the engine's series where the alert's labels do not name them."""
+    demand_query: str = ('sum(vllm:num_requests_running{{{engine}}}) + sum(vllm:num_requests_waiting{{{engine}}})')
+    """The demand on the engine (requests running + waiting), read with each baseline and after."""
+    demand_drop_tolerance: float = 0.25
+    """An improvement seen while the demand fell by more than this share is not credited."""
     dry_run: bool = False
 
     def __post_init__(self) -> None:
@@ -71,7 +82,10 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be bounds (minimum, maximum, max_step), got {value!r}")
         if not 0 < self.step_fraction <= 1:
             raise ValueError(f"step_fraction must be in (0, 1], got {self.step_fraction}")
-        for name in ("cooldown_s", "verify_window_s", "restore_after_s", "worse_tolerance"):
+        if isinstance(self.max_episode_steps, bool) or not isinstance(self.max_episode_steps, int) \
+                or self.max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be an integer >= 1, got {self.max_episode_steps!r}")
+        for name in ("cooldown_s", "verify_window_s", "restore_after_s", "worse_tolerance", "demand_drop_tolerance"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -105,23 +119,34 @@ class Rule:
     alert: str
     action: str
     """Name of the action family: the cooldown key and the metric label before planning."""
-    kind: str
-    planner: Planner | None = None
+    kind: str  # config | mode | restart | rebind
+    planners: tuple[Planner, ...] = ()
+    """In escalation order; config and mode rules only."""
     target: str | None = None
     """PromQL; {sel} is the alert's job/instance matchers, {engine} the engine's, {window} the window."""
     better: str = "lower"
     reversible: bool = True
-    restores_fast: bool = False
+    """A config step whose verification says worse (or has no data) is rolled back."""
+
+    @property
+    def restores(self) -> bool:
+        """Its changes go back once the alert has stayed resolved for restore_after_s."""
+        return self.kind in ("config", "mode")
 
 
-def _lower_seqs_or_cold_kv(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _lower_seqs(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
     seqs = int(config["max_num_seqs"])
     new = pc.max_num_seqs.lower(seqs, pc.step_fraction)
     if new < seqs:
         return Plan("lower_max_num_seqs", "config", {"max_num_seqs": new}, {"max_num_seqs": seqs})
-    if config.get("kv_cold_dtype", "none") == "none":
+    return f"max_num_seqs at its minimum {pc.max_num_seqs.minimum}"
+
+
+def _cold_kv(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+    cold = config.get("kv_cold_dtype", "none")
+    if cold == "none":
         return Plan("enable_cold_kv_int8", "config", {"kv_cold_dtype": "int8"}, {"kv_cold_dtype": "none"})
-    return f"max_num_seqs at its minimum {pc.max_num_seqs.minimum} and cold KV already {config.get('kv_cold_dtype')}"
+    return f"cold KV already {cold}"
 
 
 def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
@@ -153,8 +178,8 @@ def _recompute(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
 
 def _fallback(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
     # Applied even when the engine already fell back on its own: the policy then owns
-    # the way back to fast.
-    return Plan("fallback", "mode", {"mode": "fallback"}, {"mode": config.get("mode", "fast")})
+    # the way back to fast, so "fast" is what it restores.
+    return Plan("fallback", "mode", {"mode": "fallback"}, {"mode": "fast"})
 
 
 _FAULTS = "sum(rate(inferd_kv_page_faults_total{{{sel}}}[{window}]))"
@@ -165,23 +190,26 @@ _NEW_FAILURES = ("sum(inferd_engine_fastpath_failures_total{{{sel}}})"
                  " - sum(inferd_engine_fastpath_failures_total{{{sel}}} offset {window})"
                  " or sum(inferd_engine_fastpath_failures_total{{{sel}}})")
 
+# The mean over the window, not a quantile interpolated inside a histogram bucket: two
+# p99s in the same bucket read the same whatever happened.
+_MEAN_TTFT = ("sum(rate(vllm:time_to_first_token_seconds_sum{{{sel}}}[{window}]))"
+              " / sum(rate(vllm:time_to_first_token_seconds_count{{{sel}}}[{window}]))")
+
 DEFAULT_RULES: dict[str, Rule] = {
     r.alert: r
     for r in (
-        Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", _lower_seqs_or_cold_kv, _FAULTS),
-        Rule("InferdKVFragmentationHigh", "lower_max_num_batched_tokens", "config", _lower_batched_tokens,
+        Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", (_lower_seqs, _cold_kv), _FAULTS),
+        Rule("InferdKVFragmentationHigh", "lower_max_num_batched_tokens", "config", (_lower_batched_tokens,),
              "max(avg_over_time(inferd_kv_fragmentation_ratio{{{sel}}}[{window}]))"),
-        Rule("InferdTTFTSLOBreach", "lower_max_num_batched_tokens", "config", _lower_batched_tokens,
-             "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{window}])))"),
-        Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", _raise_batch,
+        Rule("InferdTTFTSLOBreach", "lower_max_num_batched_tokens", "config", (_lower_batched_tokens,), _MEAN_TTFT),
+        Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", (_raise_batch,),
              "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))", better="higher"),
-        Rule("InferdNUMARemoteMemoryHigh", "rebind_numa", "rebind", None,
+        Rule("InferdNUMARemoteMemoryHigh", "rebind_numa", "rebind", (),
              "max(inferd_numa_process_remote_ratio{{{sel}}})", reversible=False),
-        Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", _recompute, _SWAP),
-        Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", _recompute, _SWAP),
-        Rule("InferdEngineFastPathFailing", "fallback", "mode", _fallback,
-             _NEW_FAILURES, reversible=False, restores_fast=True),
-        Rule("InferdEngineDown", "restart_engine", "restart", None, "min(up{{{engine}}})",
+        Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", (_recompute,), _SWAP),
+        Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", (_recompute,), _SWAP),
+        Rule("InferdEngineFastPathFailing", "fallback", "mode", (_fallback,), _NEW_FAILURES, reversible=False),
+        Rule("InferdEngineDown", "restart_engine", "restart", (), "min(up{{{engine}}})",
              better="higher", reversible=False),
     )
 }
@@ -198,3 +226,11 @@ def judge(baseline: float | None, after: float | None, better: str, tolerance: f
     if change < -margin:
         return "improved"
     return "unchanged"
+
+
+def credit(outcome: str, demand_before: float | None, demand_after: float | None, tolerance: float) -> str:
+    """`outcome`, or demand_fell when an improvement came with the demand falling by more
+    than `tolerance` (the load went away; the change is not what helped)."""
+    if outcome != "improved" or demand_before is None or demand_after is None or demand_before <= 0:
+        return outcome
+    return "demand_fell" if demand_after < (1 - tolerance) * demand_before else outcome

@@ -38,7 +38,11 @@ def engine(audit_path):
 
 @pytest.fixture
 def prom():
-    fake = FakePrometheus()
+    # every target has a value unless a test says otherwise; no ALERTS series: alerts
+    # count as resolved once a step is verified, unless a test sets "ALERTS"
+    fake = FakePrometheus({"inferd_kv_page_faults_total": [10.0], "time_to_first_token": [3.0],
+                           "DCGM_FI_PROF_SM_ACTIVE": [0.3], "inferd_kv_swap_bytes_total": [1e9],
+                           "fastpath_failures": [2.0], "up{": [0.0]})
     yield fake
     fake.close()
 
@@ -157,12 +161,16 @@ def test_no_repeat_while_verifying_and_skipped_alerts_wait_for_their_turn(engine
     assert policy.deferred == []
     assert [c["body"] for c in engine.changes] == [
         {"max_num_seqs": 48}, {"max_num_batched_tokens": 1536}, {"max_num_seqs": 36}]
-    # A deferred alert that resolves is dropped.
+    # A deferred alert that resolves is dropped; once resolved for restore_after_s, the
+    # values the episodes changed go back (the second thrash episode kept the first's original).
     assert policy.handle(firing(fingerprint="a3"))["result"] == "skipped_verifying"
     policy.handle(firing(fingerprint="a3", status="resolved"))
+    clock.advance(100)
+    policy.tick()
     clock.advance(1000)
     policy.tick()
-    assert len(engine.changes) == 3
+    assert [c["body"] for c in engine.changes][3:] == [{"max_num_batched_tokens": 2048}, {"max_num_seqs": 64}]
+    assert policy.in_force == {}
 
 
 def test_verification_that_sees_the_metric_worsen_rolls_back(engine, prom, audit_path, clock):
@@ -179,8 +187,11 @@ def test_verification_that_sees_the_metric_worsen_rolls_back(engine, prom, audit
     assert policy.rollbacks_total == {"lower_max_num_seqs": 1}
     records = [json.loads(line) for line in audit_path.read_text().splitlines()]
     verified = next(r for r in records if r["event"] == "verified")
-    assert (verified["baseline"], verified["after"], verified["outcome"]) == (10.0, 25.0, "worse")
-    assert records[-1]["event"] == "rolled_back" and records[-1]["restored"] == {"max_num_seqs": 64}
+    assert (verified["baseline"], verified["after"], verified["outcome"], verified["decision"]) == \
+        (10.0, 25.0, "worse", "rolled_back")
+    rolled_back = next(r for r in records if r["event"] == "rolled_back")
+    assert rolled_back["restored"] == {"max_num_seqs": 64}
+    assert records[-1]["event"] == "episode_ended" and records[-1]["restore"] is None  # nothing left to restore
 
 
 def test_verification_that_sees_improvement_keeps_the_change(engine, prom, audit_path, clock):
@@ -191,7 +202,9 @@ def test_verification_that_sees_improvement_keeps_the_change(engine, prom, audit
     policy.tick()
     assert engine.config["max_num_seqs"] == 48
     assert policy.rollbacks_total == {}
-    assert events(audit_path)[-1] == "verified"
+    assert events(audit_path)[-2:] == ["verified", "episode_ended"]
+    verified = [json.loads(line) for line in audit_path.read_text().splitlines()][-2]
+    assert (verified["outcome"], verified["decision"]) == ("improved", "kept")
 
 
 def test_cold_kv_once_max_num_seqs_is_at_its_minimum_then_at_limit(audit_path, prom, clock):
@@ -387,7 +400,7 @@ class StubSupervisor:
         return self.pid is not None
 
     @property
-    def has_given_up(self):
+    def crash_looping(self):
         return self.error is not None
 
 
@@ -400,7 +413,7 @@ def test_supervisor_host_reports_the_restart_state():
     assert len(hung.restart_reasons) == 1
     with pytest.raises(RuntimeError, match="still starting"):
         SupervisorHost(StubSupervisor(pid=42, starting=True)).restart_engine()
-    with pytest.raises(RuntimeError, match="gave up on the engine: bad model path"):
+    with pytest.raises(RuntimeError, match="in a crash loop: bad model path"):
         SupervisorHost(StubSupervisor(error="bad model path")).restart_engine()
     with pytest.raises(RuntimeError, match="no NUMA node"):
         SupervisorHost(StubSupervisor(pid=42)).rebind_engine()
@@ -428,3 +441,124 @@ def test_rebind_this_process_to_its_own_node():
     detail = host.rebind_engine()
     assert f"pages migrated to node {node}" in detail
     assert os.sched_getaffinity(0) == cpus
+
+
+# ---- episodes: converging while the alert fires ----
+
+def test_an_alert_that_keeps_firing_gets_the_next_step_each_window_then_escalates(audit_path, prom, clock):
+    """Unchanged after each step and still firing (ALERTS says so): the next bounded step
+    follows one verification window later, not a cooldown later; at the knob's bound the
+    rule escalates to cold KV; with nothing left the episode ends at its limit."""
+    engine = FakeEngine(TOKEN, audit_path, max_num_seqs=16)
+    prom.series["ALERTS{"] = [1.0]
+    try:
+        policy = make_policy(engine, prom, audit_path, clock, cooldown_s=3600, verify_window_s=60,
+                             max_num_seqs=Bounds(4, 64, 8), step_fraction=0.5)
+        assert policy.handle(firing())["new"] == {"max_num_seqs": 8}
+        for _ in range(3):
+            clock.advance(60)
+            policy.tick()
+        assert [c["body"] for c in engine.changes] == [{"max_num_seqs": 8}, {"max_num_seqs": 4}, {"kv_cold_dtype": "int8"}]
+        assert policy.episodes == []  # cold KV on and max_num_seqs at 4: nothing left
+        records = [json.loads(line) for line in audit_path.read_text().splitlines()]
+        assert records[-2]["result"] == "at_limit" and records[-1]["event"] == "episode_ended"
+        assert [r["decision"] for r in records if r["event"] == "verified"] == ["kept"] * 3
+        assert policy.skipped_total == {("InferdKVCacheThrashing", "at_limit"): 1}
+    finally:
+        engine.close()
+
+
+def test_a_step_that_made_it_worse_is_rolled_back_and_the_rule_escalates(audit_path, prom, clock):
+    prom.series["inferd_kv_page_faults_total"] = [10.0, 30.0, 30.0, 5.0]
+    prom.series["ALERTS{"] = [1.0, 0.0]  # firing after the first step, then gone
+    engine = FakeEngine(TOKEN, audit_path)
+    try:
+        policy = make_policy(engine, prom, audit_path, clock, verify_window_s=60)
+        policy.handle(firing())
+        clock.advance(60)
+        policy.tick()  # 10 -> 30 faults/s: rolled back, cold KV next
+        assert [c["body"] for c in engine.changes] == [{"max_num_seqs": 48}, {"max_num_seqs": 64}, {"kv_cold_dtype": "int8"}]
+        prom.series["ALERTS{"] = []
+        clock.advance(60)
+        policy.tick()  # improved 30 -> 5 and the alert is gone: the episode ends, cold KV kept
+        assert engine.config["kv_cold_dtype"] == "int8" and policy.episodes == []
+        assert policy.in_force == {"kv_cold_dtype": "int8"}
+        assert policy.rollbacks_total == {"lower_max_num_seqs": 1}
+    finally:
+        engine.close()
+
+
+def test_no_baseline_means_no_action_and_no_value_after_means_rollback(engine, prom, audit_path, clock):
+    del prom.series["time_to_first_token"]
+    policy = make_policy(engine, prom, audit_path, clock)
+    result = policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t"))
+    assert result["result"] == "no_data" and engine.changes == []
+    assert policy.skipped_total == {("InferdTTFTSLOBreach", "no_data"): 1}
+    assert "inferd_remediation" not in str(policy.actions_total)
+    prom.series["time_to_first_token"] = [3.0]
+    assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t2"))["result"] == "applied"
+    del prom.series["time_to_first_token"]  # the requests stopped: nothing to judge by
+    clock.advance(60)
+    policy.tick()
+    assert engine.config["max_num_batched_tokens"] == 2048  # rolled back, not kept as no_data
+    verified = next(json.loads(line) for line in audit_path.read_text().splitlines() if '"verified"' in line)
+    assert (verified["outcome"], verified["decision"]) == ("no_data", "rolled_back")
+
+
+def test_an_improvement_while_the_demand_went_away_is_not_credited(engine, prom, audit_path, clock):
+    prom.series["inferd_kv_page_faults_total"] = [10.0, 1.0]
+    prom.series["num_requests_running"] = [80.0, 20.0]
+    policy = make_policy(engine, prom, audit_path, clock)
+    policy.handle(firing())
+    clock.advance(60)
+    policy.tick()
+    verified = next(json.loads(line) for line in audit_path.read_text().splitlines() if '"verified"' in line)
+    assert (verified["outcome"], verified["demand_before"], verified["demand_after"]) == ("demand_fell", 80.0, 20.0)
+    assert verified["decision"] == "kept"
+
+
+def test_the_ttft_target_is_a_mean_not_a_bucket_quantile():
+    from agent.remediation_rules import DEFAULT_RULES
+
+    target = DEFAULT_RULES["InferdTTFTSLOBreach"].target
+    assert "histogram_quantile" not in target and "_sum" in target and "_count" in target
+
+
+# ---- a fresh engine gets what is in force ----
+
+def test_engine_restart_gets_the_policys_changes_back(engine, prom, audit_path, clock):
+    policy = make_policy(engine, prom, audit_path, clock)
+    policy.handle(firing())
+    policy.handle(firing("InferdEngineFastPathFailing", fingerprint="fp"))
+    assert policy.in_force == {"max_num_seqs": 48, "mode": "fallback"}
+    engine.config.update(max_num_seqs=64, mode="fast")  # what a restarted engine starts with
+    policy.on_engine_ready(2)
+    assert (engine.config["max_num_seqs"], engine.config["mode"]) == (48, "fallback")
+    record = [json.loads(line) for line in audit_path.read_text().splitlines()][-1]
+    assert (record["event"], record["old"], record["new"]) == \
+        ("reapplied", {"max_num_seqs": 64, "mode": "fast"}, {"max_num_seqs": 48, "mode": "fallback"})
+    policy.on_engine_ready(3)  # nothing missing: nothing sent
+    assert len(engine.changes) == 4
+    # the agent restarts too: what is in force comes back from the audit log
+    assert make_policy(engine, prom, audit_path, clock).in_force == {"max_num_seqs": 48, "mode": "fallback"}
+
+
+def test_an_engine_that_refuses_the_reapply_is_recorded_as_reverted(engine, prom, audit_path, clock):
+    policy = make_policy(engine, prom, audit_path, clock)
+    policy.handle(firing())
+    engine.config["max_num_seqs"] = 64
+    engine.fail_next = 422
+    policy.on_engine_ready(2)
+    record = [json.loads(line) for line in audit_path.read_text().splitlines()][-1]
+    assert record["event"] == "reverted" and record["lost"] == {"max_num_seqs": 48}
+    assert policy.in_force == {}
+    assert make_policy(engine, prom, audit_path, clock).in_force == {}
+
+
+def test_remediation_series_exist_before_the_first_decision(engine, prom, audit_path, clock):
+    policy = make_policy(engine, prom, audit_path, clock)
+    registry = CollectorRegistry()
+    registry.register(CollectorSet([RemediationCollector(policy)]))
+    text = generate_latest(registry).decode()
+    assert 'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 0.0' in text
+    assert 'inferd_remediation_episodes 0.0' in text

@@ -137,7 +137,7 @@ def test_a_bad_record_in_the_audit_log_does_not_break_actions(setup):
     response = client.get("/v1/actions")
     assert response.status_code == 200
     records = response.json()["records"]
-    assert [r["event"] for r in records] == ["alert", "decision", "applied", "alert"]
+    assert [r["event"] for r in records] == ["alert", "decision", "applied", "episode_ended", "alert"]
     assert (records[-1]["alert"], records[-1]["value"]) == ("Bad\\ud800Alert", "nan")
 
 
@@ -150,7 +150,7 @@ def test_replaying_the_same_notification_acts_once(setup):
     assert len(engine.changes) == 1
     # Its resolution is a different event, and is not an action.
     resolved = post(client, alert_payload(status="resolved")).json()["results"][0]
-    assert resolved["result"] == "noted"
+    assert resolved["result"] == "restore_scheduled"  # the change goes back once it stays resolved
     assert len(engine.changes) == 1
 
 
@@ -179,10 +179,10 @@ def test_actions_lists_the_audit_log(setup):
     client, _ = make_client()
     post(client, alert_payload())
     body = client.get("/v1/actions").json()
-    assert [r["event"] for r in body["records"]] == ["alert", "decision", "applied"]
-    applied = body["records"][-1]
+    assert [r["event"] for r in body["records"]] == ["alert", "decision", "applied", "episode_ended"]
+    applied = body["records"][-2]
     assert (applied["alert"], applied["old"], applied["new"]) == ("InferdKVCacheThrashing", {"max_num_seqs": 64}, {"max_num_seqs": 48})
-    assert [r["event"] for r in client.get("/v1/actions?limit=1").json()["records"]] == ["applied"]
+    assert [r["event"] for r in client.get("/v1/actions?limit=1").json()["records"]] == ["episode_ended"]
     assert client.get("/v1/actions?limit=-1").status_code == 422
 
 
@@ -240,7 +240,8 @@ def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, 
         assert engine.config["max_num_seqs"] == 48
         metrics = client.get("/metrics").text
         assert 'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 1.0' in metrics
-        assert [r["event"] for r in client.get("/v1/actions").json()["records"]] == ["alert", "decision", "applied"]
+        assert [r["event"] for r in client.get("/v1/actions").json()["records"]] == \
+            ["alert", "decision", "applied", "episode_ended"]  # no Prometheus answered: unverified
     finally:
         policy.stop()
 
