@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .block_manager import BlockManager, cdiv
+from .block_manager import BlockManager
 from .config import EngineConfig, TunableError, validate_tunable
 from .kv_cache import KVCache, KVShape
 from .loader import load_model, resolve_dtype
@@ -390,21 +390,17 @@ class LLMEngine:
         bs = self.config.block_size
         free_blocks = bm.pool.num_free_blocks
         tail_slack = sum(len(s.block_table) * bs - s.num_tokens for s in self.scheduler.running if s.block_table)
-        tail_slack = max(0, tail_slack)
-        # Free blocks count as unusable when not even the smallest waiting request fits.
-        unusable = tail_slack
-        if self.scheduler.waiting:
-            smallest = min(cdiv(s.num_tokens, bs) for s in self.scheduler.waiting)
-            if free_blocks - smallest < bm.watermark_blocks:
-                unusable += free_blocks * bs
-        free_slots = free_blocks * bs + tail_slack
+        # Paged KV has no external fragmentation (any free block serves any sequence); what
+        # is lost is the unfilled tail of each sequence's last block. A full pool with a
+        # request waiting is pressure, not fragmentation, and reads as such elsewhere.
+        allocated_slots = bm.num_used_blocks * bs
         by_kind = bm.blocks_by_kind()
         return KVSnapshot(
             num_blocks=bm.pool.num_blocks,
             num_used=bm.num_used_blocks,
             num_free=free_blocks,
             num_cached=bm.pool.num_cached_free_blocks,
-            fragmentation_ratio=unusable / free_slots if free_slots else 0.0,
+            fragmentation_ratio=min(1.0, max(0, tail_slack) / allocated_slots) if allocated_slots else 0.0,
             num_host_blocks=bm.host_pool.num_blocks,
             num_host_free=bm.host_pool.num_free_blocks,
             blocks_by_dtype=by_kind,

@@ -99,3 +99,22 @@ def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, 
     bm = engine.block_manager
     assert bm.pool.num_free_blocks == bm.pool.num_blocks  # every block free or cached
     assert bm.host_pool.num_free_blocks == bm.host_pool.num_blocks
+
+
+def test_fragmentation_is_the_unfilled_tails_not_a_full_pool(tiny_model):
+    """A pool filled by one long request with another waiting is full, not fragmented:
+    the ratio counts only the unfilled slots of the running sequences' last blocks."""
+    from engine import EngineConfig, LLMEngine, SamplingParams
+
+    probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=12 * probe.block_bytes,
+                                    watermark=0.0, swap_space_bytes=0, preemption_mode="recompute"))
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    engine.add_request("long", [5] * 75, params)  # 10 blocks: 76 of 80 slots once it has decoded one token
+    engine.step()
+    engine.add_request("waits", [6] * 40, params)  # 5 blocks: does not fit beside it
+    engine.step()
+    snapshot = engine.kv_snapshot()
+    assert engine.scheduler.waiting and snapshot.num_free < 5
+    used_slots = snapshot.num_used * 8
+    assert snapshot.fragmentation_ratio == (used_slots - 77) / used_slots

@@ -196,7 +196,7 @@ class SnapshotCollector(Collector):
         blocks.add_metric(["cached"], s.kv.num_cached)
         yield blocks
         yield GaugeMetricFamily("inferd_kv_fragmentation_ratio",
-                                "Share of free KV memory that no waiting request can use.",
+                                "Share of allocated KV slots holding no token: the unfilled tails of running sequences' last blocks.",
                                 value=s.kv.fragmentation_ratio)
         failures = CounterMetricFamily("inferd_engine_fastpath_failures",
                                        "Fast-path failures; each one switched the engine to fallback.",
