@@ -34,8 +34,8 @@ def check_range(name: str, value: Any, low: float, high: float | None = None) ->
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {value!r}")
     if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bound}, got {value!r}")
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> None:

@@ -50,7 +50,8 @@ LONG_PROMPT = "hello " * 400  # far more than MAX_MODEL_LEN tokens
 @pytest.mark.parametrize("body, fragments, param", [
     (completion(prompt=LONG_PROMPT[:1500]), ["max_model_len is 128"], "prompt"),
     (completion(max_tokens=MAX_MODEL_LEN), ["maximum context length is 128"], "max_tokens"),
-    (completion(temperature=-1), ["temperature must be"], "temperature"),
+    (completion(temperature=-1), ["temperature must be >= 0"], "temperature"),
+    (completion(prompt=["a"] * 5, n=60), ["would start 300 sequences (5 prompt(s) x n=60); at most 256"], "n"),
     (completion(top_p=1.5), ["top_p must be in (0, 1]"], "top_p"),
     (completion(n=0), ["n must be in"], "n"),
     (completion(max_tokens=0), ["max_tokens must be an integer >= 1"], "max_tokens"),
@@ -80,6 +81,9 @@ def test_completion_400(server, body, fragments, param):
      ["only text parts are supported"], None),
     ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
      ["tools are not supported"], "tools"),
+    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]},
+     ["messages[1].role must be one of system, developer, user, assistant, tool, function; got 'wizard'"],
+     "messages[1].role"),
 ])
 def test_chat_400(server, body, fragments, param):
     assert_error(post(server, "/v1/chat/completions", body), 400, *fragments, param=param)

@@ -199,3 +199,33 @@ def test_default_model_is_served_as_its_preset_name(tmp_path, monkeypatch):
     assert served_name(None) == "tiny"
     assert served_name(str(default_model_dir())) == "tiny"  # the stack passes the path explicitly
     assert served_name(str(tmp_path / "other")) == str(tmp_path / "other")
+
+
+def test_long_text_prompts_are_tokenized_off_the_event_loop():
+    """A prompt of TOKENIZE_IN_THREAD_CHARS or more is validated (tokenized) in a worker
+    thread; a short one inline, where a thread hop would cost more than it saves."""
+    import asyncio
+    import threading
+
+    from engine.server.serving import TOKENIZE_IN_THREAD_CHARS, OpenAIServing
+
+    threads = {}
+
+    class RecordingEngine:
+        tokenizer = None
+
+        def validate_request(self, prompt, params):
+            threads[len(prompt)] = threading.current_thread()
+            return [1, 2, 3]
+
+    serving = OpenAIServing(RecordingEngine(), "m")
+    params = SamplingParams(max_tokens=4)
+
+    async def main():
+        short = await serving._validate_prompt("x" * 10, params, "prompt")
+        long = await serving._validate_prompt("x" * TOKENIZE_IN_THREAD_CHARS, params, "prompt")
+        return short, long, threading.current_thread()
+
+    short, long, loop_thread = asyncio.run(main())
+    assert short == long == [1, 2, 3]
+    assert threads[10] is loop_thread and threads[TOKENIZE_IN_THREAD_CHARS] is not loop_thread

@@ -179,10 +179,18 @@ class CompletionRequest(SamplingFields):
         return list(p)  # type: ignore[arg-type]
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 class ChatMessage(_Lenient):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+
+    def check_role(self, index: int) -> None:
+        if self.role not in CHAT_ROLES:
+            raise bad_request(f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)}; got {self.role!r}",
+                              f"messages[{index}].role")
 
     def text(self, index: int) -> str:
         if self.content is None:

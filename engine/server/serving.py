@@ -29,6 +29,12 @@ from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_dis
 from .tracing import TRACE_HEADERS
 
 REPLACEMENT_CHAR = "\ufffd"
+# Sequences one request may start (prompts x n): one request must not fill the scheduler
+# (a 4 KB batch of 100 prompts with n=128 is 12,800 sequences).
+MAX_SEQUENCES_PER_REQUEST = 256
+# Text prompts at least this long are tokenized in a worker thread, so that a megabyte
+# prompt (about a second of tokenizing) does not hold up every other request's event loop.
+TOKENIZE_IN_THREAD_CHARS = 16384
 
 
 @dataclass(slots=True)
@@ -88,12 +94,20 @@ class OpenAIServing:
         if name is not None and name != self.model_name:
             raise ApiError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
 
-    def _validate_prompt(self, prompt: str | list[int], params: SamplingParams, param: str) -> list[int]:
+    async def _validate_prompt(self, prompt: str | list[int], params: SamplingParams, param: str) -> list[int]:
         try:
+            if isinstance(prompt, str) and len(prompt) >= TOKENIZE_IN_THREAD_CHARS:
+                return await asyncio.to_thread(self.engine.validate_request, prompt, params)
             return self.engine.validate_request(prompt, params)
         except ValueError as exc:
             code = "context_length_exceeded" if "max_model_len" in str(exc) or "KV" in str(exc) else "invalid_value"
             raise bad_request(str(exc), param, code) from None
+
+    @staticmethod
+    def _check_sequences(num_prompts: int, n: int | None) -> None:
+        if num_prompts * (n or 1) > MAX_SEQUENCES_PER_REQUEST:
+            raise bad_request(f"this request would start {num_prompts * (n or 1)} sequences ({num_prompts} prompt(s) x "
+                              f"n={n}); at most {MAX_SEQUENCES_PER_REQUEST} are allowed per request", "n")
 
     def _check_length(self, num_prompt: int, max_tokens: int, param: str) -> None:
         if num_prompt + max_tokens > self.max_model_len:
@@ -119,6 +133,7 @@ class OpenAIServing:
         body.check()
         self.check_model(body.model)
         raw_prompts = body.prompts()
+        self._check_sequences(len(raw_prompts), body.n)
         # Without max_tokens the prompt decides it; check the other values against the longest possible.
         probe = self._params(body, body.max_tokens if body.max_tokens is not None else self.max_model_len,
                              body.logprobs, "max_tokens")
@@ -126,7 +141,7 @@ class OpenAIServing:
         for i, p in enumerate(raw_prompts):
             if isinstance(p, list) and not p:
                 raise bad_request(f"prompt[{i}] is empty", "prompt")
-            ids = self._validate_prompt(p, probe, "prompt")
+            ids = await self._validate_prompt(p, probe, "prompt")
             prompts.append(_Prompt(p, ids))
         if body.max_tokens is None:
             max_tokens = self.max_model_len - max(len(p.token_ids) for p in prompts)
@@ -140,6 +155,9 @@ class OpenAIServing:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         body.check()
         self.check_model(body.model)
+        self._check_sequences(1, body.n)
+        for i, m in enumerate(body.messages):
+            m.check_role(i)
         messages = [{"role": m.role, "content": m.text(i)} | ({"name": m.name} if m.name else {})
                     for i, m in enumerate(body.messages)]
         tok = self.tokenizer
@@ -148,7 +166,9 @@ class OpenAIServing:
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         # A template writes its own special tokens; the plain default relies on the tokenizer's.
-        ids = tok.encode(text, add_special_tokens=tok.chat_template is None)
+        add_special = tok.chat_template is None
+        ids = (await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special)
+               if len(text) >= TOKENIZE_IN_THREAD_CHARS else tok.encode(text, add_special_tokens=add_special))
         if not ids:
             raise bad_request("messages render to an empty prompt", "messages")
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -157,7 +177,7 @@ class OpenAIServing:
                              param)
         if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
-        self._validate_prompt(ids, probe, "messages")
+        await self._validate_prompt(ids, probe, "messages")
         if requested is None:
             params = self._params(body, self.max_model_len - len(ids), body.num_logprobs, param)
         else:
