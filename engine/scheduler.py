@@ -157,7 +157,15 @@ class Scheduler:
             if seq.index > 0 and self._first_sibling_prefilling(seq):
                 continue  # wait for the prompt's blocks to be cached, then share them
             if not bm.can_allocate(seq, token_budget):
-                break
+                # No head-of-line blocking: the sequences behind one that does not fit yet may
+                # use the room there is, until it has waited priority_aging_steps for room;
+                # then admission stops behind it, so the pool drains for it and it cannot starve.
+                if seq.blocked_since_step is None:
+                    seq.blocked_since_step = self.step_count
+                if self.step_count - seq.blocked_since_step >= self.config.priority_aging_steps:
+                    break
+                continue
+            seq.blocked_since_step = None
             bm.allocate(seq)
             num = min(seq.num_uncomputed_tokens, token_budget)
             bm.append_slots(seq, seq.num_computed_tokens + num)

@@ -56,6 +56,7 @@ class Sequence:
         self.host_block_table: list[int] = []  # while swapped out
         self.num_preemptions = 0
         self.needs_recompute_fault = False  # counted as a KV page fault when it resumes
+        self.blocked_since_step: int | None = None  # the step admission first found no room for it
         self.output_text = ""
         self.detokenizer = IncrementalDetokenizer(params.skip_special_tokens)
         self.logprobs: list[dict[int, float]] = []

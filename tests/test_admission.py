@@ -129,3 +129,44 @@ def test_prefill_time_counts_the_step_not_the_queue(tiny_model, monkeypatch):
     assert stats.prefill_time >= 0.05
     assert stats.queue_time < 0.05
     assert stats.decode_time >= 2 * 0.05
+
+
+def _admitted_order(engine: LLMEngine, max_steps: int = 5000) -> list[str]:
+    order = []
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return order
+        engine.step()
+        order += [s.request_id for s in engine.scheduler.running if s.request_id not in order]
+    raise AssertionError("requests unfinished")
+
+
+def test_a_request_waiting_for_room_does_not_block_smaller_ones_behind_it(tiny_model):
+    """A big request that fits the pool only once the running one is done waits; small
+    requests that arrive after it and fit now go ahead instead of queueing behind it."""
+    engine = small_engine(tiny_model, preemption_mode="recompute", watermark=0.0)
+    tokens = pool_tokens(engine)
+    params = lambda n: SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)  # noqa: E731
+    engine.add_request("running", [5] * (tokens // 2), params(64))
+    engine.step()
+    engine.add_request("big", [6] * (tokens // 2 + 64), params(16))
+    for i in range(3):
+        engine.add_request(f"small{i}", [7 + i] * 16, params(4))
+    order = _admitted_order(engine)
+    assert order.index("small0") < order.index("big") and order.index("small2") < order.index("big")
+
+
+def test_a_request_blocked_for_the_aging_steps_stops_admission_behind_it(tiny_model):
+    """After priority_aging_steps without room, nothing is admitted past it: a stream of
+    small requests cannot starve a big one."""
+    engine = small_engine(tiny_model, preemption_mode="recompute", watermark=0.0, priority_aging_steps=1)
+    tokens = pool_tokens(engine)
+    params = lambda n: SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)  # noqa: E731
+    engine.add_request("running", [5] * (tokens // 2), params(64))
+    engine.step()
+    engine.add_request("big", [6] * (tokens // 2 + 64), params(16))
+    engine.step()  # big finds no room: blocked from this step
+    engine.step()
+    engine.add_request("small", [7] * 16, params(4))
+    order = _admitted_order(engine)
+    assert order.index("big") < order.index("small")
