@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agent.audit import AuditLog
 from agent.engine_client import EngineError
-from agent.remediation_rules import DEFAULT_RULES, Bounds, Plan, PolicyConfig, Rule, credit, judge  # noqa: F401 (re-exported)
+from agent.remediation_rules import DEFAULT_RULES, Bounds, Facts, Plan, PolicyConfig, Rule, credit, judge  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -329,9 +329,10 @@ class RemediationPolicy:
                                 detail=f"{episode.steps} steps taken, max_episode_steps {self.config.max_episode_steps}")
         try:
             config = self.engine.get_config()
+            facts = self._facts(alert) if rule.uses_facts else Facts()
             reasons = []
             for index in range(episode.planner if episode else 0, len(rule.planners)):
-                plan = rule.planners[index](config, self.config)
+                plan = rule.planners[index](config, self.config, facts)
                 if isinstance(plan, Plan):
                     if episode is not None:
                         episode.planner = index
@@ -423,6 +424,17 @@ class RemediationPolicy:
             return bool(samples)
         return alert.fingerprint in self._firing
 
+    def _facts(self, alert: Alert) -> Facts:
+        if not self.metrics:
+            return Facts()
+        sel = self._selector(alert)
+        return Facts(kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
+                     waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"))
+
+    def _selector(self, alert: Alert) -> str:
+        sel = ",".join(f'{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
+        return sel or self.config.engine_selector  # an empty selector is not valid PromQL
+
     def _query(self, query: str) -> list[float] | None:
         """Sample values ([] when none), or None when the query itself failed."""
         if hasattr(self.metrics, "samples"):
@@ -440,8 +452,7 @@ class RemediationPolicy:
     def _target_query(self, rule: Rule, alert: Alert) -> str | None:
         if not rule.target:
             return None
-        sel = ",".join(f'{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
-        sel = sel or self.config.engine_selector  # an empty selector is not valid PromQL
+        sel = self._selector(alert)
         window = f"{max(1, round(self.config.verify_window_s))}s"
         return rule.target.format(sel=sel, engine=self.config.engine_selector, window=window)
 

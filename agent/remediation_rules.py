@@ -111,7 +111,23 @@ class Plan:
 
 # ---- the rules -----------------------------------------------------------------------
 
-Planner = Callable[[dict[str, Any], PolicyConfig], "Plan | str"]
+Planner = Callable[[dict[str, Any], PolicyConfig, "Facts"], "Plan | str"]
+
+
+@dataclass(slots=True, frozen=True)
+class Facts:
+    """What Prometheus says about the engine when a step is planned (None: no answer)."""
+
+    kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
+    waiting: float | None = None  # vllm:num_requests_waiting
+
+    @property
+    def kv_bound(self) -> bool:
+        """Requests queue because the KV cache is full, not for compute."""
+        return (self.kv_usage or 0.0) >= KV_BOUND_USAGE and (self.waiting or 0.0) > 0
+
+
+KV_BOUND_USAGE = 0.9
 
 
 @dataclass(slots=True, frozen=True)
@@ -127,6 +143,8 @@ class Rule:
     better: str = "lower"
     reversible: bool = True
     """A config step whose verification says worse (or has no data) is rolled back."""
+    uses_facts: bool = False
+    """Its planners read Facts (extra Prometheus queries at planning time)."""
 
     @property
     def restores(self) -> bool:
@@ -134,7 +152,7 @@ class Rule:
         return self.kind in ("config", "mode")
 
 
-def _lower_seqs(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _lower_seqs(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     seqs = int(config["max_num_seqs"])
     new = pc.max_num_seqs.lower(seqs, pc.step_fraction)
     if new < seqs:
@@ -142,14 +160,14 @@ def _lower_seqs(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
     return f"max_num_seqs at its minimum {pc.max_num_seqs.minimum}"
 
 
-def _cold_kv(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _cold_kv(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     cold = config.get("kv_cold_dtype", "none")
     if cold == "none":
         return Plan("enable_cold_kv_int8", "config", {"kv_cold_dtype": "int8"}, {"kv_cold_dtype": "none"})
     return f"cold KV already {cold}"
 
 
-def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     tokens = int(config["max_num_batched_tokens"])
     new = pc.max_num_batched_tokens.lower(tokens, pc.step_fraction)
     if new < tokens:
@@ -157,7 +175,26 @@ def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig) -> Plan | st
     return f"max_num_batched_tokens at its minimum {pc.max_num_batched_tokens.minimum}"
 
 
-def _raise_batch(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _raise_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
+    tokens = int(config["max_num_batched_tokens"])
+    new = pc.max_num_batched_tokens.higher(tokens, pc.step_fraction)
+    if new > tokens:
+        return Plan("raise_max_num_batched_tokens", "config", {"max_num_batched_tokens": new},
+                    {"max_num_batched_tokens": tokens})
+    return f"max_num_batched_tokens at its maximum {pc.max_num_batched_tokens.maximum}"
+
+
+def _ttft(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
+    """Slow first tokens have two usual causes. Requests queued on a full KV cache: more
+    room (cold KV) lets them in; no batch size helps. Otherwise prompts wait for prefill:
+    bigger prefill chunks finish a queued prompt in fewer steps (verification rolls the
+    step back if the decode-heavy batch made it worse)."""
+    if facts.kv_bound:
+        return _cold_kv(config, pc, facts)
+    return _raise_batched_tokens(config, pc, facts)
+
+
+def _raise_batch(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     old = {"max_num_seqs": int(config["max_num_seqs"]), "max_num_batched_tokens": int(config["max_num_batched_tokens"])}
     new = {
         "max_num_seqs": pc.max_num_seqs.higher(old["max_num_seqs"], pc.step_fraction),
@@ -169,14 +206,14 @@ def _raise_batch(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
     return Plan("raise_batch", "config", changed, {k: old[k] for k in changed})
 
 
-def _recompute(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _recompute(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     mode = config.get("preemption_mode")
     if mode == "recompute":
         return "preemption_mode is already recompute"
     return Plan("preempt_by_recompute", "config", {"preemption_mode": "recompute"}, {"preemption_mode": mode})
 
 
-def _fallback(config: dict[str, Any], pc: PolicyConfig) -> Plan | str:
+def _fallback(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     # Applied even when the engine already fell back on its own: the policy then owns
     # the way back to fast, so "fast" is what it restores.
     return Plan("fallback", "mode", {"mode": "fallback"}, {"mode": "fast"})
@@ -201,7 +238,7 @@ DEFAULT_RULES: dict[str, Rule] = {
         Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", (_lower_seqs, _cold_kv), _FAULTS),
         Rule("InferdKVFragmentationHigh", "lower_max_num_batched_tokens", "config", (_lower_batched_tokens,),
              "max(avg_over_time(inferd_kv_fragmentation_ratio{{{sel}}}[{window}]))"),
-        Rule("InferdTTFTSLOBreach", "lower_max_num_batched_tokens", "config", (_lower_batched_tokens,), _MEAN_TTFT),
+        Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _MEAN_TTFT, uses_facts=True),
         Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", (_raise_batch,),
              "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))", better="higher"),
         Rule("InferdNUMARemoteMemoryHigh", "rebind_numa", "rebind", (),

@@ -152,7 +152,7 @@ def test_no_repeat_while_verifying_and_skipped_alerts_wait_for_their_turn(engine
     assert policy.deferred == ["a2", "t1"]
     clock.advance(31)
     policy.tick()  # a1 verified; t1 may go now, a2 waits for the thrashing rule's cooldown
-    assert engine.config["max_num_batched_tokens"] == 1536
+    assert engine.config["max_num_batched_tokens"] == 2560  # not KV-bound: bigger prefill chunks
     assert engine.config["max_num_seqs"] == 48
     assert policy.deferred == ["a2"]
     clock.advance(300)
@@ -160,7 +160,7 @@ def test_no_repeat_while_verifying_and_skipped_alerts_wait_for_their_turn(engine
     assert engine.config["max_num_seqs"] == 36
     assert policy.deferred == []
     assert [c["body"] for c in engine.changes] == [
-        {"max_num_seqs": 48}, {"max_num_batched_tokens": 1536}, {"max_num_seqs": 36}]
+        {"max_num_seqs": 48}, {"max_num_batched_tokens": 2560}, {"max_num_seqs": 36}]
     # A deferred alert that resolves is dropped; once resolved for restore_after_s, the
     # values the episodes changed go back (the second thrash episode kept the first's original).
     assert policy.handle(firing(fingerprint="a3"))["result"] == "skipped_verifying"
@@ -515,6 +515,17 @@ def test_an_improvement_while_the_demand_went_away_is_not_credited(engine, prom,
     verified = next(json.loads(line) for line in audit_path.read_text().splitlines() if '"verified"' in line)
     assert (verified["outcome"], verified["demand_before"], verified["demand_after"]) == ("demand_fell", 80.0, 20.0)
     assert verified["decision"] == "kept"
+
+
+def test_ttft_under_kv_queueing_turns_cold_kv_on_instead_of_moving_the_batch(engine, prom, audit_path, clock):
+    prom.series["kv_cache_usage_perc"] = [0.97]
+    prom.series["num_requests_waiting"] = [12.0]
+    policy = make_policy(engine, prom, audit_path, clock)
+    assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t"))["new"] == {"kv_cold_dtype": "int8"}
+    prom.series["kv_cache_usage_perc"] = [0.4]
+    clock.advance(400)
+    policy.tick()
+    assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t2"))["new"] == {"max_num_batched_tokens": 2560}
 
 
 def test_the_ttft_target_is_a_mean_not_a_bucket_quantile():
