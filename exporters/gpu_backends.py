@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from exporters.registry import CollectorUnavailable
+from exporters.registry import CollectorUnavailable, SourceAbsent
 
 log = logging.getLogger(__name__)
 
@@ -297,24 +297,33 @@ class GpmSampler:
 
 
 class NvmlBackend:
-    """Live readings from NVML. Raises CollectorUnavailable when NVML cannot start."""
+    """Live readings from NVML. Raises SourceAbsent on a host without NVML's library or
+    without a GPU, CollectorUnavailable when NVML is there but fails to start."""
 
     def __init__(self, gpm_interval_s: float = 1.0, nvml: Any = None):
         if nvml is None:
             try:
                 import pynvml as nvml  # nvidia-ml-py
             except ImportError as exc:
-                raise CollectorUnavailable(f"nvidia-ml-py not installed: {exc}") from None
+                raise SourceAbsent(f"nvidia-ml-py not installed: {exc}") from None
         self._nvml = nvml
         try:
             nvml.nvmlInit()
         except Exception as exc:
-            raise CollectorUnavailable(f"NVML not available: {exc}") from None
+            # No libnvidia-ml.so: no NVIDIA driver on this host, so no GPU to watch. A
+            # driver that is installed but fails (not loaded, no permission) is a fault.
+            absent = getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object())
+            raise (SourceAbsent if absent else CollectorUnavailable)(f"NVML not available: {exc}") from None
         try:
             self.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
             count = nvml.nvmlDeviceGetCount()
+            if count == 0:
+                nvml.nvmlShutdown()
+                raise SourceAbsent("NVML sees no GPU on this host")
             self._handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)}
             self._identity = {i: self._read_identity(i, h) for i, h in self._handles.items()}
+        except SourceAbsent:
+            raise
         except Exception as exc:
             nvml.nvmlShutdown()
             raise CollectorUnavailable(f"NVML device enumeration failed: {exc}") from None
@@ -436,7 +445,8 @@ class LazyBackend:
     """Opens a back end on first read, and again after it failed, at most every retry_s.
 
     The agent starts even when NVML is missing (a GPU-less machine, a driver not yet
-    loaded); the GPU collector then reports down with the reason until NVML answers.
+    loaded); the GPU collector then reports the source absent (no NVML library, no GPU)
+    or down (a driver that fails) with the reason until NVML answers.
     """
 
     def __init__(self, opener: Callable[[], GpuBackend], retry_s: float = 30.0):
@@ -446,6 +456,7 @@ class LazyBackend:
         self.retry_s = retry_s
         self._backend: GpuBackend | None = None
         self._reason = "not opened yet"
+        self._reason_kind: type[CollectorUnavailable] = CollectorUnavailable
         self._last_try = -float("inf")
         self._lock = threading.Lock()
 
@@ -454,12 +465,12 @@ class LazyBackend:
             if self._backend is None:
                 now = time.monotonic()
                 if now - self._last_try < self.retry_s:
-                    raise CollectorUnavailable(self._reason)
+                    raise self._reason_kind(self._reason)
                 self._last_try = now
                 try:
                     self._backend = self._opener()
                 except CollectorUnavailable as exc:
-                    self._reason = str(exc)
+                    self._reason, self._reason_kind = str(exc), type(exc)
                     raise
             backend = self._backend
         return backend.read()

@@ -28,7 +28,7 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.registry import CollectorUnavailable
+from exporters.registry import CollectorUnavailable, SourceAbsent
 from exporters.sysfs import parse_cpulist, parse_key_value_counts, read_optional, read_text
 
 NVIDIA_VENDOR_ID = 0x10DE
@@ -342,7 +342,7 @@ class PcieCollector:
         except FileNotFoundError as exc:
             raise CollectorUnavailable(f"cannot read PCI devices: {exc}") from None
         if not paths:
-            raise CollectorUnavailable(f"no NVIDIA GPU under {pci_devices_dir(self.sysfs_root)}")
+            raise SourceAbsent(f"no NVIDIA GPU under {pci_devices_dir(self.sysfs_root)}")
 
         hop_labels = ["gpu", "device", "hop", "kind"]
         speed = GaugeMetricFamily(

@@ -8,9 +8,16 @@ failure half-way drops only that collector's families, and always emits
     inferd_collector_up{collector="..."}                1 or 0
     inferd_collector_duration_seconds{collector="..."}  time spent collecting
 
+    inferd_collector_source_absent{collector="..."}     1 or 0
+
 so one failing source never fails a scrape (client_python on its own would).
 A collector that knows why it cannot read its source raises `CollectorUnavailable`
-with the reason; it is logged once per change of reason, not on every scrape.
+with the reason: `up` is 0. A collector whose source is not there by nature on this
+host (no NVML library or no NVIDIA GPU for the gpu collector, no NVIDIA GPU on the PCI
+bus for pcie) raises `SourceAbsent`, a kind of `CollectorUnavailable`: it did its job
+and found nothing to read, so `up` stays 1 and `source_absent` is 1. `up` 0 thus
+always means a source that should be readable was not. Reasons are logged once per
+change, not on every scrape.
 """
 from __future__ import annotations
 
@@ -26,7 +33,12 @@ log = logging.getLogger(__name__)
 
 
 class CollectorUnavailable(Exception):
-    """The collector's source cannot be read (no GPU, file missing, not permitted)."""
+    """The collector's source cannot be read (file missing, not permitted, device error)."""
+
+
+class SourceAbsent(CollectorUnavailable):
+    """The collector's source does not exist on this host (no GPU, no NVML library):
+    nothing to read, and nothing wrong."""
 
 
 class Collector(Protocol):
@@ -63,32 +75,44 @@ class CollectorSet(_PromCollector):
         duration = GaugeMetricFamily(
             "inferd_collector_duration_seconds", "Time the collector took on this scrape", labels=["collector"]
         )
+        absent = GaugeMetricFamily(
+            "inferd_collector_source_absent",
+            "1 if the collector's source does not exist on this host (no GPU, no NVML library), else 0",
+            labels=["collector"],
+        )
         with self._lock:  # concurrent scrapes would double the load on slow sources
             for collector in self._collectors:
                 start = time.perf_counter()
-                families, error = self._run_one(collector)
+                families, error, is_absent = self._run_one(collector)
                 duration.add_metric([collector.name], time.perf_counter() - start)
-                up.add_metric([collector.name], 0.0 if error else 1.0)
-                self._log_change(collector.name, error)
+                up.add_metric([collector.name], 0.0 if error and not is_absent else 1.0)
+                absent.add_metric([collector.name], 1.0 if is_absent else 0.0)
+                self._log_change(collector.name, error, is_absent)
                 yield from families
         yield up
         yield duration
+        yield absent
 
     @staticmethod
-    def _run_one(collector: Collector) -> tuple[list[Metric], str | None]:
+    def _run_one(collector: Collector) -> tuple[list[Metric], str | None, bool]:
+        """(families, reason it read nothing or None, whether its source is absent)."""
         try:
-            return list(collector.collect()), None
+            return list(collector.collect()), None, False
+        except SourceAbsent as exc:
+            return [], str(exc) or "source absent", True
         except CollectorUnavailable as exc:
-            return [], str(exc) or "unavailable"
+            return [], str(exc) or "unavailable", False
         except Exception as exc:  # a collector bug must not fail the scrape
             log.exception("collector %s failed", collector.name)
-            return [], f"{type(exc).__name__}: {exc}"
+            return [], f"{type(exc).__name__}: {exc}", False
 
-    def _log_change(self, name: str, error: str | None) -> None:
+    def _log_change(self, name: str, error: str | None, is_absent: bool = False) -> None:
         if self._last_error.get(name, "unset") == error:
             return
         self._last_error[name] = error
-        if error:
+        if error and is_absent:
+            log.info("collector %s: source absent on this host, nothing to collect: %s", name, error)
+        elif error:
             log.warning("collector %s down: %s", name, error)
-        elif name in self._last_error:
+        else:
             log.info("collector %s up", name)

@@ -6,10 +6,12 @@ import re
 import time
 from pathlib import Path
 
+import pynvml as real_nvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import gpu_backends as gb
+from exporters.registry import SourceAbsent
 from exporters.gpu import DCGM_LABELS, GpuCollector, WrappingCounters
 from fixture_trees import assert_matches_golden, promtool_check_metrics, scrape
 from gpu_fake_nvml import FakeNvml
@@ -116,24 +118,50 @@ def test_open_backend_rejects_unknown_spec():
         gb.open_backend("cuda")
 
 
-def test_nvml_backend_reports_down_cleanly_without_a_gpu():
+def test_nvml_backend_reports_the_source_absent_cleanly_without_a_gpu():
     try:
         backend = gb.NvmlBackend()
     except gb.CollectorUnavailable as exc:
         assert "NVML" in str(exc) or "nvidia-ml-py" in str(exc)
+        if not isinstance(exc, SourceAbsent):
+            pytest.skip(f"NVML's library is here but fails ({exc}); this test is for hosts without it")
     else:  # a machine with a GPU: the back end must work instead
         backend.close()
         pytest.skip("NVML works here; this test is for GPU-less machines")
 
-    class LazyNvmlCollector:
-        name = "gpu"
-
-        def collect(self):
-            yield from GpuCollector(gb.NvmlBackend()).collect()
-
-    text = scrape(LazyNvmlCollector())
-    assert 'inferd_collector_up{collector="gpu"} 0.0' in text
+    text = scrape(GpuCollector(gb.LazyBackend(gb.NvmlBackend)))
+    assert 'inferd_collector_up{collector="gpu"} 1.0' in text  # nothing failed: no GPU to read
+    assert 'inferd_collector_source_absent{collector="gpu"} 1.0' in text
     assert "DCGM_FI" not in text
+
+
+class DriverNotLoadedNvml(FakeNvml):
+    def nvmlInit(self):
+        raise real_nvml.NVMLError(real_nvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+
+class NoGpuNvml(FakeNvml):
+    def nvmlDeviceGetCount(self):
+        return 0
+
+
+def test_nvml_absent_library_or_no_gpu_is_absent_and_a_failing_driver_is_down():
+    with pytest.raises(SourceAbsent, match="NVML not available"):
+        gb.NvmlBackend(nvml=FakeNvml(fail_init=True))  # NVML_ERROR_LIBRARY_NOT_FOUND
+    with pytest.raises(SourceAbsent, match="no GPU"):
+        gb.NvmlBackend(nvml=NoGpuNvml())
+    with pytest.raises(gb.CollectorUnavailable) as failed:
+        gb.NvmlBackend(nvml=DriverNotLoadedNvml())
+    assert not isinstance(failed.value, SourceAbsent)
+
+    absent = scrape(GpuCollector(gb.LazyBackend(lambda: gb.NvmlBackend(nvml=FakeNvml(fail_init=True)), retry_s=60)))
+    assert 'inferd_collector_up{collector="gpu"} 1.0' in absent
+    assert 'inferd_collector_source_absent{collector="gpu"} 1.0' in absent
+    lazy = gb.LazyBackend(lambda: gb.NvmlBackend(nvml=DriverNotLoadedNvml()), retry_s=60)
+    for _ in range(2):  # the second scrape raises the remembered reason, of the same kind
+        down = scrape(GpuCollector(lazy))
+        assert 'inferd_collector_up{collector="gpu"} 0.0' in down
+        assert 'inferd_collector_source_absent{collector="gpu"} 0.0' in down
 
 
 def test_nvml_backend_with_gpm_reads_every_value_and_honours_field_return_codes():

@@ -133,6 +133,7 @@ def test_full_exposition_matches_golden(host):
 def test_degraded_capacity_and_aer_values(host):
     out = scrape(PcieCollector(host.sysfs))
     assert up_value(out) == 1.0
+    assert absent_value(out) == 0.0
     degraded = samples(out, "inferd_pcie_link_degraded")
     flagged = sorted((dict(k)["gpu"], dict(k)["hop"], dict(k)["device"]) for k, v in degraded.items() if v == 1.0)
     assert flagged == [("5", "0", "0000:84:00.0"), ("5", "1", "0000:82:01.0")]
@@ -162,14 +163,21 @@ def test_missing_pci_bus_directory_reports_down(host):
     shutil.rmtree(host.sysfs / "bus")
     out = scrape(PcieCollector(host.sysfs))
     assert up_value(out) == 0.0
+    assert absent_value(out) == 0.0
     assert "inferd_pcie_link_width" not in out
 
 
-def test_host_without_nvidia_gpu_reports_down(host):
+def absent_value(exposition: str, collector: str = "pcie") -> float:
+    return samples(exposition, "inferd_collector_source_absent")[(("collector", collector),)]
+
+
+def test_host_without_nvidia_gpu_reports_the_source_absent_not_down(host):
     for path in discover_gpu_paths(host.sysfs):
         (host.sysfs / "bus/pci/devices" / path.gpu.bdf / "vendor").write_text("0x1002\n")
     out = scrape(PcieCollector(host.sysfs))
-    assert up_value(out) == 0.0
+    assert up_value(out) == 1.0  # nothing failed: there is nothing to read
+    assert absent_value(out) == 1.0
+    assert "inferd_pcie_link_width{" not in out
 
 
 def test_malformed_link_file_reports_down_not_crash(host):
@@ -197,7 +205,8 @@ def test_real_sysfs_scrape_succeeds():
         pytest.skip("no /sys/bus/pci/devices on this machine")
     out = scrape(PcieCollector("/sys"))
     has_gpu = bool(discover_gpu_paths("/sys"))
-    assert up_value(out) == (1.0 if has_gpu else 0.0)
+    assert up_value(out) == 1.0  # a host without a GPU has nothing to read, which is no failure
+    assert absent_value(out) == (0.0 if has_gpu else 1.0)
 
 
 def test_collector_rereads_links_every_scrape_and_notices_removed_devices(host):
