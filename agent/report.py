@@ -2,7 +2,8 @@
 
 For people without Grafana at hand: queries Prometheus for the last N minutes with the
 very expressions the boards use (dashboards/spec.py panels marked `headline`), draws
-each panel with matplotlib and writes `index.html` beside the PNGs.
+each panel with matplotlib and writes `index.html` beside the PNGs, in `--output`
+(default `./inferd-report`); it prints the page's absolute path.
 """
 from __future__ import annotations
 
@@ -147,14 +148,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus", default="http://localhost:9090", help="Prometheus base URL (default %(default)s)")
     parser.add_argument("--minutes", type=int, default=60, help="how far back to look (default %(default)s)")
     parser.add_argument("--step", type=int, default=15, help="seconds between points (default %(default)s)")
-    parser.add_argument("--out", type=Path, default=Path("inferd-report"), help="output directory (default %(default)s)")
+    parser.add_argument("-o", "--output", "--out", dest="out", type=Path, default=Path("inferd-report"),
+                        help="output directory, created if needed; index.html and the PNGs go there "
+                             "(default: ./%(default)s, under the directory the command runs in)")
 
 
 def run(args: argparse.Namespace) -> int:
     from dashboards.boards import BOARDS
 
     try:
-        config = ReportConfig(args.prometheus, args.minutes, args.out, args.step)
+        config = ReportConfig(args.prometheus, args.minutes, args.out.expanduser().resolve(), args.step)
         index = write_report(config, BOARDS)
     except (ValueError, RuntimeError) as exc:
         print(f"inferd report: {exc}", file=sys.stderr)

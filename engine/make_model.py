@@ -208,12 +208,14 @@ def make_model(out_dir: str | Path, spec: ModelSpec) -> Path:
 
 def add_arguments(parser) -> None:
     parser.add_argument("dir", help="output directory")
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
-    parser.add_argument("--arch", default="llama", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--tie-word-embeddings", action="store_true")
-    parser.add_argument("--shard-bytes", type=int, default=0, help="split weights into shards of about this size")
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
+                        help="model shape (llama3-8b-shape: 8B parameters, 16 GB in bfloat16)")
+    parser.add_argument("--arch", default="llama", choices=sorted(ARCHITECTURES), help="architecture in config.json")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weight dtype")
+    parser.add_argument("--tie-word-embeddings", action="store_true", help="share the embedding with the LM head")
+    parser.add_argument("--shard-bytes", type=int, default=0,
+                        help="split weights into shards of about this size in bytes; 0 writes one file")
 
 
 def run(args) -> int:

@@ -101,3 +101,18 @@ def test_report_cli_is_registered():
     assert COMMANDS["report"][0] == "agent.report"
     assert COMMANDS["stack"][0] == "agent.stack"
     assert Path(report.__file__).name == "report.py"
+
+
+def test_report_prints_the_absolute_path_of_the_page(prometheus, tmp_path, capsys, monkeypatch):
+    from agent.cli import command_parser
+
+    monkeypatch.chdir(tmp_path)
+    args = command_parser("report").parse_args(["--prometheus", prometheus, "--minutes", "5", "--step", "5"])
+    assert args.out == Path("inferd-report")
+    assert report.run(args) == 0
+    printed = Path(capsys.readouterr().out.strip())
+    assert printed.is_absolute() and printed == tmp_path / "inferd-report" / "index.html"
+    assert printed.is_file()
+    elsewhere = command_parser("report").parse_args(["--prometheus", prometheus, "--output", "sub/dir"])
+    assert report.run(elsewhere) == 0
+    assert Path(capsys.readouterr().out.strip()) == tmp_path / "sub" / "dir" / "index.html"

@@ -98,7 +98,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"default {f.default!r}")
         else:
             group.add_argument(flag, dest=f.name, type=type(f.default), default=None, help=f"default {f.default!r}")
 

@@ -262,7 +262,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per level (default 20)")
     parser.add_argument("--prompt-len", default="16,256", help="prompt length range in words, MIN,MAX (default 16,256)")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of arrival times and prompt lengths")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra option for the started server, e.g. --server-arg=--max-num-seqs=32 (repeatable)")
     parser.add_argument("--out", default="bench-serve", help="output prefix: PREFIX.json and PREFIX.png")

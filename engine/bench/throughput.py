@@ -56,10 +56,10 @@ def bench_hf(model_dir: str, prompts, max_tokens: int, batched: bool) -> float:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory (e.g. from `inferd make-model --preset small`)")
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--skip-hf-batched", action="store_true")
-    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--num-prompts", type=int, default=16, help="prompts (16-127 random token ids each)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt, on every side")
+    parser.add_argument("--skip-hf-batched", action="store_true", help="skip transformers' padded batch")
+    parser.add_argument("--json", help="also write the results to this file (default: none)")
 
 
 def run(args) -> int:

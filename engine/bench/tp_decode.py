@@ -147,18 +147,18 @@ def environment(args) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory for results.json")
-    parser.add_argument("--preset", default="llama3-8b-shape")
+    parser.add_argument("--preset", default="llama3-8b-shape", help="make-model shape of the random checkpoint")
     parser.add_argument("--model", help="reuse this checkpoint directory instead of writing a random one")
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="where the ranks run")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size compared with tp=1")
     parser.add_argument("--prompt-len", type=int, default=128, help="batch-1 prompt tokens")
     parser.add_argument("--decode-len", type=int, default=256, help="batch-1 new tokens")
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--input-len", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=256, help="requests in the throughput phase")
+    parser.add_argument("--input-len", type=int, default=512, help="prompt tokens per throughput request")
+    parser.add_argument("--output-len", type=int, default=256, help="new tokens per throughput request")
     parser.add_argument("--kv-gib", type=float, default=40.0, help="KV pool, all ranks together")
-    parser.add_argument("--max-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-batched-tokens", type=int, default=8192, help="max_num_batched_tokens of the engine")
     parser.add_argument("--skip-eager-tp1", action="store_true", help="skip tp=1 with decode graphs off")
 
 
