@@ -1,15 +1,19 @@
-"""`inferd stack up|down|status`: the compose stack without Docker.
+"""`inferd stack up|down|status|token`: the compose stack without Docker.
 
 Starts the distribution's `prometheus` and `prometheus-alertmanager` with the very files
 compose.yaml mounts (prometheus/prometheus.yml, alerts/alertmanager.yml), the agent
 (which supervises the engine), and Grafana where it is installed; waits until each
-answers its health URL, prints the URLs and returns. `down` stops them.
+answers its health URL, prints the URLs, one line per part it did not start with the
+reason (Grafana not installed, the OpenTelemetry Collector, which it never starts),
+and returns. `down` stops them.
 
 State lives in a run directory (default `.out/stack` in the repository): `state.json`
 (pid and process group of each component), one log per component, Prometheus' and
-Alertmanager's data. Every process started gets `INFERD_STACK_RUN_DIR` in its
-environment, so `down` also finds descendants that left their process group (the
-engine the agent starts) and nothing is left behind.
+Alertmanager's data, and `admin-token` (mode 0600), the engine's admin bearer token,
+made on the first `up` and handed to the agent with --admin-token-file; `token` prints
+it. Every process started gets `INFERD_STACK_RUN_DIR` in its environment, so `down`
+also finds descendants that left their process group (the engine the agent starts)
+and nothing is left behind.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "INFERD_STACK_RUN_DIR"
 STATE_FILE = "state.json"
+ADMIN_TOKEN_FILE = "admin-token"
+DEFAULT_RUN_DIR = REPO / ".out" / "stack"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +74,8 @@ def token_file() -> Path:
     return path if path.is_absolute() else REPO / "alerts" / path
 
 
-def ensure_token(path: Path) -> None:
+def ensure_token(path: Path, what: str = "the webhook token", named_in: str = " (named in alerts/alertmanager.yml)") -> None:
+    """Create `path` holding a fresh random token, mode 0600, unless it exists."""
     if path.exists():
         return
     try:
@@ -76,11 +83,38 @@ def ensure_token(path: Path) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except PermissionError as exc:
         raise RuntimeError(
-            f"cannot create the webhook token {path} (named in alerts/alertmanager.yml): {exc}; "
-            f"run once as root or create it yourself"
+            f"cannot create {what} {path}{named_in}: {exc}; run once as root or create it yourself"
         ) from exc
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
+
+
+def admin_token_path(run_dir: Path) -> Path:
+    """The engine's admin token under the stack's run directory (made by `up`)."""
+    return run_dir / ADMIN_TOKEN_FILE
+
+
+def inferd_command() -> str:
+    """How the user runs inferd from where they are: `inferd` when it is on PATH, else the
+    virtual environment's script (relative to the working directory when below it)."""
+    if shutil.which("inferd"):
+        return "inferd"
+    script = Path(sys.executable).parent / "inferd"
+    if not script.exists():
+        return f"{sys.executable} -m agent.cli"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
+
+
+def stop_hint(run_dir: Path) -> str:
+    """The command that stops this stack, as the user can type it."""
+    command = f"{inferd_command()} stack down"
+    if run_dir.resolve() != DEFAULT_RUN_DIR.resolve():
+        return f"`{command} --run-dir {run_dir}`"
+    in_repo = Path.cwd().resolve() == REPO.resolve()
+    return f"`make stop` (or `{command}`)" if in_repo else f"`{command}`"
 
 
 def find_binary(*names: str) -> str | None:
@@ -92,7 +126,8 @@ def find_binary(*names: str) -> str | None:
 
 
 def components(config: StackConfig) -> tuple[list[Component], list[str]]:
-    """The components to start, and notes about those skipped."""
+    """The components to start, and one note per part of compose.yaml's stack not
+    started, with the reason and how to get it."""
     notes: list[str] = []
     run = config.run_dir
     prometheus = find_binary("prometheus")
@@ -101,7 +136,11 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     if missing:
         raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)")
     token = token_file()
-    engine = ("--model", str(config.model)) if config.model else ("--no-engine",)
+    if config.model:
+        engine = ("--model", str(config.model), "--admin-token-file", str(admin_token_path(run)))
+    else:
+        engine = ("--no-engine",)
+        notes.append(skipped("engine", "--no-engine given; the agent only collects and exports"))
     out = [
         Component(
             "agent",
@@ -138,8 +177,12 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
         ),
     ]
     grafana = find_binary("grafana", "grafana-server") if config.with_grafana else None
-    if grafana is None:
-        notes.append("grafana: not installed, skipped (the boards are in dashboards/generated; compose.yaml runs Grafana)")
+    if not config.with_grafana:
+        notes.append(skipped("grafana", "--no-grafana given"))
+    elif grafana is None:
+        notes.append(skipped(
+            "grafana", "not installed (Grafana's own package, or `docker compose up grafana`, serves "
+            "dashboards/generated on :3000 from this Prometheus)"))
     else:
         home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
         argv = [grafana] + (["server"] if Path(grafana).name == "grafana" else [])
@@ -165,7 +208,14 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
                 ),
             )
         )
+    notes.append(skipped(
+        "otel-collector", "`inferd stack` never starts it (`docker compose up otel-collector`, or "
+        "otelcol-contrib --config=otel/collector.yaml; then up with --agent-arg=--otlp-endpoint=http://localhost:4318)"))
     return out, notes
+
+
+def skipped(name: str, reason: str) -> str:
+    return f"{name:<14} not started: {reason}"
 
 
 # --- processes -------------------------------------------------------------------------
@@ -295,11 +345,13 @@ def up(config: StackConfig) -> int:
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     if marked_pids(run_dir):
-        print(f"inferd stack: already running from {run_dir}; `inferd stack down` first", file=sys.stderr)
+        print(f"inferd stack: already running from {run_dir}; stop it first with {stop_hint(run_dir)}", file=sys.stderr)
         return 1
     try:
         wanted, notes = components(config)
         ensure_token(token_file())
+        if config.model:
+            ensure_token(admin_token_path(run_dir), "the engine's admin token", "")
     except RuntimeError as exc:
         print(f"inferd stack: {exc}", file=sys.stderr)
         return 1
@@ -315,16 +367,18 @@ def up(config: StackConfig) -> int:
             state["components"][component.name] = {"pid": process.pid, "pgid": process.pid, "url": component.url}
             write_state(run_dir, state)
             wait_healthy(component, process, deadline, run_dir)
-            print(f"{component.name:<13} {component.url}", flush=True)
+            print(f"{component.name:<14} {component.url}", flush=True)
     except (RuntimeError, OSError) as exc:
         print(f"inferd stack: {exc}\nstopping what was started", file=sys.stderr)
         down(config)
         return 1
     if config.model:
-        print(f"{'engine':<13} http://localhost:8000/v1 (OpenAI API, model {config.model})")
+        print(f"{'engine':<14} http://localhost:8000/v1 (OpenAI API, model {config.model})")
+        print(f"{'admin token':<14} {admin_token_path(run_dir)} (bearer token of /admin/* on :8000; "
+              f"`{inferd_command()} stack token` prints it)")
     for note in notes:
         print(note)
-    print(f"logs and state in {run_dir}; stop with `inferd stack down`")
+    print(f"logs and state in {run_dir}; stop with {stop_hint(run_dir)}")
     return 0
 
 
@@ -343,7 +397,7 @@ def down(config: StackConfig) -> int:
         return 1
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     for name, _ in entries:
-        print(f"{name:<13} stopped")
+        print(f"{name:<14} stopped")
     return 0
 
 
@@ -356,8 +410,20 @@ def status(config: StackConfig) -> int:
     for name, entry in state["components"].items():
         alive = is_running(entry["pid"])
         healthy &= alive
-        print(f"{name:<13} {'up' if alive else 'DOWN':<5} pid {entry['pid']:<8} {entry['url']}")
+        print(f"{name:<14} {'up' if alive else 'DOWN':<5} pid {entry['pid']:<8} {entry['url']}")
     return 0 if healthy else 1
+
+
+def token(config: StackConfig) -> int:
+    """Print the engine's admin token (for `Authorization: Bearer $(inferd stack token)`)."""
+    path = admin_token_path(config.run_dir)
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        print(f"inferd stack: no admin token at {path}; `{inferd_command()} stack up` makes it", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
 
 
 def default_model() -> Path:
@@ -369,10 +435,13 @@ def default_model() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "action", choices=("up", "down", "status", "default-model"),
-        help="default-model: write the embedded model if needed and print its directory (compose.yaml uses it)",
+        "action", choices=("up", "down", "status", "token", "default-model"),
+        help="up: start and wait until healthy; down: stop everything; status: what runs; "
+             "token: print the engine's admin token (in RUN_DIR/admin-token); "
+             "default-model: write the embedded model if needed and print its directory (compose.yaml uses it)",
     )
-    parser.add_argument("--run-dir", type=Path, default=REPO / ".out" / "stack", help="state, logs and data (default .out/stack)")
+    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                        help="state, logs, data and the admin token (default: .out/stack in the repository)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health, and for processes to stop")
     parser.add_argument("--no-grafana", action="store_true", help="do not start Grafana even where installed")
     parser.add_argument("--model", type=Path, help="engine checkpoint (default: the embedded default model)")
@@ -397,4 +466,4 @@ def run(args: argparse.Namespace) -> int:
         with_grafana=not args.no_grafana,
         model=model,
     )
-    return {"up": up, "down": down, "status": status}[args.action](config)
+    return {"up": up, "down": down, "status": status, "token": token}[args.action](config)

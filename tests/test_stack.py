@@ -51,7 +51,50 @@ def test_components_use_the_files_compose_mounts(tmp_path):
     if shutil.which("grafana") or shutil.which("grafana-server"):
         assert "grafana" in by_name
     else:
-        assert any("grafana: not installed, skipped" in n for n in notes)
+        assert any(n.startswith("grafana") and "not started: not installed" in n for n in notes)
+    assert any(n.startswith("otel-collector") and "not started" in n for n in notes)
+    assert "--no-engine" in by_name["agent"].argv  # no model given
+    assert any(n.startswith("engine") and "--no-engine" in n for n in notes)
+
+
+def test_the_engine_gets_the_admin_token_from_the_run_directory(tmp_path, capsys):
+    if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
+        pytest.skip("prometheus / prometheus-alertmanager not installed (Debian packages)")
+    config = stack.StackConfig(run_dir=tmp_path, model=Path("/models/m"))
+    agent = {c.name: c for c in stack.components(config)[0]}["agent"]
+    path = stack.admin_token_path(tmp_path)
+    assert agent.argv[agent.argv.index("--admin-token-file") + 1] == str(path)
+    assert stack.token(config) == 1  # not made yet
+    assert "stack up" in capsys.readouterr().err
+    stack.ensure_token(path, "the engine's admin token", "")
+    assert path.stat().st_mode & 0o777 == 0o600
+    first = path.read_text()
+    stack.ensure_token(path)  # kept across restarts
+    assert path.read_text() == first and len(first) == 64
+    assert stack.token(config) == 0
+    assert capsys.readouterr().out.strip() == first
+
+
+def test_stop_hint_is_a_command_that_works_from_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # inferd not on PATH
+    monkeypatch.chdir(stack.REPO)
+    hint = stack.stop_hint(stack.DEFAULT_RUN_DIR)
+    assert hint.startswith("`make stop`")
+    assert "`inferd stack down`" not in hint
+    command = stack.inferd_command()
+    assert command != "inferd"
+    assert f"`{command} stack down`" in hint
+    monkeypatch.chdir(tmp_path)
+    command = stack.inferd_command()
+    assert Path(command.split()[0]).is_absolute()
+    assert "make stop" not in stack.stop_hint(stack.DEFAULT_RUN_DIR)
+    assert stack.stop_hint(tmp_path / "run") == f"`{command} stack down --run-dir {tmp_path / 'run'}`"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "inferd").write_text("#!/bin/sh\n")
+    (bin_dir / "inferd").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert stack.inferd_command() == "inferd"
 
 
 def test_down_stops_a_process_tree_including_one_that_left_its_group(tmp_path):
@@ -144,6 +187,14 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         assert up == {"inferd-agent": "1", "inferd-engine": "1"}
         _, rules = get("http://localhost:9090/api/v1/rules")
         assert json.loads(rules)["data"]["groups"], "the repository's alert rules are loaded"
+        # the engine's admin API answers the token `up` wrote and printed
+        token_path = stack.admin_token_path(run_dir)
+        assert str(token_path) in started.stdout and token_path.stat().st_mode & 0o777 == 0o600
+        request = urllib.request.Request("http://localhost:8000/admin/config",
+                                         headers={"Authorization": f"Bearer {token_path.read_text().strip()}"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert "max_num_seqs" in json.loads(response.read())["config"]
+        assert "not started" in started.stdout and "stack down" in started.stdout
         _, am = get("http://localhost:9093/api/v2/status")
         assert json.loads(am)["config"]["original"].count("inferd-agent") >= 1
         # `inferd report` against the real Prometheus: the engine's gauges are always there
@@ -181,6 +232,7 @@ def test_grafana_is_started_with_the_repository_provisioning_where_installed(tmp
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true" and env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     assert env["GF_PATHS_DATA"].startswith(str(tmp_path / "run"))
     assert grafana.health_url == "http://localhost:3000/api/health"
-    assert not notes
+    assert not [n for n in notes if n.startswith("grafana")]
     without, notes = stack.components(stack.StackConfig(run_dir=tmp_path / "run", with_grafana=False))
     assert "grafana" not in {c.name for c in without}
+    assert any(n.startswith("grafana") and "--no-grafana" in n for n in notes)
