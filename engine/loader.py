@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from .model import LlamaModel, rope_inv_freq
 from .model_config import ModelConfig
+from .progress import Progress
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,11 +58,13 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
     if cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")
     loaded: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name in expected:
-                    loaded[name] = f.get_tensor(name).to(dtype=dtype)
+    with Progress(len(expected), f"loading weights from {model_dir}", unit="tensors") as progress:
+        for path in safetensors_files(model_dir):
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if name in expected:
+                        loaded[name] = f.get_tensor(name).to(dtype=dtype)
+                        progress.update()
     missing = sorted(expected - set(loaded))
     if missing:
         raise ValueError(f"checkpoint {model_dir} lacks weights: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")

@@ -119,6 +119,8 @@ def hf_config(spec: ModelSpec, tokenizer_vocab: int, bos_id: int, eos_ids: list[
 def random_weights(config: dict, seed: int, dtype_name: str) -> dict:
     import torch
 
+    from .progress import Progress
+
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(seed)
     h, inter, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
@@ -130,7 +132,9 @@ def random_weights(config: dict, seed: int, dtype_name: str) -> dict:
     # Tied: a unit-variance embedding would dominate the residual stream and the head
     # would echo the input token back; a small embedding leaves the layers in charge.
     embed_std = 0.1 if config["tie_word_embeddings"] else 1.0
+    progress = Progress(config["num_hidden_layers"] + 2, "drawing random weights (embedding, layers, head)", unit="parts")
     w = {"model.embed_tokens.weight": normal(v, h, std=embed_std)}
+    progress.update()
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "self_attn.q_proj.weight"] = normal(heads * hd, h, std=1 / math.sqrt(h))
@@ -145,21 +149,28 @@ def random_weights(config: dict, seed: int, dtype_name: str) -> dict:
         w[p + "mlp.down_proj.weight"] = normal(h, inter, std=1 / math.sqrt(inter))
         w[p + "input_layernorm.weight"] = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype)
         w[p + "post_attention_layernorm.weight"] = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype)
+        progress.update()
     w["model.norm.weight"] = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype)
     if config["tie_word_embeddings"]:
         # Tied: the head is the embedding, so scale the final norm to reach LOGIT_STD.
         w["model.norm.weight"] = (w["model.norm.weight"].float() * LOGIT_STD / (embed_std * math.sqrt(h))).to(dtype)
     else:
         w["lm_head.weight"] = normal(v, h, std=LOGIT_STD / math.sqrt(h))
+    progress.update()
+    progress.close()
     return w
 
 
 def save_weights(weights: dict, out: Path, shard_bytes: int) -> None:
     from safetensors.torch import save_file
 
+    from .progress import Progress
+
     meta = {"format": "pt"}
     if shard_bytes <= 0:
-        save_file(weights, str(out / "model.safetensors"), metadata=meta)
+        with Progress(1, f"writing {out / 'model.safetensors'}", unit="files") as progress:
+            save_file(weights, str(out / "model.safetensors"), metadata=meta)
+            progress.update()
         return
     shards: list[dict] = [{}]
     size = 0
@@ -171,10 +182,12 @@ def save_weights(weights: dict, out: Path, shard_bytes: int) -> None:
         shards[-1][name] = t
         size += nbytes
     weight_map = {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata=meta)
-        weight_map.update({name: fname for name in shard})
+    with Progress(len(shards), f"writing safetensors to {out}", unit="shards") as progress:
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / fname), metadata=meta)
+            weight_map.update({name: fname for name in shard})
+            progress.update()
     total = sum(t.numel() * t.element_size() for t in weights.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -5,7 +5,9 @@ A fixed set of prompts (deterministic, mixed lengths) runs through
 2. transformers `generate`, one prompt at a time (how it is usually called);
 3. transformers `generate`, all prompts in one left-padded batch.
 Greedy decoding with a fixed number of new tokens for every request, so each side
-produces exactly the same number of tokens. Prints tokens/s and the ratios.
+produces exactly the same number of tokens. Prints tokens/s and the ratios; each phase
+says on stderr when it starts and what it measured, the one-at-a-time phase with a
+progress bar (engine/progress.py).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import json
 import platform
 import random
 import time
+
+from engine.progress import Progress, note
 
 
 def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
@@ -23,6 +27,7 @@ def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
 def bench_engine(model_dir: str, prompts, max_tokens: int, **config) -> float:
     from engine import LLM, SamplingParams
 
+    note(f"[1/3] engine: loading {model_dir}, then {len(prompts)} prompts x {max_tokens} tokens at once")
     llm = LLM(model_dir, **config)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -30,6 +35,7 @@ def bench_engine(model_dir: str, prompts, max_tokens: int, **config) -> float:
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    note(f"      engine: {elapsed:.1f} s")
     return len(prompts) * max_tokens / elapsed
 
 
@@ -37,6 +43,8 @@ def bench_hf(model_dir: str, prompts, max_tokens: int, batched: bool) -> float:
     import torch
     import transformers
 
+    phase = "[3/3] transformers, one padded batch" if batched else "[2/3] transformers, one prompt at a time"
+    note(f"{phase}: {len(prompts)} prompts x {max_tokens} tokens")
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
@@ -48,9 +56,12 @@ def bench_hf(model_dir: str, prompts, max_tokens: int, batched: bool) -> float:
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
             model.generate(ids, attention_mask=mask, **kwargs)
         else:
-            for p in prompts:
-                model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kwargs)
+            with Progress(len(prompts), "      transformers", unit="prompts") as progress:
+                for p in prompts:
+                    model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kwargs)
+                    progress.update()
         elapsed = time.perf_counter() - start
+    note(f"      transformers: {elapsed:.1f} s")
     return len(prompts) * max_tokens / elapsed
 
 
