@@ -6,6 +6,10 @@ router of `agent.webhook` when that module exists: it must define
 `make_router(state: AgentState) -> fastapi.APIRouter` and serves `/v1/alerts`
 (Alertmanager webhook) and `/v1/actions` from it; state.engine_metrics and
 state.supervisor give it the engine's readings and process.
+
+Every error the app sends, from a route, from FastAPI (an unknown path, a wrong method,
+a bad query parameter) or from an unexpected exception, is `{"error": "<message>"}`
+(`ERROR_SCHEMA`); `/openapi.json` lists each route's statuses with that shape.
 """
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ from prometheus_client.utils import floatToGoString
 from agent.supervisor import Supervisor
 from exporters.engine_metrics import EngineMetricsReader
 from exporters.registry import CollectorSet
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_TEXT = {"schema": {"type": "string"}}
 
 
 @dataclass(slots=True)
@@ -65,29 +72,87 @@ class AgentState:
 
 
 def create_app(state: AgentState, routers: Iterable[Any] = ()):
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.utils import get_openapi
     from fastapi.responses import JSONResponse, Response
+    from starlette.exceptions import HTTPException
 
     app = FastAPI(title="inferd agent", docs_url=None, redoc_url=None)
     app.state.agent = state
 
-    @app.get("/metrics")
-    def metrics() -> Response:
+    def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        messages = {404: f"no route {request.method} {request.url.path}",
+                    405: f"method {request.method} not allowed on {request.url.path}"}
+        return error(exc.status_code, messages.get(exc.status_code, str(exc.detail)), exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        parts = [f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}"
+                 for e in exc.errors()[:5]]
+        return error(422, "; ".join(parts) or "malformed request")
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception):
+        return error(500, f"internal error: {type(exc).__name__}")  # Starlette still logs the traceback
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus text exposition",
+                              "content": {CONTENT_TYPE_LATEST.split(";")[0]: _TEXT}}})
+    def metrics():
         return Response(state.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/healthz")
-    def healthz() -> JSONResponse:
+    health = {"type": "object", "required": ["status", "engine", "collectors"], "properties": {
+        "status": {"enum": ["ok", "degraded"]}, "engine": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        "collectors": {"type": "array", "items": {"type": "string"}}}}
+
+    @app.get("/healthz", responses={200: {"description": "the agent's liveness; degraded while its engine is not ready",
+                                          "content": {"application/json": {"schema": health}}}})
+    def healthz():
         return JSONResponse(state.health())
 
-    @app.get("/v1/topology")
-    def topology() -> JSONResponse:
+    @app.get("/v1/topology", responses={
+            200: {"description": "the discovered topology and the engine's placement",
+                  "content": {"application/json": {"schema": {"type": "object", "required": ["topology", "placement"],
+                                                              "properties": {"topology": {"type": "object"},
+                                                                             "placement": {"type": "object"}}}}}},
+            503: {"description": "the topology could not be discovered (error says why)"}})
+    def topology():
         if state.topology is None:
-            return JSONResponse({"error": state.topology_error or "topology not discovered"}, status_code=503)
+            return error(503, state.topology_error or "topology not discovered")
         return JSONResponse({"topology": state.topology, "placement": state.placement})
 
     for router in routers:
         app.include_router(router)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                              description="The node agent: metrics, health, topology, Alertmanager webhook, actions")
+            doc.setdefault("components", {})["securitySchemes"] = {"webhookToken": {"type": "http", "scheme": "bearer"}}
+            app.openapi_schema = document_errors(doc, ERROR_SCHEMA)
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
+
+
+def document_errors(doc: dict, error_schema: dict) -> dict:
+    """`doc` with the error schema on every 4xx/5xx response; FastAPI's own
+    validation-error schemas, which this app never sends, are dropped."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    schemas["Error"] = error_schema
+    for operation in (op for item in doc["paths"].values() for op in item.values()):
+        for code, response in operation["responses"].items():
+            if code[0] in "45":
+                response["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    return doc
 
 
 def load_extra_routers(state: AgentState, modules: Iterable[str] = ("agent.webhook",), log: Callable[[str], None] = print):

@@ -4,8 +4,9 @@
 policy from the agent's arguments (`add_arguments` adds them), registers its metrics
 and starts its clock. `make_webhook_router(policy, token_file)` is the router itself.
 The webhook takes Alertmanager's version-4 payload only with the bearer token from
-`token_file` (re-read when the file changes; compared in constant time): 401 for a
-missing or wrong token, 400 for a body that is not a version-4 notification. Each
+`token_file` (re-read when the file changes; compared in constant time; the `Bearer`
+scheme in any case, RFC 7235): 401 for a missing or wrong token, 413 for a body over
+4 MiB, 400 for a body that is not a version-4 notification. Each
 alert goes to the policy, which is idempotent on fingerprint + startsAt + status and
 ignores alerts it has no rule for (with a log line).
 """
@@ -55,14 +56,15 @@ class TokenFile:
         return self._token
 
     def matches(self, authorization: str | None) -> bool:
-        if not authorization or not authorization.startswith("Bearer "):
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer":
             return False
         try:
             expected = self.read()
         except (OSError, ValueError) as exc:
             log.error("cannot read the webhook token: %s", exc)
             return False
-        return hmac.compare_digest(authorization[len("Bearer "):].strip().encode(), expected)
+        return hmac.compare_digest(given.strip().encode(), expected)
 
 
 class PayloadError(ValueError):
@@ -122,20 +124,66 @@ def _str_map(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None once it passes `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---- the OpenAPI description (the handlers parse the body themselves) ----
+
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# What parse_notification checks; Alertmanager's other fields (receiver, groupLabels,
+# endsAt, generatorURL, ...) are read by nobody here and may be anything.
+NOTIFICATION_SCHEMA = {"type": "object", "required": ["version", "alerts"], "properties": {
+    "version": {"const": "4"},
+    "alerts": {"type": "array", "items": {
+        "type": "object", "required": ["status", "labels", "startsAt", "fingerprint"], "properties": {
+            "status": {"enum": ["firing", "resolved"]},
+            "labels": {**_STRINGS, "required": ["alertname"],
+                       "properties": {"alertname": {"type": "string", "minLength": 1}}},
+            "annotations": _STRINGS, "startsAt": {"type": "string", "minLength": 1},
+            "fingerprint": {"type": "string", "minLength": 1}}}}}}
+_RESULTS = {"type": "object", "required": ["results"], "properties": {
+    "results": {"type": "array", "items": {"type": "object", "required": ["result"]}}}}
+_ALERTS_DOC = dict(
+    responses={200: {"description": "what the policy did with each alert",
+                     "content": {"application/json": {"schema": _RESULTS}}},
+               400: {"description": "the body is not JSON (or not UTF-8, or nests too deeply), or not a version-4 "
+                                    "notification, or holds a lone surrogate"},
+               401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
+               413: {"description": f"the body is over {MAX_BODY_BYTES} bytes"},
+               500: {"description": "the policy failed on an alert (the agent's log says why)"}},
+    openapi_extra={"security": [{"webhookToken": []}],
+                   "requestBody": {"required": True, "content": {"application/json": {"schema": NOTIFICATION_SCHEMA}}}})
+_ACTIONS = {"type": "object", "required": ["records", "verifying", "dry_run"], "properties": {
+    "records": {"type": "array", "items": {"type": "object"}},
+    "verifying": {"type": "array", "items": {"type": "string"}}, "dry_run": {"type": "boolean"}}}
+
+
 def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike | None) -> APIRouter:
     token = TokenFile(token_file)
     router = APIRouter()
 
-    @router.post("/v1/alerts")
-    async def receive_alerts(request: Request) -> JSONResponse:
+    @router.post("/v1/alerts", **_ALERTS_DOC)
+    async def receive_alerts(request: Request):
         if not token.matches(request.headers.get("authorization")):
             log.warning("webhook call from %s with a missing or wrong token; refused",
                         request.client.host if request.client else "?")
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
                                 headers={"WWW-Authenticate": "Bearer"})
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
+        raw = await _read_body(request, MAX_BODY_BYTES)
+        if raw is None:
+            return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413,
+                                headers={"Connection": "close"})
         try:
             alerts = parse_notification(json.loads(raw))
         # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: nested too deep.
@@ -146,8 +194,11 @@ def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike
             results.append(await run_in_threadpool(policy.handle, alert))
         return JSONResponse({"results": results})
 
-    @router.get("/v1/actions")
-    def list_actions(limit: int = Query(200, ge=0, le=100_000)) -> dict[str, Any]:
+    @router.get("/v1/actions", responses={
+            200: {"description": "the audit log's last records", "content": {"application/json": {"schema": _ACTIONS}}},
+            422: {"description": "limit is not an integer in [0, 100000]"},
+            503: {"description": "the audit log cannot be read"}})
+    def list_actions(limit: int = Query(200, ge=0, le=100_000)):
         """The audit log, oldest first (the last `limit` records; 0 for all)."""
         try:
             records = policy.audit.tail(limit)

@@ -6,8 +6,10 @@
     POST  /admin/mode {"mode"}   fast or fallback
     POST  /admin/fault {"kind": "fastpath"}   only with --enable-fault-injection
 
-Every call needs `Authorization: Bearer <token>`, compared in constant time. With no
-token configured the admin API is off (403 saying so).
+Every call needs `Authorization: Bearer <token>` (the scheme in any case, RFC 7235),
+the token compared in constant time. With no token configured the admin API is off
+(403 saying so). The request bodies are parsed here, not by FastAPI; their schemas
+(`openapi_extra`) are what these handlers accept.
 """
 from __future__ import annotations
 
@@ -39,6 +41,37 @@ def load_admin_token(path: str | os.PathLike | None = None, env: dict | None = N
     return (env if env is not None else os.environ).get(TOKEN_ENV) or None
 
 
+def _tunable_schema(bounds: tuple) -> dict:
+    if isinstance(bounds[0], str):
+        return {"type": "string", "enum": list(bounds)}
+    return {"type": "integer", "minimum": bounds[0], "maximum": bounds[1]}
+
+
+def _json_body(schema: dict) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+CONFIG_SCHEMA = {"type": "object", "required": ["config", "bounds"], "properties": {
+    "config": {"type": "object", "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}},
+    "bounds": {"type": "object"}}}
+CHANGES_SCHEMA = {"type": "object", "minProperties": 1, "additionalProperties": False,
+                  "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}}
+MODE_SCHEMA = {"type": "object", "required": ["mode"], "additionalProperties": False,
+               "properties": {"mode": _tunable_schema(TUNABLE_BOUNDS["mode"])}}
+FAULT_SCHEMA = {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string", "enum": list(FAULT_KINDS)}}}
+# Every admin route: the token, and an engine core that is up. The body routes add 422.
+_ADMIN_ERRORS = {
+    401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
+    403: {"description": "the admin API is off: no admin token is configured"},
+    500: {"description": "the engine core failed to carry out the call"},
+    503: {"description": "the engine core is loading or not running"},
+}
+_INVALID_BODY = {422: {"description": "the body is not a JSON object, or a value is outside its bound (param names it)"}}
+_CONFIG_OK = {200: {"description": "the tunables in force and their bounds",
+                    "content": {"application/json": {"schema": CONFIG_SCHEMA}}}}
+_SECURED = {"security": [{"adminToken": []}]}
+
+
 def _bounds() -> dict[str, Any]:
     return {name: (list(b) if isinstance(b[0], str) else {"min": b[0], "max": b[1]}) for name, b in TUNABLE_BOUNDS.items()}
 
@@ -50,7 +83,8 @@ async def _json_object(request: Request) -> dict:
         raise ApiError(422, unparsable_body_message(exc), None, "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(422, f"request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
-    return body
+    # JSON has one number type: 64.0 is the integer 64 (JSON Schema's integer includes it).
+    return {k: int(v) if isinstance(v, float) and v.is_integer() and abs(v) <= 2**53 else v for k, v in body.items()}
 
 
 def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_injection: bool = False) -> APIRouter:
@@ -62,19 +96,20 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
             raise ApiError(403, "the admin API is off: no admin token is configured (set INFERD_ADMIN_TOKEN "
                            "or start with --admin-token-file)", None, "admin_disabled")
         header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
+        scheme, _, given = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
             raise ApiError(401, "missing or wrong admin token (Authorization: Bearer <token>)", None, "invalid_token")
 
     def config_body(tunables: dict[str, Any]) -> dict:
         return {"config": tunables, "bounds": _bounds()}
 
-    @router.get("/config")
+    @router.get("/config", responses={**_CONFIG_OK, **_ADMIN_ERRORS}, openapi_extra=_SECURED)
     async def get_config(request: Request):
         authorize(request)
         return config_body(await engine.get_tunables())
 
-    @router.patch("/config")
+    @router.patch("/config", responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
+                  openapi_extra={**_SECURED, **_json_body(CHANGES_SCHEMA)})
     async def patch_config(request: Request):
         authorize(request)
         changes = await _json_object(request)
@@ -87,7 +122,8 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         log.info("admin: applied %s", changes)
         return config_body(config)
 
-    @router.post("/mode")
+    @router.post("/mode", responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
+                 openapi_extra={**_SECURED, **_json_body(MODE_SCHEMA)})
     async def set_mode(request: Request):
         authorize(request)
         body = await _json_object(request)
@@ -101,7 +137,13 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         log.info("admin: mode set to %s", config["mode"])
         return config_body(config)
 
-    @router.post("/fault")
+    fault_ok = {"type": "object", "required": ["injected"], "properties": {"injected": {"type": "string"}}}
+
+    @router.post("/fault", responses={200: {"description": "a fast-path failure was injected",
+                                            "content": {"application/json": {"schema": fault_ok}}},
+                                      **_ADMIN_ERRORS, **_INVALID_BODY,
+                                      404: {"description": "fault injection is off (--enable-fault-injection)"}},
+                 openapi_extra={**_SECURED, **_json_body(FAULT_SCHEMA)})
     async def inject_fault(request: Request):
         authorize(request)
         if not enable_fault_injection:

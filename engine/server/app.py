@@ -12,6 +12,9 @@ answer while the model loads) and stops with it.
   requests get 503 with Retry-After, the requests in flight run to their end or until
   the shutdown timeout, when the rest end as aborted (a stream still gets its final
   chunk and [DONE]).
+- `/openapi.json` lists every status each route answers with; every error, whether a
+  route, FastAPI, the body-limit middleware or an unexpected exception raised it, has
+  the OpenAI error shape (`ERROR_SCHEMA`).
 """
 from __future__ import annotations
 
@@ -24,12 +27,14 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from .admin import make_admin_router
-from .api_models import ChatCompletionRequest, CompletionRequest
+from .api_models import (CHAT_ROLES, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, ChatCompletionRequest,
+                         CompletionRequest)
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
 from .errors import ApiError, error_response, unparsable_body_message
 from .metrics import ServerMetrics
@@ -62,6 +67,108 @@ class ServerSettings:
             raise ValueError(f"shutdown_timeout_s must be a number >= 0, got {self.shutdown_timeout_s!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token must not be blank (leave it unset to turn the admin API off)")
+
+
+# --- the OpenAPI document -----------------------------------------------------------------
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                   "code": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}
+# The body-limit middleware runs before routing: any request can get it.
+COMMON_ERRORS = {413: "the request body is larger than --max-body-bytes"}
+GENERATION_ERRORS = {
+    400: "a value out of range or not supported, an unknown request argument, a prompt too long for the context, "
+         "a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
+    404: "the model does not exist",
+    422: "the body is not a JSON object of the documented types",
+    500: "the engine failed while serving the request (code engine_error)",
+    503: "the engine is loading, draining or not running (code says which; Retry-After unless it is not running)",
+}
+_NOT_READY = "the engine core is not running (engine_dead); /ready also: loading, engine_stalled or draining"
+# Before Open API 3.2 a text/event-stream schema is one event's: data is a chunk's JSON, then [DONE].
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+          "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+
+
+# The values the checks after pydantic's (SamplingParams, the requests' check(), the serving
+# layer) accept, written into the request schemas, which from pydantic know only the types;
+# unknown fields are a 400. What JSON Schema cannot say stays a 400: min_tokens <= max_tokens,
+# best_of = n, stream_options and top_logprobs only with stream / logprobs, the context length,
+# token ids past the vocabulary, at most 256 sequences (prompts x n) per request.
+_TEXT = {"type": "string", "minLength": 1}
+_TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+_VALUES = {
+    "n": {"minimum": 1, "maximum": 64}, "max_tokens": {"minimum": 1}, "max_completion_tokens": {"minimum": 1},
+    "min_tokens": {"minimum": 0}, "temperature": {"minimum": 0}, "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": -1}, "min_p": {"minimum": 0, "maximum": 1},
+    "repetition_penalty": {"minimum": MIN_REPETITION_PENALTY, "maximum": MAX_REPETITION_PENALTY},
+    "presence_penalty": {"minimum": -2, "maximum": 2}, "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "seed": {"minimum": 0, "maximum": 2**63 - 1}, "logprobs": {"minimum": 0, "maximum": 20},
+    "top_logprobs": {"minimum": 0, "maximum": 20}, "stop_token_ids": {"items": {"type": "integer", "minimum": 0}},
+}
+_REPLACED = {  # the whole property schema
+    "prompt": {"anyOf": [_TEXT, _TOKENS, {"type": "array", "minItems": 1, "items": _TEXT},
+                         {"type": "array", "minItems": 1, "items": _TOKENS}]},
+    "stop": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT}, {"type": "null"}]},
+    "echo": {"enum": [False, None]}, "suffix": {"enum": ["", None]},
+    "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
+    "tools": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
+    "response_format": {"anyOf": [{"type": "object", "properties": {"type": {"enum": ["text", None]}}},
+                                  {"type": "null"}]},
+    "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
+    "role": {"enum": list(CHAT_ROLES)},
+    "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+}
+
+
+def _document_request_values(schemas: dict) -> None:
+    for name in ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions"):
+        model = schemas[name]
+        model["additionalProperties"] = False
+        for field, prop in model["properties"].items():
+            if field in _REPLACED:
+                model["properties"][field] = {"title": prop.get("title"), **_REPLACED[field]}
+            for branch in prop.get("anyOf", [prop]):  # the non-null branch of `X | None`
+                if field in _VALUES and branch.get("type") in ("integer", "number", "array"):
+                    branch.update(_VALUES[field])
+
+
+def _generation_ok(choice: dict) -> dict:
+    body = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": _USAGE,
+        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason"],
+                                               "properties": {"index": {"type": "integer"}, **choice}}}}}
+    return {200: {"description": "the completion; with stream true, server-sent events ending in data: [DONE]",
+                  "content": {"application/json": {"schema": body}, "text/event-stream": {"schema": _SSE_EVENT}}},
+            **{code: {"description": text} for code, text in GENERATION_ERRORS.items()}}
+
+
+def _json_ok(description: str, schema: dict) -> dict:
+    return {200: {"description": description, "content": {"application/json": {"schema": schema}}}}
+
+
+def _document_errors(doc: dict, error_schema: dict, common: dict[int, str]) -> dict:
+    """`doc` with the common errors added to every operation and the error schema on
+    every 4xx/5xx response; FastAPI's own validation-error schemas, which this server
+    never sends, are dropped."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    schemas["Error"] = error_schema
+    for operation in (op for item in doc["paths"].values() for op in item.values()):
+        responses = operation["responses"]
+        for code, text in common.items():
+            responses.setdefault(str(code), {"description": text})
+        for code, response in responses.items():
+            if code[0] in "45":
+                response["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    return doc
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -124,7 +231,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
                 except Exception:
                     log.exception("shutdown hook failed")
 
-    app = FastAPI(title="inferd engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="inferd engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.settings = settings
@@ -166,30 +273,53 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
 
     @app.exception_handler(405)
     async def method_not_allowed(request: Request, exc):
+        # Starlette's Allow names the methods of the first route on the path, and GET and PATCH
+        # /admin/config are two routes: the document has them all (every path here is static).
+        methods = [m.upper() for m in app.openapi()["paths"].get(request.url.path, {})]
+        headers = {"Allow": ", ".join(methods)} if methods else getattr(exc, "headers", None)
         return error_response(405, f"method {request.method} not allowed on {request.url.path}", None,
-                              "method_not_allowed")
+                              "method_not_allowed", headers=headers)
 
-    @app.post("/v1/completions")
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception):
+        # Starlette still logs the exception; the client gets the error shape, not plain text.
+        return error_response(500, f"internal error: {type(exc).__name__}", None, "internal_error")
+
+    text_choice = {"text": {"type": "string"}, "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
+    chat_choice = {"message": {"type": "object", "properties": {"role": {"type": "string"},
+                                                                "content": {"type": "string"}}},
+                   "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
+
+    @app.post("/v1/completions", responses=_generation_ok(text_choice))
     async def completions(body: CompletionRequest, request: Request):
         drain.check()
         return await serving.completions(body, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=_generation_ok(chat_choice))
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         drain.check()
         return await serving.chat_completions(body, request)
 
-    @app.get("/v1/models")
+    model_list = {"type": "object", "required": ["object", "data"], "properties": {
+        "object": {"const": "list"}, "data": {"type": "array", "items": {
+            "type": "object", "required": ["id", "object", "max_model_len"],
+            "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                           "max_model_len": {"type": "integer"}}}}}}
+
+    @app.get("/v1/models", responses=_json_ok("the served model", model_list))
     async def models():
         return serving.models()
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={200: {"description": "the engine core process lives (empty body)", "content": {}},
+                                   503: {"description": _NOT_READY.split(";")[0]}})
     async def health():
         if not engine.is_alive:
             return error_response(503, f"the engine core is not running ({engine.state})", None, "engine_dead")
         return Response(status_code=200)
 
-    @app.get("/ready")
+    @app.get("/ready", responses={**_json_ok("ready to serve", {"type": "object", "required": ["status"],
+                                                                   "properties": {"status": {"const": "ready"}}}),
+                                  503: {"description": _NOT_READY}})
     async def ready():
         state = "draining" if drain.active and engine.is_alive else engine.state
         if state == "ready":
@@ -201,10 +331,22 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
         headers = {"Retry-After": str(RETRY_AFTER_S)} if state in ("loading", "draining") else None
         return error_response(503, messages.get(state, state), None, state, headers=headers)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {"description": "Prometheus text exposition",
+                                          "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}})
     async def prometheus_metrics():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(make_admin_router(engine, settings.admin_token, settings.enable_fault_injection))
     app.add_middleware(BodyLimitAndMetrics, max_body_bytes=settings.max_body_bytes, http_metrics=metrics.http)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                              description="OpenAI-compatible completions, health, metrics and the admin API")
+            doc.setdefault("components", {})["securitySchemes"] = {"adminToken": {"type": "http", "scheme": "bearer"}}
+            _document_request_values(doc["components"]["schemas"])
+            app.openapi_schema = _document_errors(doc, ERROR_SCHEMA, COMMON_ERRORS)
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
