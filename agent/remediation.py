@@ -132,10 +132,11 @@ class Verification:
     reversible: bool
     fingerprint: str = ""
     demand: float | None = None
+    noise: float | None = None  # the target's standard deviation over the window before the step
 
     def to_record(self) -> dict[str, Any]:
         return {"query": self.query, "baseline": self.baseline, "deadline": round(self.deadline, 3),
-                "better": self.better, "reversible": self.reversible, "demand": self.demand}
+                "better": self.better, "reversible": self.reversible, "demand": self.demand, "noise": self.noise}
 
 
 @dataclass(slots=True)
@@ -155,12 +156,15 @@ class Episode:
 
 @dataclass(slots=True)
 class Restore:
-    """Values an ended episode changed, to go back at `due` unless its rule fires again."""
+    """Values an ended episode changed, to go back once its rule's alerts have stayed
+    resolved for restore_after_s: `due` is when that quiet period ends (None while an
+    alert of the rule still fires)."""
 
     rule_action: str
     alert: str
     values: dict[str, Any]
-    due: float
+    due: float | None
+    checked_at: float = 0.0
 
 
 # ---- the policy ----------------------------------------------------------------------
@@ -259,7 +263,7 @@ class RemediationPolicy:
             self._end_episode(alert.fingerprint, plan["result"])
             return plan
         query = self._target_query(rule, alert)
-        baseline = demand = None
+        baseline = demand = noise = None
         if query and self.metrics:
             answer = self._query(query)
             if answer == []:  # Prometheus has no value: the condition is gone or unmeasured, nothing to verify by
@@ -271,6 +275,7 @@ class RemediationPolicy:
             else:
                 baseline = max(answer)
                 demand = self.metrics.value(self.config.demand_query.format(engine=self.config.engine_selector))
+                noise = self.metrics.value(f"stddev_over_time(({query})[{self._window()}:])")
         if self.config.dry_run:
             self._last_applied[rule.action] = now
             return self._decide(alert, rule, plan.action, "dry_run", old=plan.old, new=plan.new, baseline=baseline)
@@ -305,7 +310,7 @@ class RemediationPolicy:
         if query and self.metrics:
             verification = Verification(action_id, alert.name, rule.action, plan, query, baseline,
                                         now + self.config.verify_window_s, rule.better, rule.reversible,
-                                        alert.fingerprint, demand)
+                                        alert.fingerprint, demand, noise)
             self._verifying[action_id] = verification
         self.audit.append("applied", id=action_id, alert=alert.name, fingerprint=alert.fingerprint,
                           action=plan.action, rule_action=rule.action, kind=plan.kind, old=plan.old, new=plan.new,
@@ -390,8 +395,12 @@ class RemediationPolicy:
         self._end_episode(alert.fingerprint, "resolved")
         restore = self._restores.get(rule.action)
         if restore is not None:
+            others = [a for a in self._firing.values() if self.rules.get(a.name) is not None
+                      and self.rules[a.name].action == rule.action]
+            if restore.due is None and not others:  # the quiet period starts now
+                restore.due = self._clock() + self.config.restore_after_s
             return {"alert": alert.name, "status": "resolved", "result": "restore_scheduled",
-                    "restore_in_s": round(restore.due - self._clock(), 3)}
+                    "restore_in_s": None if restore.due is None else round(restore.due - self._clock(), 3)}
         return {"alert": alert.name, "status": "resolved", "result": "noted"}
 
     def _end_episode(self, fingerprint: str, outcome: str) -> None:
@@ -405,11 +414,14 @@ class RemediationPolicy:
         if rule is not None and rule.restores and values:
             pending = self._restores.get(rule.action)
             merged = {**values, **(pending.values if pending else {})}  # the older value is the original
-            restore = Restore(rule.action, episode.alert.name, merged, self._clock() + self.config.restore_after_s)
+            # an episode that ended for any other reason than its alert resolving waits for it
+            due = self._clock() + self.config.restore_after_s if outcome == "resolved" else None
+            restore = Restore(rule.action, episode.alert.name, merged, due)
             self._restores[rule.action] = restore
         self.audit.append("episode_ended", alert=episode.alert.name, fingerprint=fingerprint, outcome=outcome,
                           steps=episode.steps, rule_action=rule.action if rule else None,
-                          restore={"values": restore.values, "due": round(restore.due, 3)} if restore else None)
+                          restore={"values": restore.values, "due": restore.due and round(restore.due, 3)}
+                          if restore else None)
         log.info("remediation episode for %s (%s) ended after %d step(s): %s", episode.alert.name, fingerprint,
                  episode.steps, outcome)
 
@@ -452,9 +464,12 @@ class RemediationPolicy:
     def _target_query(self, rule: Rule, alert: Alert) -> str | None:
         if not rule.target:
             return None
-        sel = self._selector(alert)
-        window = f"{max(1, round(self.config.verify_window_s))}s"
-        return rule.target.format(sel=sel, engine=self.config.engine_selector, window=window)
+        return rule.target.format(sel=self._selector(alert), engine=self.config.engine_selector, window=self._window())
+
+    def _window(self) -> str:
+        # The second half of the verification window: a change settles first (lowering
+        # max_num_seqs preempts sequences, a burst of faults that is no verdict on it).
+        return f"{max(1, round(self.config.verify_window_s / 2))}s"
 
     def _count(self, alert: str, action: str, result: str) -> None:
         if result in SKIP_RESULTS:
@@ -471,10 +486,8 @@ class RemediationPolicy:
             now = self._clock()
             for verification in [v for v in self._verifying.values() if now >= v.deadline]:
                 self._verify(verification)
-            for rule_action, restore in list(self._restores.items()):
-                # while its rule fires again the restore waits: the next episode takes it over
-                if now >= restore.due and not self._rule_firing(rule_action):
-                    self._restore(restore)
+            for restore in list(self._restores.values()):
+                self._tick_restore(restore, now)
             for fingerprint in sorted(self._next_step):
                 episode = self._episodes.get(fingerprint)
                 self._next_step.discard(fingerprint)
@@ -487,6 +500,21 @@ class RemediationPolicy:
                     if rule is not None:
                         log.info("acting on deferred alert %s (fingerprint %s)", alert.name, fingerprint)
                         self._act(alert, rule)
+
+    def _tick_restore(self, restore: Restore, now: float) -> None:
+        """The quiet period starts when no alert of the rule fires and restarts whenever one
+        does; Prometheus is asked at most every few seconds."""
+        if restore.due is not None and now < restore.due:
+            return
+        if now - restore.checked_at < min(5.0, self.config.restore_after_s / 2):
+            return
+        restore.checked_at = now
+        if self._rule_firing(restore.rule_action):
+            restore.due = None
+        elif restore.due is None:
+            restore.due = now + self.config.restore_after_s
+        else:
+            self._restore(restore)
 
     def _continue(self, episode: Episode) -> None:
         alert = episode.alert
@@ -502,7 +530,7 @@ class RemediationPolicy:
         after = max(answer) if answer else None
         demand = self.metrics.value(self.config.demand_query.format(engine=self.config.engine_selector)) \
             if self.metrics else None
-        outcome = credit(judge(v.baseline, after, v.better, self.config.worse_tolerance), v.demand, demand,
+        outcome = credit(judge(v.baseline, after, v.better, self.config.worse_tolerance, v.noise), v.demand, demand,
                          self.config.demand_drop_tolerance)
         del self._verifying[v.action_id]
         # No value after a change (Prometheus answered, empty) is no evidence it helped: roll it
@@ -644,7 +672,7 @@ class RemediationPolicy:
     @property
     def restore_due(self) -> float | None:
         with self._lock:
-            return min((r.due for r in self._restores.values()), default=None)
+            return min((r.due for r in self._restores.values() if r.due is not None), default=None)
 
     # -- restart: rebuild the state from the audit log --
 
@@ -691,8 +719,9 @@ class RemediationPolicy:
                 self._next_step.discard(fingerprint)
                 restore = r.get("restore")
                 if restore and r.get("rule_action"):
+                    due = restore.get("due")
                     self._restores[r["rule_action"]] = Restore(r["rule_action"], r.get("alert", ""),
-                                                               restore["values"], float(restore["due"]))
+                                                               restore["values"], None if due is None else float(due))
             elif event == "restored":
                 self._restores.pop(r.get("rule_action", ""), None)
                 self._track(r.get("restored") or {}, {})
@@ -728,7 +757,7 @@ class RemediationPolicy:
             self._verifying[r["id"]] = Verification(
                 r["id"], r.get("alert", ""), rule_action, plan, verify["query"], verify.get("baseline"),
                 float(verify["deadline"]), verify.get("better", "lower"), bool(verify.get("reversible", True)),
-                fingerprint, verify.get("demand"))
+                fingerprint, verify.get("demand"), verify.get("noise"))
 
 
 class RemediationCollector:

@@ -58,6 +58,8 @@ class PolicyConfig:
     """Least time between the last step of one episode of a rule and the start of the next
     (the steps of one episode follow each other one verification window apart)."""
     verify_window_s: float = 120.0
+    """A step is judged this long after it; targets are measured over its second half
+    (before the step, over as long), so the transition itself does not count."""
     worse_tolerance: float = 0.1
     """The target counts as worse when it moved the wrong way by more than this share."""
     max_episode_steps: int = 8
@@ -252,12 +254,14 @@ DEFAULT_RULES: dict[str, Rule] = {
 }
 
 
-def judge(baseline: float | None, after: float | None, better: str, tolerance: float) -> str:
-    """improved | unchanged | worse | no_data"""
+def judge(baseline: float | None, after: float | None, better: str, tolerance: float, noise: float | None = None) -> str:
+    """improved | unchanged | worse | no_data. A move counts when it exceeds both
+    `tolerance` x the baseline and twice the target's own spread before the step
+    (`noise`, its standard deviation): a noisy rate moving within its spread is unchanged."""
     if baseline is None or after is None:
         return "no_data"
     change = after - baseline if better == "lower" else baseline - after  # > 0 is bad
-    margin = tolerance * abs(baseline) + 1e-9
+    margin = max(tolerance * abs(baseline), 2 * (noise or 0.0)) + 1e-9
     if change > margin:
         return "worse"
     if change < -margin:

@@ -115,7 +115,8 @@ class _EngineHandler(BaseHTTPRequestHandler):
 
 class FakePrometheus(_Server):
     """/api/v1/query: answers each query containing a key of `series` with the next value
-    of that key's list (the last one repeats); unknown queries get an empty vector."""
+    of that key's list (the last one repeats); unknown queries get an empty vector.
+    stddev_over_time(...) queries are answered from the key "stddev" only."""
 
     def __init__(self, series: dict[str, list[float]] | None = None):
         self.series = series or {}
@@ -135,7 +136,10 @@ class _PrometheusHandler(BaseHTTPRequestHandler):
         query = parse_qs(url.query).get("query", [""])[0]
         prom.queries.append(query)
         result = []
-        for key, values in prom.series.items():
+        # the spread of a target is answered from "stddev" alone, so it takes no value of the target's list
+        series = {"stddev": prom.series["stddev"]} if query.startswith("stddev_over_time(") and "stddev" in prom.series \
+            else {} if query.startswith("stddev_over_time(") else prom.series
+        for key, values in series.items():
             if key in query:
                 value = values.pop(0) if len(values) > 1 else values[0]
                 result.append({"metric": {}, "value": [0, str(value)]})

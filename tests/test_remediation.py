@@ -105,6 +105,7 @@ def test_policy_config_from_dict():
 )
 def test_judge(baseline, after, better, outcome):
     assert judge(baseline, after, better, 0.1) == outcome
+    assert judge(baseline, after, better, 0.1, noise=0.0) == outcome
 
 
 # ---- acting ----
@@ -122,7 +123,7 @@ def test_thrashing_lowers_max_num_seqs_after_the_intent_is_on_disk(engine, prom,
     assert events(audit_path) == ["alert", "decision", "applied"]
     assert policy.actions_total == {("InferdKVCacheThrashing", "lower_max_num_seqs", "applied"): 1}
     assert policy.last_action_ts == {"lower_max_num_seqs": clock.now}
-    assert 'inferd_kv_page_faults_total{job="inferd-engine",instance="127.0.0.1:8000"}[60s]' in prom.queries[0]
+    assert 'inferd_kv_page_faults_total{job="inferd-engine",instance="127.0.0.1:8000"}[30s]' in prom.queries[0]
 
 
 def test_same_fingerprint_and_start_acts_once(engine, prom, audit_path, clock):
@@ -503,6 +504,19 @@ def test_no_baseline_means_no_action_and_no_value_after_means_rollback(engine, p
     assert engine.config["max_num_batched_tokens"] == 2048  # rolled back, not kept as no_data
     verified = next(json.loads(line) for line in audit_path.read_text().splitlines() if '"verified"' in line)
     assert (verified["outcome"], verified["decision"]) == ("no_data", "rolled_back")
+
+
+def test_a_move_within_the_targets_own_spread_is_unchanged_not_worse(engine, prom, audit_path, clock):
+    prom.series["inferd_kv_page_faults_total"] = [80.0, 100.0]
+    prom.series["stddev"] = [12.0]  # the rate swings +-12/s on its own: 80 -> 100 is inside 2 sigma
+    prom.series["ALERTS{"] = [1.0]
+    policy = make_policy(engine, prom, audit_path, clock)
+    policy.handle(firing())
+    clock.advance(60)
+    policy.tick()
+    verified = next(json.loads(line) for line in audit_path.read_text().splitlines() if '"verified"' in line)
+    assert (verified["outcome"], verified["decision"]) == ("unchanged", "kept")
+    assert [c["body"] for c in engine.changes] == [{"max_num_seqs": 48}, {"max_num_seqs": 36}]  # the next step
 
 
 def test_an_improvement_while_the_demand_went_away_is_not_credited(engine, prom, audit_path, clock):
