@@ -71,7 +71,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     """Most tokens (prefill chunks + decodes) in one step [16, 2^20]. 8192 measured best on an H200
     for a burst of 256 x (512 prompt + 256 output): offline 10,099 against 9,029 tok/s at 2048, and a
-    lower TTFT (p50 1.82 against 2.07 s; BENCHMARKS.md, "Server against the offline engine")."""
+    lower TTFT (p50 1.82 against 2.07 s; `inferd bench burst`, commit c58ae5e)."""
     max_model_len: int = 0
     """Longest prompt + output; 0 takes the model's max_position_embeddings."""
     enable_prefix_caching: bool = True

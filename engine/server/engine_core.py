@@ -89,7 +89,7 @@ def run_engine_core(options: CoreOptions) -> None:
         os._exit(1)
     # What start-up allocated (the block pool's objects, model and torch state) lives as
     # long as the process: keep the collector from rescanning it (a full collection over
-    # it paused a step by ~140 ms, docs/benchmarks/host_overhead.md).
+    # it paused a step by ~140 ms, measured on CPU with scripts/bench_host_overhead.py).
     gc.collect()
     gc.freeze()
     core = EngineCore(engine, outputs, options, tracer)
