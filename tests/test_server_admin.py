@@ -38,6 +38,90 @@ def test_token_required(server):
     assert r.status_code == 401
 
 
+def assert_admin_error(r: httpx.Response, status: int, *fragments: str, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    for fragment in fragments:
+        assert fragment in error["message"], error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize("header", [f"Bearer {ADMIN_TOKEN}", f"bearer {ADMIN_TOKEN}", f"BEARER {ADMIN_TOKEN}",
+                                    f"bEaReR   {ADMIN_TOKEN}"])
+def test_bearer_scheme_in_any_case(server, header):
+    # RFC 7235: the scheme is case-insensitive; the webhook of the agent takes the same.
+    assert httpx.get(f"{server.url}/admin/config", headers={"Authorization": header}).status_code == 200
+
+
+@pytest.mark.parametrize("header", [ADMIN_TOKEN, f"Basic {ADMIN_TOKEN}", f"Token {ADMIN_TOKEN}", f"Bearer{ADMIN_TOKEN}",
+                                    "Bearer", f"Bearer {ADMIN_TOKEN.upper()}", ""])
+def test_other_schemes_or_a_missing_scheme_refused(server, header):
+    r = httpx.get(f"{server.url}/admin/config", headers={"Authorization": header})
+    assert_admin_error(r, 401, "missing or wrong admin token")
+
+
+SURROGATE = "\\ud800"  # JSON's escape of a lone surrogate: valid JSON, not Unicode text
+
+
+@pytest.mark.parametrize("method, path, content, fragments, param", [
+    ("PATCH", "/config", b"", ["not valid JSON"], None),
+    ("POST", "/mode", b"", ["not valid JSON"], None),
+    ("POST", "/fault", b"", ["not valid JSON"], None),
+    ("PATCH", "/config", b'{"max_num_seqs": "\xff"}', ["not valid UTF-8"], None),
+    ("POST", "/mode", b"[" * 3000 + b"]" * 3000, ["nests too deeply"], None),
+    ("PATCH", "/config", b'"max_num_seqs"', ["must be a JSON object, got str"], None),
+    ("POST", "/mode", b"null", ["must be a JSON object, got NoneType"], None),
+    ("PATCH", "/config", f'{{"{SURROGATE}": 1}}'.encode(), ["\\ud800 is not a tunable parameter"], None),
+    ("PATCH", "/config", f'{{"kv_cold_dtype": "{SURROGATE}"}}'.encode(), ["kv_cold_dtype must be one of"],
+     "kv_cold_dtype"),
+    ("POST", "/mode", f'{{"mode": "{SURROGATE}"}}'.encode(), ["mode must be one of fast, fallback"], "mode"),
+    ("POST", "/fault", f'{{"kind": "{SURROGATE}"}}'.encode(), ["kind must be one of fastpath"], "kind"),
+    ("PATCH", "/config", b'{"max_num_seqs": 1000000000000000000000000000000}', ["must be in [1, 1024]"],
+     "max_num_seqs"),  # past what the channel to the engine core carries: a 500 before
+    ("PATCH", "/config", b'{"max_num_seqs": 8.5}', ["must be an integer, got 8.5"], "max_num_seqs"),
+    ("PATCH", "/config", b'{"max_num_seqs": true}', ["must be an integer, got True"], "max_num_seqs"),
+    ("PATCH", "/config", b'{"max_num_seqs": NaN}', ["must be an integer, got nan"], "max_num_seqs"),
+    ("PATCH", "/config", b'{"kv_hot_window": [1]}', ["kv_hot_window must be an integer"], "kv_hot_window"),
+    ("POST", "/mode", b'{"mode": {"fast": 1}}', ["mode must be one of fast, fallback"], "mode"),
+    ("POST", "/mode", b'{"mode": "fast"}' + b"x", ["not valid JSON"], None),
+])
+def test_malformed_admin_bodies_get_422_in_the_openai_shape(server, method, path, content, fragments, param):
+    r = httpx.request(method, f"{server.url}/admin{path}", content=content, timeout=30,
+                      headers={**admin_headers(), "content-type": "application/json"})
+    assert_admin_error(r, 422, *fragments, param=param)
+
+
+def test_admin_body_content_type_and_size(server):
+    before = admin(server, "GET", "/config").json()["config"]
+    # The handlers parse JSON whatever the content type says; a body that is not JSON is the 422.
+    r = httpx.patch(f"{server.url}/admin/config", content=b"max_num_seqs=8", timeout=30,
+                    headers={**admin_headers(), "content-type": "application/x-www-form-urlencoded"})
+    assert_admin_error(r, 422, "not valid JSON")
+    r = httpx.post(f"{server.url}/admin/mode", content=b"{\"mode\": \"" + b"f" * (2 << 20) + b"\"}", timeout=30,
+                   headers={**admin_headers(), "content-type": "application/json"})
+    assert_admin_error(r, 413, "larger than the limit")
+    assert admin(server, "GET", "/config").json()["config"] == before
+
+
+def test_a_whole_float_is_an_integer(server):
+    # JSON has one number type: 8.0 is the integer JSON Schema (and /openapi.json) calls 8.
+    r = admin(server, "PATCH", "/config", {"max_num_seqs": 8.0})
+    assert r.status_code == 200, r.text
+    assert r.json()["config"]["max_num_seqs"] == 8
+    assert admin(server, "PATCH", "/config", {"max_num_seqs": 64}).status_code == 200
+
+
+def test_unknown_admin_route_and_method(server):
+    assert_admin_error(admin(server, "GET", "/nope"), 404, "no route GET /admin/nope")
+    r = admin(server, "PUT", "/config", {})
+    assert_admin_error(r, 405, "method PUT not allowed")
+    assert r.headers["allow"] == "GET, PATCH"
+
+
 def test_admin_off_without_token(tiny_model):
     with running_server(tiny_model, admin_token=None) as s:
         r = admin(s, "GET", "/config")

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..config import TUNABLE_BOUNDS
+from ..config import TUNABLE_BOUNDS, validate_tunable
 from .core_client import EngineCoreClient
 from .errors import ApiError, unparsable_body_message
 
@@ -116,6 +116,10 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         if not changes:
             raise ApiError(422, "no changes given: send a JSON object of tunable -> value", None, "invalid_value")
         try:
+            for name, value in changes.items():
+                # Here first, so that what the channel to the core cannot carry (an integer past
+                # 64 bits, a lone surrogate) is a 422 too; the core checks the rules across fields.
+                validate_tunable(name, value)
             config = await engine.reconfigure(changes)
         except ValueError as exc:
             raise ApiError(422, str(exc), getattr(exc, "name", None) or next(iter(changes)), "invalid_value") from None
@@ -131,6 +135,7 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
             raise ApiError(422, f"body must be {{\"mode\": \"fast\" | \"fallback\"}}, got keys {sorted(body)}",
                            "mode", "invalid_value")
         try:
+            validate_tunable("mode", body["mode"])
             config = await engine.set_mode(body["mode"])
         except ValueError as exc:
             raise ApiError(422, str(exc), "mode", "invalid_value") from None
