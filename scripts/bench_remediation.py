@@ -48,13 +48,18 @@ def model(window: float, for_: float, scrape: float, eval_interval: float, group
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--step-fraction", type=float, default=0.75,
+                        help="the policy's step_fraction: 0.75 resolves in one step, 0.25 in several (default 0.75)")
+    parser.add_argument("--verify-window", type=float, default=6.0,
+                        help="the policy's verify_window_s in the scaled run, seconds (default 6)")
     args = parser.parse_args()
 
     runs = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             timings = Path(tmp) / "timings.json"
-            env = {**os.environ, "INFERD_E2E_TIMINGS": str(timings)}
+            env = {**os.environ, "INFERD_E2E_TIMINGS": str(timings), "INFERD_E2E_STEP_FRACTION": str(args.step_fraction),
+                   "INFERD_E2E_VERIFY_WINDOW_S": str(args.verify_window)}
             result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/test_e2e_remediation.py",
                                      "-k", "thrashing", "-p", "no:cacheprovider"], cwd=ROOT, env=env,
                                     capture_output=True, text=True)
@@ -65,7 +70,8 @@ def main() -> int:
         runs.append(t)
         print(f"run {i + 1}: alert after {t['alert_received'] - t['load_started']:.2f}s, "
               f"action after {t['action_applied'] - t['load_started']:.2f}s, "
-              f"resolution notified after {t['resolved_received'] - t['load_started']:.2f}s", file=sys.stderr)
+              f"resolution notified after {t['resolved_received'] - t['load_started']:.2f}s, "
+              f"steps max_num_seqs 16 -> {' -> '.join(map(str, t['steps']))}", file=sys.stderr)
 
     med = lambda key: statistics.median(r[key] - r["load_started"] for r in runs)  # noqa: E731
     agent_s = statistics.median(r["action_applied"] - r["alert_received"] for r in runs)
@@ -96,7 +102,10 @@ def main() -> int:
     print(f"\nfault rate under load {rate:.1f}/s (threshold {t['kv_page_fault_rate']}/s) -> "
           f"{statistics.median(r['faults_per_s_after'] for r in runs):.1f}/s after the action; "
           f"agent: alert received -> change applied {agent_s * 1000:.0f} ms (median); "
-          f"requests served in the scenario: {statistics.median(r['requests'] for r in runs):.0f}, all 200")
+          f"requests served in the scenario: {statistics.median(r['requests'] for r in runs):.0f}, all 200; "
+          f"step_fraction {args.step_fraction}: {statistics.median(len(r['steps']) for r in runs):.0f} step(s), "
+          f"alert received -> resolution at the agent "
+          f"{statistics.median(r['resolved_received'] - r['alert_received'] for r in runs):.1f} s (median)")
     return 0
 
 

@@ -29,6 +29,8 @@ import pytest
 import yaml
 from server_fixtures import child_pids, metric_value
 
+from agent.remediation_rules import Bounds
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,10 +41,13 @@ WEBHOOK_TOKEN = "e2e-webhook-token"
 # The engine: a KV pool of 24 blocks of 16 tokens; 16 sequences of 64 tokens need 64.
 ENGINE_ARGS = ["--kv-cache-bytes=196608", "--max-num-seqs=16", "--served-model-name=tiny",
                "--enable-fault-injection", "--log-level=WARNING"]
+# 0.75: 16 -> 4 in one step (4 x 4 blocks fit the pool); scripts/bench_remediation.py
+# --step-fraction 0.25 takes several steps (16 -> 12 -> 9 -> 7 -> 5), one per verification window.
+STEP_FRACTION = float(os.environ.get("INFERD_E2E_STEP_FRACTION", "0.75"))
 POLICY = {
     "max_num_seqs": {"minimum": 1, "maximum": 64, "max_step": 12},
-    "step_fraction": 0.75,      # 16 -> 4 in one step: 4 x 4 blocks fit the pool
-    "cooldown_s": 20, "verify_window_s": 6, "restore_after_s": 3,
+    "step_fraction": STEP_FRACTION,
+    "cooldown_s": 20, "verify_window_s": float(os.environ.get("INFERD_E2E_VERIFY_WINDOW_S", "6")), "restore_after_s": 3,
 }
 
 
@@ -275,17 +280,22 @@ def test_kv_thrashing_is_remediated(stack):
         applied = wait_for(lambda: stack.find(load_started, event="applied", alert="InferdKVCacheThrashing"), 120,
                            "the agent to lower max_num_seqs", stack)
         assert applied["action"] == "lower_max_num_seqs"
-        assert applied["old"] == {"max_num_seqs": 16} and applied["new"] == {"max_num_seqs": 4}
-        assert stack.engine_config()["max_num_seqs"] == 4
+        first_step = Bounds(**POLICY["max_num_seqs"]).lower(16, STEP_FRACTION)
+        assert applied["old"] == {"max_num_seqs": 16} and applied["new"] == {"max_num_seqs": first_step}
         faults_before = stack.query(f"max_over_time(({FAULTS_RATE})[10s:1s])")
-        # The fault rate falls while the same load keeps coming.
+        # The fault rate falls while the same load keeps coming (after as many steps as it takes).
         wait_for(lambda: (stack.query(FAULTS_RATE) or 0) < 1 and stack.query("sum(rate(vllm:generation_tokens_total[4s]))"),
-                 60, "the page-fault rate to fall under load", stack)
+                 300, "the page-fault rate to fall under load", stack)
         verified = wait_for(lambda: stack.find(event="verified", id=applied["id"]), 60, "verification", stack)
-        assert verified["outcome"] == "improved", verified
-        assert verified["after"] < verified["baseline"]
-        wait_for(lambda: stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved"), 90,
+        if first_step <= 6:  # one step is enough: it must be seen to help
+            assert verified["outcome"] == "improved", verified
+            assert verified["after"] < verified["baseline"]
+        wait_for(lambda: stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved"), 120,
                  "InferdKVCacheThrashing to resolve", stack)
+        steps = [r for r in stack.records() if r["event"] == "applied" and r.get("alert") == "InferdKVCacheThrashing"
+                 and r["ts"] >= load_started]
+        values = [r["new"]["max_num_seqs"] for r in steps]
+        assert values == sorted(values, reverse=True) and len(set(values)) == len(values), values
         assert not stack.firing("InferdKVCacheThrashing")
         faults_after = stack.query(FAULTS_RATE)
     assert load.statuses and set(load.statuses) == {200}, load.errors[:3]
@@ -295,11 +305,11 @@ def test_kv_thrashing_is_remediated(stack):
         "time_scale": TIME_SCALE, "load_started": load_started, "alert_received": firing["ts"],
         "action_applied": applied["ts"], "verified": verified["ts"], "resolved_received": resolved["ts"],
         "faults_per_s_peak_before": faults_before, "faults_per_s_after": faults_after,
-        "requests": len(load.statuses)})
+        "requests": len(load.statuses), "steps": values, "step_fraction": STEP_FRACTION})
     story = [(r["event"], r.get("status") or r.get("result") or r.get("outcome"))
              for r in stack.records() if r.get("alert") == "InferdKVCacheThrashing" and r["ts"] >= load_started]
     assert story[0] == ("alert", "firing")
-    assert story.index(("decision", "apply")) < story.index(("applied", None)) < story.index(("verified", "improved"))
+    assert story.index(("decision", "apply")) < story.index(("applied", None))
     assert ("alert", "resolved") in story and ("verified", "improved") in story
     assert stack.find(event="rolled_back") is None
     # resolved for restore_after_s: max_num_seqs goes back to the operator's 16
@@ -308,7 +318,7 @@ def test_kv_thrashing_is_remediated(stack):
     assert stack.engine_config()["max_num_seqs"] == 16
     metrics = stack.http.get(f"{stack.url('agent')}/metrics").text
     assert ('inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",'
-            'result="applied"} 1.0') in metrics
+            f'result="applied"}} {float(len(values))}') in metrics
 
 
 ENGINE_STARTUP_WINDOW_S = 10.0  # SupervisorConfig.healthy_after_s, the agent's default
