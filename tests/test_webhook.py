@@ -6,13 +6,13 @@ import logging
 import os
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from agent.audit import AuditLog
 from agent.engine_client import EngineClient
 from agent.remediation import PolicyConfig, RemediationPolicy
-from agent.webhook import PayloadError, make_webhook_router, parse_notification
+from agent.server import AgentState, create_app
+from agent.webhook import MAX_BODY_BYTES, PayloadError, make_webhook_router, parse_notification
 from remediation_fakes import FakeEngine, ManualClock, alert_payload
 
 ADMIN_TOKEN = "admin-secret"
@@ -30,8 +30,8 @@ def setup(tmp_path):
     def make_client(**settings):
         policy = RemediationPolicy(EngineClient(engine.url, ADMIN_TOKEN), AuditLog(audit_path, clock),
                                    PolicyConfig(**settings), metrics=None, clock=clock)
-        app = FastAPI()
-        app.include_router(make_webhook_router(policy, token_file))
+        # The agent's app, as agent.main builds it: its error handlers are part of what is tested.
+        app = create_app(AgentState.with_collectors([]), [make_webhook_router(policy, token_file)])
         return TestClient(app), policy
 
     yield engine, make_client, token_file, audit_path
@@ -63,6 +63,38 @@ def test_wrong_or_missing_token_gets_401_and_no_action(setup, token):
     assert response.headers["WWW-Authenticate"] == "Bearer"
     assert engine.changes == []
     assert not audit_path.exists()
+
+
+def assert_agent_error(response, status: int, fragment: str = "") -> str:
+    """The agent's one error shape: {"error": "<message>"}, as JSON."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert list(body) == ["error"] and isinstance(body["error"], str)
+    assert fragment in body["error"]
+    return body["error"]
+
+
+@pytest.mark.parametrize("header", [f"Bearer {HOOK_TOKEN}", f"bearer {HOOK_TOKEN}", f"BEARER {HOOK_TOKEN}",
+                                    f"bEaReR   {HOOK_TOKEN}"])
+def test_bearer_scheme_in_any_case(setup, header):
+    # RFC 7235: the auth scheme is case-insensitive (the engine's admin API takes it so too).
+    _, make_client, _, _ = setup
+    client, _ = make_client()
+    response = client.post("/v1/alerts", content=json.dumps(alert_payload()),
+                           headers={"Authorization": header, "Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("header", [HOOK_TOKEN, f"Basic {HOOK_TOKEN}", f"Token {HOOK_TOKEN}", f"Bearer{HOOK_TOKEN}",
+                                    "Bearer", f"Bearer {HOOK_TOKEN.upper()}", f"{HOOK_TOKEN} Bearer"])
+def test_other_schemes_or_a_missing_scheme_refused(setup, header):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    response = client.post("/v1/alerts", content=json.dumps(alert_payload()),
+                           headers={"Authorization": header, "Content-Type": "application/json"})
+    assert_agent_error(response, 401, "missing or wrong bearer token")
+    assert engine.changes == []
 
 
 def test_token_file_is_reread_when_it_changes(setup):
@@ -125,6 +157,86 @@ def test_undecodable_or_deep_body_gets_400(setup, body):
     response = post(client, body)
     assert response.status_code == 400
     assert "malformed Alertmanager payload" in response.json()["error"]
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"", "Expecting value"),
+    (b"   ", "Expecting value"),
+    (b"null", "body must be a JSON object"),
+    (b'"4"', "body must be a JSON object"),
+    (b'{"version": 4, "alerts": []}', "unsupported payload version 4"),
+    (b'{"version": "4", "alerts": [[]]}', "alerts[0] must be an object"),
+    (b'{"version": "4", "alerts": [{"status": true}]}', "alerts[0].status must be firing or resolved"),
+    (b'{"version": "4", "alerts": [{"status": "firing", "labels": ["alertname"]}]}', "alerts[0].labels"),
+    (json.dumps({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "annotations": []}]}).encode(),
+     "alerts[0].annotations must map strings to strings"),
+    (json.dumps({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "startsAt": 5}]}).encode(),
+     "alerts[0].startsAt must be a non-empty string"),
+    (b'{"version": "4", "alerts": [], "x": ' + b"9" * 5000 + b"}", "malformed"),  # past int()'s digit limit
+    (b'{"version": "4", "alerts": []}trailing', "Extra data"),
+])
+def test_every_malformed_body_is_a_400_in_the_agent_shape(setup, body, fragment):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    message = assert_agent_error(post(client, body), 400, fragment)
+    assert message.startswith("malformed Alertmanager payload: ")
+    assert engine.changes == []
+
+
+def test_the_content_type_is_not_what_decides(setup):
+    # Alertmanager sends application/json; what is parsed is the body, whatever the header says.
+    _, make_client, _, _ = setup
+    client, _ = make_client()
+    headers = {"Authorization": f"Bearer {HOOK_TOKEN}"}
+    ok = client.post("/v1/alerts", content=json.dumps(alert_payload()), headers={**headers, "Content-Type": "text/plain"})
+    assert ok.status_code == 200, ok.text
+    form = client.post("/v1/alerts", data={"version": "4"}, headers=headers)
+    assert_agent_error(form, 400, "malformed Alertmanager payload")
+
+
+def test_a_huge_body_is_a_413_in_the_agent_shape(setup):
+    engine, make_client, _, _ = setup
+    client, _ = make_client()
+    assert_agent_error(post(client, b"[" * (MAX_BODY_BYTES + 1)), 413, f"body over {MAX_BODY_BYTES} bytes")
+
+    def chunks():  # no Content-Length: the limit holds while reading
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b" " * 65536
+
+    response = client.post("/v1/alerts", content=chunks(),
+                           headers={"Authorization": f"Bearer {HOOK_TOKEN}", "Content-Type": "application/json"})
+    assert_agent_error(response, 413, "body over")
+    assert engine.changes == []
+
+
+def test_routing_and_query_errors_are_in_the_agent_shape(setup):
+    _, make_client, _, _ = setup
+    client, _ = make_client()
+    assert_agent_error(client.get("/v1/nope"), 404, "no route GET /v1/nope")
+    response = client.get("/v1/alerts")
+    assert_agent_error(response, 405, "method GET not allowed on /v1/alerts")
+    assert response.headers["allow"] == "POST"
+    assert_agent_error(client.get("/v1/actions?limit=many"), 422, "limit: Input should be a valid integer")
+    assert_agent_error(client.get("/v1/actions?limit=100001"), 422, "limit: Input should be less than or equal")
+
+
+def test_an_unreadable_audit_log_is_a_503_in_the_agent_shape(setup, monkeypatch):
+    _, make_client, _, _ = setup
+    client, policy = make_client()
+
+    def unreadable(limit):
+        raise PermissionError("permission denied")
+
+    monkeypatch.setattr(policy.audit, "tail", unreadable)
+    assert_agent_error(client.get("/v1/actions"), 503, "audit log unreadable: permission denied")
+
+
+def test_a_failing_policy_is_a_500_in_the_agent_shape(setup, monkeypatch):
+    _, make_client, _, _ = setup
+    client, policy = make_client()
+    monkeypatch.setattr(policy, "handle", lambda alert: 1 / 0)
+    client = TestClient(client.app, raise_server_exceptions=False)
+    assert_agent_error(post(client, alert_payload()), 500, "internal error: ZeroDivisionError")
 
 
 def test_a_bad_record_in_the_audit_log_does_not_break_actions(setup):
