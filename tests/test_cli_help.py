@@ -124,3 +124,13 @@ def test_the_installed_entry_point_prints_the_same_top_level_help():
     assert result.returncode == 0 and result.stdout.strip() == _top_help()
     for name in COMMANDS:
         assert f"  {name} " in result.stdout
+
+
+@pytest.mark.parametrize("model", ["/nonexistent", "README.md"])
+def test_generate_with_a_bad_model_is_one_line_and_exit_2(model):
+    result = subprocess.run([sys.executable, "-m", "agent.cli", "generate", "--model", model, "hi"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith(f"inferd generate: --model {model} ")
