@@ -1,13 +1,90 @@
-# The agent image (the engine runs inside it, supervised by the agent).
-# Official base image only; the install steps are scripts/setup.sh, the same ones the
-# README's `make setup` runs on a bare Debian host.
-FROM python:3.11-slim
+# The agent image: the agent and the engine it supervises, with their runtime
+# dependencies and nothing else (no test extras, no editable install, no Prometheus;
+# the developer set-up is scripts/setup.sh, which this file does not run).
+#
+#   docker build --target cpu -t inferd:cpu .   # CPU build of torch (the default target)
+#   docker build --target gpu -t inferd:gpu .   # CUDA build of torch, for the NVIDIA Container Toolkit
+#
+# Build arguments:
+#   BASE_IMAGE     any Debian-based image with python3 (3.11+) and its venv module
+#   TORCH_VERSION  the torch release both variants pin
+#   EBPF=0         leaves out bcc (python3-bpfcc and LLVM, about 170 MB); the eBPF
+#                  collector then reports inferd_collector_up 0 and everything else runs
+#   WHEELS=DIR     a folder of wheels in the build context to install from instead of any
+#                  index, for hosts whose builds reach none (scripts/compose_podman.sh
+#                  fills .whl/ on the host and passes WHEELS=.whl)
+ARG BASE_IMAGE=python:3.11-slim
 
-WORKDIR /opt/inferd
-COPY . .
-RUN scripts/setup.sh && rm -rf /var/lib/apt/lists/* /root/.cache/pip
-
-ENV PATH=/opt/inferd/.venv/bin:$PATH \
+# ---- what runs: the OS packages and the environment both variants share -----------------
+FROM ${BASE_IMAGE} AS runtime
+ARG EBPF=1
+# numactl: the supervisor binds the engine to its GPU's NUMA node with it.
+# python3-bpfcc: the eBPF probes; bcc compiles them against the host's kernel headers,
+# which compose.yaml mounts (/lib/modules, /usr/src).
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends numactl \
+    $([ "$EBPF" = 1 ] && echo python3-bpfcc) \
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
+ENV PATH=/opt/inferd/bin:$PATH \
     PYTHONUNBUFFERED=1
 EXPOSE 8000 9400
 CMD ["inferd", "agent"]
+
+# ---- the virtual environment, built here and copied whole into the final stage ----------
+FROM runtime AS build
+ARG WHEELS=
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# With WHEELS the build uses those wheels and no index (this pip.conf stays in this stage).
+COPY pyproject.toml ${WHEELS} /wheels/
+RUN if ls /wheels/*.whl >/dev/null 2>&1; then \
+        printf '[global]\nno-index = true\nfind-links = /wheels\n' > /etc/pip.conf; fi \
+ && python3 -m venv /opt/inferd \
+ && if [ -d /usr/lib/python3/dist-packages/bcc ]; then \
+        mkdir -p /opt/inferd/distbcc \
+     && ln -s /usr/lib/python3/dist-packages/bcc /opt/inferd/distbcc/bcc \
+     && echo /opt/inferd/distbcc > "$(/opt/inferd/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/inferd-distbcc.pth"; fi
+# The project's runtime dependencies (torch aside: each variant pins its own build first).
+RUN python -c 'import sys, tomllib; print("\n".join(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if not d.startswith("torch")))' \
+        /wheels/pyproject.toml > /requirements.txt
+
+# ---- the project as a wheel (not an editable install) ----------------------------------
+FROM build AS project
+COPY agent /src/agent
+COPY engine /src/engine
+COPY exporters /src/exporters
+COPY ebpf /src/ebpf
+COPY dashboards /src/dashboards
+RUN cp /wheels/pyproject.toml /src/ && pip wheel --no-deps --wheel-dir /dist /src
+
+# ---- the GPU variant ---------------------------------------------------------------------
+FROM build AS build-gpu
+ARG TORCH_VERSION=2.13.0
+# PyPI's torch for Linux x86_64 is the CUDA build (with its nvidia-* wheels and Triton).
+RUN pip install "torch==${TORCH_VERSION}"
+RUN pip install -r /requirements.txt \
+ && python -c 'import sys, torch; sys.exit(None if torch.version.cuda else "the gpu target needs the CUDA build of torch, got " + torch.__version__)'
+COPY --from=project /dist /dist
+RUN pip install --no-deps /dist/*.whl
+
+FROM runtime AS gpu
+# Triton compiles a small launcher with the C compiler when it first loads a kernel.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
+    $(python3 -c 'import os, sysconfig; print("" if os.path.exists(sysconfig.get_paths()["include"] + "/Python.h") else "python3-dev")') \
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
+COPY --from=build-gpu /opt/inferd /opt/inferd
+
+# ---- the CPU variant ---------------------------------------------------------------------
+FROM build AS build-cpu
+ARG TORCH_VERSION=2.13.0
+# torch's own index serves its CPU build (2.13.0+cpu); PyPI's would be the CUDA one.
+RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+RUN pip install -r /requirements.txt \
+ && python -c 'import sys, torch; sys.exit("the cpu target got the CUDA build of torch " + torch.__version__ if torch.version.cuda else None)'
+COPY --from=project /dist /dist
+RUN pip install --no-deps /dist/*.whl
+
+# ---- the default target: the CPU variant -----------------------------------------------
+FROM runtime AS cpu
+COPY --from=build-cpu /opt/inferd /opt/inferd
