@@ -1,9 +1,11 @@
 """Both servers against the OpenAPI documents they publish.
 
-schemathesis (`st run --checks all`) runs every operation of the engine server and of
-the agent, once with the bearer token and once without: no 5xx, no status the document
-does not list, every response in its documented schema and content type, schema-invalid
-bodies refused, 405 with Allow for methods a path has not got. Cases per operation are
+schemathesis (`st run`, every check on: what `--checks all` turns on, set in the config
+file so that one operation's known exemption can be written beside it) runs every
+operation of the engine server and of the agent, once with the bearer token and once
+without: no 5xx, no status the document does not list, every response in its documented
+schema and content type, schema-invalid bodies refused and valid ones taken, auth
+enforced, 405 with Allow for methods a path has not got. Cases per operation are
 bounded (`--max-examples`) and the seed fixed, so a run is the same run every time and
 the file stays within about two minutes on two cores.
 """

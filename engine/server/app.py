@@ -132,7 +132,7 @@ def _document_request_values(schemas: dict) -> None:
         model["additionalProperties"] = False
         for field, prop in model["properties"].items():
             if field in _REPLACED:
-                model["properties"][field] = {"title": prop.get("title"), **_REPLACED[field]}
+                model["properties"][field] = {"title": prop.get("title", field), **_REPLACED[field]}
             for branch in prop.get("anyOf", [prop]):  # the non-null branch of `X | None`
                 if field in _VALUES and branch.get("type") in ("integer", "number", "array"):
                     branch.update(_VALUES[field])
