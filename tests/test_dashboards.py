@@ -259,13 +259,14 @@ def live_stack(tmp_path_factory):
     )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        _post_alert("InferdKVFragmentationHigh")
         stop, errors = threading.Event(), []
         workers = [threading.Thread(target=_load, args=(stop, errors)) for _ in range(4)]
         start = time.time()
         for w in workers:
             w.start()
-        time.sleep(40)  # eight scrapes at 5 s: every rate over 30 s has samples
+        time.sleep(15)  # scraped a few times: the agent acts only with a baseline for its target
+        _post_alert("InferdKVFragmentationHigh")
+        time.sleep(25)  # eight scrapes at 5 s in all: every rate over 30 s has samples
         stop.set()
         for w in workers:
             w.join(timeout=120)
