@@ -30,7 +30,9 @@ ENV PATH=/opt/inferd/bin:$PATH \
 EXPOSE 8000 9400
 CMD ["inferd", "agent"]
 
-# ---- the virtual environment, built here and copied whole into the final stage ----------
+# ---- the virtual environment with the dependencies, built here and copied whole into the
+# final stage; the project's own wheel goes in last, so a change to the code leaves the
+# large layer (torch and the rest) as it was --------------------------------------------
 FROM runtime AS build
 ARG WHEELS=
 ENV PIP_NO_CACHE_DIR=1 \
@@ -64,8 +66,6 @@ ARG TORCH_VERSION=2.13.0
 RUN pip install "torch==${TORCH_VERSION}"
 RUN pip install -r /requirements.txt \
  && python -c 'import sys, torch; sys.exit(None if torch.version.cuda else "the gpu target needs the CUDA build of torch, got " + torch.__version__)'
-COPY --from=project /dist /dist
-RUN pip install --no-deps /dist/*.whl
 
 FROM runtime AS gpu
 # Triton compiles a small launcher with the C compiler when it first loads a kernel.
@@ -74,6 +74,8 @@ RUN apt-get update \
     $(python3 -c 'import os, sysconfig; print("" if os.path.exists(sysconfig.get_paths()["include"] + "/Python.h") else "python3-dev")') \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY --from=build-gpu /opt/inferd /opt/inferd
+COPY --from=project /dist /tmp/dist
+RUN pip install --no-cache-dir --no-index --no-deps --disable-pip-version-check --root-user-action=ignore /tmp/dist/*.whl && rm -rf /tmp/dist
 
 # ---- the CPU variant ---------------------------------------------------------------------
 FROM build AS build-cpu
@@ -82,9 +84,9 @@ ARG TORCH_VERSION=2.13.0
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 RUN pip install -r /requirements.txt \
  && python -c 'import sys, torch; sys.exit("the cpu target got the CUDA build of torch " + torch.__version__ if torch.version.cuda else None)'
-COPY --from=project /dist /dist
-RUN pip install --no-deps /dist/*.whl
 
 # ---- the default target: the CPU variant -----------------------------------------------
 FROM runtime AS cpu
 COPY --from=build-cpu /opt/inferd /opt/inferd
+COPY --from=project /dist /tmp/dist
+RUN pip install --no-cache-dir --no-index --no-deps --disable-pip-version-check --root-user-action=ignore /tmp/dist/*.whl && rm -rf /tmp/dist
