@@ -1,5 +1,6 @@
-"""The stack's static configuration: compose.yaml, Dockerfile, Prometheus, Alertmanager,
-OpenTelemetry Collector and Grafana provisioning, checked with the distributions' tools."""
+"""The stack: its static configuration (compose.yaml, Dockerfile, Prometheus, Alertmanager,
+OpenTelemetry Collector and Grafana provisioning, checked with the distributions' tools),
+and, in the slow test at the end, compose.yaml brought up for real under podman."""
 from __future__ import annotations
 
 import json
