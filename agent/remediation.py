@@ -609,6 +609,7 @@ class RemediationPolicy:
             if not missing:
                 return
             engine_values = {k: config.get(k) for k in missing}
+            self.audit.append("reapply", generation=generation, old=engine_values, new=missing)  # the intent first
             try:
                 self._apply_values(missing)
             except Exception as exc:

@@ -169,14 +169,6 @@ def _cold_kv(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | s
     return f"cold KV already {cold}"
 
 
-def _lower_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
-    tokens = int(config["max_num_batched_tokens"])
-    new = pc.max_num_batched_tokens.lower(tokens, pc.step_fraction)
-    if new < tokens:
-        return Plan("lower_max_num_batched_tokens", "config", {"max_num_batched_tokens": new}, {"max_num_batched_tokens": tokens})
-    return f"max_num_batched_tokens at its minimum {pc.max_num_batched_tokens.minimum}"
-
-
 def _raise_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     tokens = int(config["max_num_batched_tokens"])
     new = pc.max_num_batched_tokens.higher(tokens, pc.step_fraction)
@@ -238,8 +230,6 @@ DEFAULT_RULES: dict[str, Rule] = {
     r.alert: r
     for r in (
         Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", (_lower_seqs, _cold_kv), _FAULTS),
-        Rule("InferdKVFragmentationHigh", "lower_max_num_batched_tokens", "config", (_lower_batched_tokens,),
-             "max(avg_over_time(inferd_kv_fragmentation_ratio{{{sel}}}[{window}]))"),
         Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _MEAN_TTFT, uses_facts=True),
         Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", (_raise_batch,),
              "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))", better="higher"),

@@ -175,6 +175,7 @@ class Supervisor:
         self.generation = 0  # engine processes started so far
         self._ready_listeners: list[Callable[[int], None]] = []
         self._ready_seen: subprocess.Popen | None = None  # the last process seen ready
+        self._loading_since: float | None = None  # monotonic time the probe first saw it loading
         self._process: subprocess.Popen | None = None
         self._restarting: subprocess.Popen | None = None  # the process a restart() is stopping
         self._signalled: subprocess.Popen | None = None  # the process SIGTERM went to
@@ -212,6 +213,12 @@ class Supervisor:
     @property
     def is_ready(self) -> bool:
         return self.readiness == "ready"
+
+    @property
+    def loading_seconds(self) -> float:
+        """How long the running engine has answered `loading` (0 when it does not)."""
+        since = self._loading_since
+        return time.monotonic() - since if since is not None and self.readiness == "loading" else 0.0
 
     @property
     def crash_looping(self) -> bool:
@@ -320,6 +327,10 @@ class Supervisor:
             if process is not probed:  # a new engine process: the old one's history does not apply
                 probed, was_ready, bad_since = process, False, None
             self._last_probe = (process, state)
+            if state != "loading":
+                self._loading_since = None
+            elif self._loading_since is None:
+                self._loading_since = checked_at
             if state == "ready" and not was_ready:
                 self._on_ready(process)
             was_ready = was_ready or state == "ready"
@@ -456,6 +467,10 @@ class EngineCollector:
             for name in READINESS_STATES:
                 state.add_metric([name], 1.0 if name == current else 0.0)
             yield state
+            yield GaugeMetricFamily("inferd_engine_loading_seconds",
+                                    "How long the engine has said it is loading (0 when it is not): the "
+                                    "InferdEngineDown alert waits for a load up to its timeout",
+                                    value=supervisor.loading_seconds)
 
 
 # -- the launcher: `python -m agent.supervisor --cpus 0,1 --membind 0 -- CMD ...` --

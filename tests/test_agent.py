@@ -244,8 +244,12 @@ def test_three_quick_kills_of_a_ready_engine_leave_the_agent_serving_and_remedia
             assert get(f"{agent.url}/metrics")[0] == 200
         assert agent.process.poll() is None and not agent.health()["engine"]["crash_loop"]
         assert wait_for(lambda: engine_config()["max_num_seqs"] == 48, timeout=30), "the change was not re-applied"
-        records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
-        assert [r["new"] for r in records if r["event"] == "reapplied"][-1] == {"max_num_seqs": 48}
+        def reapplied():
+            records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+            return [r["new"] for r in records if r["event"] == "reapplied"]
+
+        assert wait_for(reapplied, timeout=10), "no reapplied record"
+        assert reapplied()[-1] == {"max_num_seqs": 48}
         assert "inferd_engine_restarts_total 3.0" in agent.metrics()
     finally:
         assert agent.stop() == 0

@@ -265,7 +265,7 @@ def live_stack(tmp_path_factory):
         for w in workers:
             w.start()
         time.sleep(15)  # scraped a few times: the agent acts only with a baseline for its target
-        _post_alert("InferdKVFragmentationHigh")
+        _post_alert("InferdKVCacheThrashing")
         time.sleep(25)  # eight scrapes at 5 s in all: every rate over 30 s has samples
         stop.set()
         for w in workers:

@@ -562,6 +562,7 @@ def test_engine_restart_gets_the_policys_changes_back(engine, prom, audit_path, 
     record = [json.loads(line) for line in audit_path.read_text().splitlines()][-1]
     assert (record["event"], record["old"], record["new"]) == \
         ("reapplied", {"max_num_seqs": 64, "mode": "fast"}, {"max_num_seqs": 48, "mode": "fallback"})
+    assert events(audit_path)[-2:] == ["reapply", "reapplied"]  # the intent is on disk first
     policy.on_engine_ready(3)  # nothing missing: nothing sent
     assert len(engine.changes) == 4
     # the agent restarts too: what is in force comes back from the audit log

@@ -421,3 +421,17 @@ def test_engine_that_exits_0_after_an_asked_restart_is_started_again(tmp_path):
         assert not supervisor.crash_looping
     finally:
         supervisor.stop()
+
+
+def test_loading_seconds_count_while_the_engine_loads_and_reset_when_it_is_ready(tmp_path):
+    engine = FakeEngine(tmp_path, state="loading")
+    supervisor = Supervisor(probed_config(engine))
+    supervisor.start()
+    try:
+        assert wait_for(lambda: supervisor.loading_seconds > 0.3)
+        assert "inferd_engine_loading_seconds" in scrape(EngineCollector(supervisor))
+        engine.set("ready")
+        assert wait_for(lambda: supervisor.is_ready)
+        assert supervisor.loading_seconds == 0.0
+    finally:
+        supervisor.stop()
