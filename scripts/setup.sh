@@ -23,8 +23,8 @@ quiet_new_services() {
     for pkg in "$@"; do
         while read -r unit; do
             unit=${unit##*/}
-            [[ $unit == *@.* ]] && continue  # templates are never enabled by themselves
-            systemctl is-enabled --quiet "$unit" 2>/dev/null && units+=("$unit")
+            if [[ $unit == *@.* ]]; then continue; fi  # templates are never enabled by themselves
+            if [ "$(systemctl is-enabled "$unit" 2>/dev/null)" = enabled ]; then units+=("$unit"); fi
         done < <(dpkg -L "$pkg" 2>/dev/null | grep -E '^(/usr)?/lib/systemd/system/[^/]+\.(service|socket|timer)$' || true)
     done
     [ ${#units[@]} -gt 0 ] || return 0
