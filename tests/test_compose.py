@@ -185,6 +185,19 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
     assert not {"!.git", "!.venv", "!.out", "!tests"} & set(lines)
 
 
+def test_podman_image_hash_covers_what_the_dockerfile_copies():
+    """scripts/compose_podman.py reuses an image whose input hash matches: the hash must read
+    every folder the Dockerfile copies, or a changed file could run in a stale image."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_podman", ROOT / "scripts" / "compose_podman.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    copied = re.findall(r"^COPY (\w+) /src/\1$", (ROOT / "Dockerfile").read_text(), flags=re.M)
+    assert set(copied) == set(module.CONTEXT_DIRS)
+    assert module.dockerfile_arg("TORCH_VERSION") in module.wheel_requirements()[0]
+
+
 def test_setup_installs_no_docker_engine_and_leaves_services_off():
     text = (ROOT / "scripts/setup.sh").read_text()
     packages = re.search(r"APT_PACKAGES=\(([^)]*)\)", text).group(1).split()
