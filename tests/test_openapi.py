@@ -34,18 +34,13 @@ HOOK_TOKEN = "hook-token-for-schemathesis"
 # Rules across fields that JSON Schema does not say (min_tokens <= max_tokens, best_of = n,
 # stream_options only with stream, the context length, ...; see engine/server/app.py) make
 # some schema-valid generation requests a 400; every other operation must take valid data.
-# KNOWN, engine/server/api_models.py (test_known_* below): StrictInt refuses a whole float
-# such as 7.0, which JSON Schema counts as an integer (a 422), and the float fields are
-# pydantic's lax float, which takes true/false and numeric strings ("min_p": false is a 200).
-# Once fixed, drop the "422" and the negative_data_rejection line.
 ENGINE_CONFIG = """
 [checks]
 enabled = true
 
 [[operations]]
 include-path-regex = "^/v1/(chat/)?completions$"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "422"]
-checks.negative_data_rejection.enabled = false
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
 """
 
 
@@ -135,15 +130,13 @@ def test_schemathesis_engine_without_admin_token(engine, tmp_path):
                      config=ENGINE_CONFIG)
 
 
-@pytest.mark.xfail(strict=True, reason="api_models.py: StrictInt refuses 7.0, a JSON Schema integer")
-def test_known_whole_floats_are_integers(engine):
+def test_whole_floats_are_integers(engine):
     r = httpx.post(f"{engine.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2.0}, timeout=30)
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.xfail(strict=True, reason="api_models.py: pydantic's lax float takes true/false and numeric strings")
 @pytest.mark.parametrize("value", [False, "0.5"])
-def test_known_float_fields_refuse_other_types(engine, value):
+def test_float_fields_refuse_other_types(engine, value):
     r = httpx.post(f"{engine.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "min_p": value},
                    timeout=30)
     assert r.status_code == 422, r.text

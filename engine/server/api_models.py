@@ -11,12 +11,22 @@ skip_special_tokens) and `priority` are accepted.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictFloat
+from pydantic import StrictInt
 
 from ..sampling_params import SamplingParams
 from .errors import ApiError, bad_request
+
+
+def _whole_float_to_int(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53 else value
+
+
+# An integer field takes a JSON integer, or a whole number written as a float (7.0), which
+# JSON Schema counts as an integer too; never a bool or a string.
+JsonInt = Annotated[StrictInt, BeforeValidator(_whole_float_to_int)]
 
 
 MIN_TEMPERATURE = 0.01
@@ -72,26 +82,26 @@ class StreamOptions(_Lenient):
 
 class SamplingFields(_Lenient):
     model: str | None = None
-    frequency_penalty: float | None = 0.0
-    presence_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
-    n: StrictInt | None = 1
-    seed: StrictInt | None = None
+    frequency_penalty: StrictFloat | None = 0.0
+    presence_penalty: StrictFloat | None = 0.0
+    logit_bias: dict[str, StrictFloat] | None = None
+    n: JsonInt | None = 1
+    seed: JsonInt | None = None
     stop: str | list[str] | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     user: str | None = None
     # vLLM extras
-    top_k: StrictInt | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: StrictInt = 0
+    top_k: JsonInt | None = None
+    min_p: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
+    min_tokens: JsonInt = 0
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[JsonInt] | None = None
     skip_special_tokens: StrictBool = True
-    priority: StrictInt = 0
+    priority: JsonInt = 0
 
     def check_common(self) -> None:
         # First, so that no later check, message or the tokenizer ever sees a surrogate.
@@ -147,15 +157,15 @@ class SamplingFields(_Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-Prompt = Union[str, list[StrictInt], list[str], list[list[StrictInt]]]
+Prompt = Union[str, list[JsonInt], list[str], list[list[JsonInt]]]
 
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: StrictInt | None = 16
-    logprobs: StrictInt | None = None
+    max_tokens: JsonInt | None = 16
+    logprobs: JsonInt | None = None
     echo: StrictBool | None = False
-    best_of: StrictInt | None = None
+    best_of: JsonInt | None = None
     suffix: str | None = None
 
     def check(self) -> None:
@@ -208,10 +218,10 @@ class ChatMessage(_Lenient):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: JsonInt | None = None
+    max_completion_tokens: JsonInt | None = None
     logprobs: StrictBool | None = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: JsonInt | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
