@@ -1,4 +1,4 @@
-"""On-GPU correctness checks of the fast path (issue 8), plus a quick timing.
+"""On-GPU correctness checks of the fast path, plus a quick timing.
 
 Run from the repository root on a CUDA machine:
     PYTHONPATH=. python3 scripts/gpu_fastpath_check.py --out DIR [--dtype float16]
@@ -61,7 +61,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # --- 1. kernel -----------------------------------------------------------------------------
 def check_attention_kernel() -> None:
-    from engine.fast_path.triton_attention import paged_decode_attention
+    from engine.fast_path.attention import paged_decode_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     heads, kv_heads, dim, bs, layers = 32, 8, 128, 16, 2

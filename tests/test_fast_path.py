@@ -263,7 +263,7 @@ def _arena(num_pages, layers, bs, kv_heads, dim, dtype=torch.float32):
 @pytest.mark.parametrize("splits", [1, 2, 8])
 @pytest.mark.parametrize("window", [None, 20])
 def test_decode_attention_matches_reference_across_block_and_split_boundaries(splits, window):
-    from engine.fast_path.triton_attention import paged_decode_attention
+    from engine.fast_path.attention import paged_decode_attention
 
     gen = torch.Generator().manual_seed(splits * 100 + (window or 0))
     _, k_cache, v_cache = _arena(48, 2, 16, 2, 32)
@@ -348,7 +348,7 @@ def test_mixed_step_attention_matches_portable_path():
     """Decode rows, fresh prompts (causal), chunks after a cached prefix (bottom-right
     mask), two prompts of one shape (one grouped SDPA call), in one step."""
     from engine.attention import AttentionMetadata, paged_attention
-    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.attention import triton_paged_attention
 
     gen = torch.Generator().manual_seed(3)
     bs, kv_heads, heads, dim = 8, 2, 8, 16
@@ -374,7 +374,7 @@ def test_mixed_step_attention_matches_portable_path():
 def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
     """Engine level: chunked prefill, prefix-cache hits and mixed steps on the fast
     attention (no decode graphs on CPU) give the portable path's tokens."""
-    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.attention import triton_paged_attention
 
     shared = list(range(5, 45))
     prompts = [shared + [50, 51, 52], shared + [60], list(range(100, 131)), [7, 8]]
@@ -468,8 +468,8 @@ def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
     dequantizing in registers) equals the portable path's dequantize-then-attend."""
     from engine.attention import paged_attention
-    from engine.fast_path.triton_attention import triton_paged_attention
-    from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
+    from engine.fast_path.attention import triton_paged_attention
+    from engine.fast_path.attention import cold_paged_decode_attention
 
     gen = torch.Generator().manual_seed(splits)
     ctx = [1, 9, 17, 40, 70]
@@ -503,19 +503,21 @@ def test_cold_prefix_layout_accepts_leading_runs_of_one_kind_only():
 
 
 @needs_triton
-@pytest.mark.parametrize("kind, splits, hd, dots", [("int8", 1, 32, 0), ("int8", 4, 32, 0), ("int4", 2, 32, 0),
-                                                    ("int4", 2, 256, 0), ("int8", 4, 32, 1), ("int8", 4, 32, 2),
-                                                    ("int4", 2, 32, 2)])
-def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dots):
+@pytest.mark.parametrize("kind, splits, hd, dtype", [("int8", 1, 32, torch.float32), ("int8", 4, 32, torch.float32),
+                                                     ("int4", 2, 32, torch.float32), ("int4", 2, 256, torch.float32),
+                                                     ("int8", 4, 32, torch.float16), ("int4", 2, 32, torch.float16),
+                                                     ("int4", 2, 256, torch.float16)])
+def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dtype):
     """Cold blocks leading each table, hot ones after (the engine's usual layout): the
     two-run kernel equals the portable dequantize-then-attend path, for contexts that
-    cross block, tile, split and hot/cold boundaries and a padded row."""
+    cross block, tile, split and hot/cold boundaries and a padded row. float32 queries
+    take the exact loop; fp16 ones the GPU's fast loop (int8 keys against int8 queries,
+    fp16 codes), except int4 with two scale groups per head (256), which stays exact."""
     import numpy as np
 
     from engine.attention import paged_attention
+    from engine.fast_path.attention import cold_prefix_decode_attention, triton_paged_attention
     from engine.fast_path.cold_layout import cold_prefix_layout
-    from engine.fast_path.triton_attention import triton_paged_attention
-    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
     from engine.kv_cache import KIND_CODE
 
     gen = torch.Generator().manual_seed(splits + hd)
@@ -527,14 +529,14 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, do
     assert code == KIND_CODE[kind] and counts.max() > 0
     q = torch.randn(len(ctx), heads, hd, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
-    out = cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(),
+    out = cold_prefix_decode_attention(q.to(dtype), k.to(dtype), v.to(dtype), cold, tables.int(), slots.int(),
                                        torch.from_numpy(np.ascontiguousarray(counts)), code, torch.tensor(ctx),
-                                       0.3, splits, cold_dots=dots)
-    assert torch.isfinite(out).all() and out[-1].abs().max() == 0  # the padded row is zeros
-    # Exact codes in every variant; fp16 queries and probabilities (1), and int8 queries (2)
-    # add their rounding: about 2e-4 and 6e-3 of the output here.
-    assert (out - ref).norm() / ref.norm() < (1e-5, 1e-3, 1.5e-2)[dots]
-    if dots:
+                                       0.3, splits)
+    assert out.dtype == dtype and torch.isfinite(out).all() and out[-1].abs().max() == 0  # the padded row is zeros
+    # Exact codes in every case; fp16 adds its rounding, int8 queries theirs (about 3e-3 here).
+    tol = 1e-5 if dtype == torch.float32 else (1.5e-2 if kind == "int8" else 2e-3)
+    assert (out.float() - ref).norm() / ref.norm() < tol
+    if dtype != torch.float32:
         return
     meta.cold_prefix_blocks, meta.cold_prefix_kind = torch.from_numpy(counts), code
     routed = triton_paged_attention(q, k, v, meta, 0.3, cold=cold)
@@ -544,7 +546,7 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, do
 @needs_triton
 @pytest.mark.parametrize("tile", [16, 48])
 def test_cold_prefix_kernel_refuses_tiles_it_is_not_validated_for(tile):
-    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+    from engine.fast_path.attention import cold_prefix_decode_attention
 
     gen = torch.Generator().manual_seed(0)
     k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, [40], num_pages=16, first_cold_page={"int4": 12},
@@ -556,35 +558,15 @@ def test_cold_prefix_kernel_refuses_tiles_it_is_not_validated_for(tile):
 
 
 @needs_triton
-def test_cold_prefix_kernel_takes_wider_dots_and_refuses_bad_ones():
-    """`group_pad` (rows of the dots; 64 lets Hopper use warpgroup MMA) changes nothing
-    but the launch; a width that is not a power of two holding the group is refused."""
-    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
-
-    gen = torch.Generator().manual_seed(1)
-    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, [40], num_pages=16, first_cold_page={"int8": 12},
-                                                          kind_of=lambda i, j: "int8")
-    q = torch.randn(1, 4, 32, generator=gen)
-    leading_cold = (kinds != 0).sum(1)
-    args = (q, k, v, cold, tables.int(), slots.int(), leading_cold, 1, torch.tensor([40]), 0.3, 2)
-    narrow = cold_prefix_decode_attention(*args, cold_dots=0)
-    wide = cold_prefix_decode_attention(*args, cold_dots=0, group_pad=64)
-    assert torch.isfinite(narrow).all() and narrow.abs().max() > 0
-    torch.testing.assert_close(wide, narrow)
-    for bad in (8, 48):
-        with pytest.raises(ValueError, match=f"group_pad must be a power of two of at least 16, got {bad}"):
-            cold_prefix_decode_attention(*args, group_pad=bad)
-
-
-@needs_triton
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_cold_prefix_kernel_reading_tables_ahead_gives_the_same_output(kind):
-    """Table entries (and, in the int8 loop of cold_dots 1 and 2, the scales) read two or
-    three tiles ahead of their tile against read in the tile's own iteration: the same
-    output, for cold runs of 1 to 9 tiles per split whose blocks sit in slots out of
-    order, so an entry or a scale used for the wrong tile would show."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, dtype):
+    """Table entries (and, in the fast loop, the scales) are read two tiles ahead of
+    their tile: for cold runs of 1 to 9 tiles per split whose blocks sit in slots out of
+    order, so an entry or a scale used for the wrong tile would show, the output equals
+    the portable path's."""
     from engine.attention import paged_attention
-    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+    from engine.fast_path.attention import cold_prefix_decode_attention
     from engine.kv_cache import KIND_CODE
 
     gen = torch.Generator().manual_seed(7)
@@ -598,17 +580,11 @@ def test_cold_prefix_kernel_reading_tables_ahead_gives_the_same_output(kind):
     meta.block_slots = slots
     q = torch.randn(len(ctx), 4, 32, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
-    for splits, dots in ((1, 0), (2, 0), (2, 2)):
-        args = (q, k, v, cold, tables.int(), slots.int(), cold_rows.sum(1), KIND_CODE[kind], torch.tensor(ctx), 0.3,
-                splits)
-        ahead = cold_prefix_decode_attention(*args, tile=32, cold_dots=dots, tables_ahead=2)
-        in_place = cold_prefix_decode_attention(*args, tile=32, cold_dots=dots, tables_ahead=0)
-        three = cold_prefix_decode_attention(*args, tile=32, cold_dots=dots, tables_ahead=3)
-        torch.testing.assert_close(ahead, in_place, rtol=0, atol=0)
-        torch.testing.assert_close(three, in_place, rtol=0, atol=0)
-        assert (ahead - ref).norm() / ref.norm() < (1e-5 if dots == 0 else 1.5e-2)
-    with pytest.raises(ValueError, match="tables_ahead must be 0, 2 or 3, got 1"):
-        cold_prefix_decode_attention(*args, tables_ahead=1)
+    tol = 1e-5 if dtype == torch.float32 else 1.5e-2
+    for splits in (1, 2):
+        out = cold_prefix_decode_attention(q.to(dtype), k.to(dtype), v.to(dtype), cold, tables.int(), slots.int(),
+                                           cold_rows.sum(1), KIND_CODE[kind], torch.tensor(ctx), 0.3, splits, tile=32)
+        assert (out.float() - ref).norm() / ref.norm() < tol
 
 
 @needs_triton
@@ -621,7 +597,7 @@ def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
     inside the engine equal the portable cold attention."""
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.attention import triton_paged_attention
 
     config = dict(block_size=8, kv_cold_dtype=kind, kv_hot_window=16, max_num_batched_tokens=24)
     expected = LLM(tiny_model, **config)  # no Triton on CPU: the portable attention, cooling as usual
@@ -654,7 +630,7 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
     kernel; tokens and log-probabilities equal the portable path's with the same switch."""
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.attention import triton_paged_attention
 
     def run(llm, fast: bool):
         engine, declined = llm.engine, []
@@ -717,7 +693,7 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row) and
     leaves the KV pool exactly as it was: every slot is the padding slot."""
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.attention import triton_paged_attention
     from engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
 
     llm = LLM(tiny_model, block_size=8, kv_cold_dtype=cold)
@@ -731,7 +707,7 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     forward_step = decoder.forward_step
     decoder.forward_step = lambda ids, meta, fn: (calls.append((ids.shape[0], meta.query_lens)),
                                                   forward_step(ids, meta, fn))[1]
-    import engine.fast_path.triton_cold_attention as cold_module
+    import engine.fast_path.attention as cold_module
 
     cold_splits = []
     cold_kernel = cold_module.cold_paged_decode_attention

@@ -1,4 +1,4 @@
-"""The decode kernel's in-kernel merge: the last split of each (sequence, KV head) to
+"""The decode kernels' in-kernel merge: the last split of each (sequence, KV head) to
 finish merges the partial outputs and re-arms its counter (Triton's CPU interpreter)."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _poison_split_buffers(monkeypatch, module) -> None:
 
 @needs_triton
 def test_counters_return_to_zero_so_every_later_launch_merges_again():
-    from engine.fast_path.triton_attention import paged_decode_attention, split_counters
+    from engine.fast_path.attention import paged_decode_attention, split_counters
 
     gen = torch.Generator().manual_seed(3)
     _, k_cache, v_cache = _arena(24, 2, 16, 2, 32)
@@ -56,10 +56,9 @@ def test_short_contexts_merge_only_the_splits_that_hold_keys(window, inputs_read
     """Graphs fix the split count for the longest context: at short contexts most splits
     are empty, do nothing, and are left out of the merge (their partial buffers keep
     whatever was there: NaN here); the counters still return to zero."""
-    from engine.fast_path import triton_attention
-    from engine.fast_path.triton_attention import paged_decode_attention, split_counters
+    from engine.fast_path.attention import hot, paged_decode_attention, split_counters
 
-    _poison_split_buffers(monkeypatch, triton_attention)
+    _poison_split_buffers(monkeypatch, hot)
     gen = torch.Generator().manual_seed(5)
     _, k_cache, v_cache = _arena(80, 2, 16, 2, 32)
     ctx = torch.tensor([1000, 40, 0, 130, 1])  # 16 splits of 64 keys: all, 1, (1), 3 and 1 of them used
@@ -80,8 +79,8 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     (sequence, KV head) to finish writes the output, reading only partials written in this
     launch (the buffers start as NaN here), and the counters are zero after every launch."""
     from engine.attention import paged_attention
-    from engine.fast_path import triton_cold_prefix_attention as cold_module
-    from engine.fast_path.triton_attention import split_counters
+    from engine.fast_path.attention import cold_prefix as cold_module
+    from engine.fast_path.attention import split_counters
     from engine.kv_cache import KIND_CODE
     from tests.test_fast_path import _cold_case
 
@@ -94,8 +93,33 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
     for splits in (4, 16, 16):  # 16 splits of 32 keys: 10, 2, (1) and 1 of them used
         out = cold_module.cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(), (kinds != 0).sum(1),
-                                                       KIND_CODE[kind], torch.tensor(ctx), 0.3, splits, tile=32,
-                                                       cold_dots=0)
+                                                       KIND_CODE[kind], torch.tensor(ctx), 0.3, splits, tile=32)
+        assert split_counters(q.device, 1).count_nonzero() == 0
+        assert torch.isfinite(out).all() and out[2].abs().max() == 0
+        assert (out - ref).norm() / ref.norm() < 1e-5
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [2, 4])
+def test_mixed_cold_kernel_merges_its_splits_in_the_kernel(splits, monkeypatch):
+    """The kernel for any mix of hot, int8 and int4 blocks merges its splits as the
+    others do (no second launch): only partials written in this launch are read (the
+    buffers start as NaN) and the counters are zero after every launch."""
+    from engine.attention import paged_attention
+    from engine.fast_path.attention import mixed_cold, split_counters
+    from tests.test_fast_path import _cold_case
+
+    _poison_split_buffers(monkeypatch, mixed_cold)
+    gen = torch.Generator().manual_seed(13)
+    ctx = [70, 40, 0, 9]
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=64,
+                                                          first_cold_page={"int8": 40, "int4": 52},
+                                                          kind_of=lambda i, j: ("int8", "int4")[(i + j) % 2])
+    q = torch.randn(len(ctx), 4, 32, generator=gen)
+    ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
+    for _ in range(2):
+        out = mixed_cold.cold_paged_decode_attention(q, k, v, cold, tables.int(), kinds, slots, torch.tensor(ctx),
+                                                     0.3, splits)
         assert split_counters(q.device, 1).count_nonzero() == 0
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
         assert (out - ref).norm() / ref.norm() < 1e-5

@@ -1,4 +1,4 @@
-"""GPU decode benchmarks of issue 8 (run on the H200; see BENCHMARKS.md).
+"""GPU decode benchmarks (run on the H200; see BENCHMARKS.md).
 
 `inferd bench gpu-decode --out DIR` (or `python -m engine.bench.gpu_decode --out DIR`), with
 the `llama3-8b-shape` preset in bf16:

@@ -65,7 +65,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from engine.fast_path.triton_cold_prefix_attention import _cold_entries
+    from engine.fast_path.attention.cold_prefix import cold_entries
 
     @triton.jit
     def _stream_kernel(tables_ptr, slots_ptr, ck_ptr, cv_ptr, out_ptr, cold_tokens, stride_tb,
@@ -80,7 +80,7 @@ if has_triton():
         for start in range(lo, hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < hi
-            page, slot = _cold_entries(tables_ptr, slots_ptr, b, t, hi, stride_tb, BLOCK_SIZE)
+            page, slot = cold_entries(tables_ptr, slots_ptr, b, t, hi, stride_tb, BLOCK_SIZE)
             base = page * stride_cp + slot * stride_cs + (t % BLOCK_SIZE) * stride_ct + kvh * stride_ch
             k = tl.load(ck_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
             v = tl.load(cv_ptr + base[:, None] + d[None, :], mask=in_range[:, None], other=0)
@@ -91,10 +91,9 @@ if has_triton():
 def stream_int8(cold, tables, slots, cold_tokens: int, splits: int, num_warps: int, num_stages: int,
                 tile: int = 64):
     """Diagnostic: read every cold int8 K and V tile through the decode kernel's own
-    addressing (`_cold_entries`), convert to float and sum; no dot products, no softmax.
+    addressing (`cold_entries`), convert to float and sum; no dot products, no softmax.
     It converts every code, as the kernel's bf16 variant does, so it is bound by those
-    conversions as much as by the reads (the offline SASS in
-    docs/benchmarks/gpu_fastpath_notes.md, session 3): its bandwidth is a ceiling for
+    conversions as much as by the reads (offline SASS): its bandwidth is a ceiling for
     kernels that convert each code, not for the access pattern alone."""
     batch, kv_heads = tables.shape[0], cold.int8_k.shape[3]
     out = torch.empty(batch * kv_heads * splits, device=tables.device)
@@ -119,9 +118,8 @@ def main() -> int:
     import triton.testing
 
     from engine.attention import paged_attention
-    from engine.fast_path.triton_attention import choose_num_splits, paged_decode_attention
-    from engine.fast_path.triton_cold_attention import cold_paged_decode_attention
-    from engine.fast_path.triton_cold_prefix_attention import cold_prefix_decode_attention
+    from engine.fast_path.attention import (choose_num_splits, cold_paged_decode_attention,
+                                            cold_prefix_decode_attention, paged_decode_attention)
     from engine.kv_cache import KIND_CODE
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -162,25 +160,6 @@ def main() -> int:
         if kind != "none":  # the general per-tile kernel (any layout of kinds), for comparison
             results["kinds"][kind]["general_kernel_ms"] = triton.testing.do_bench(general, warmup=10, rep=100,
                                                                                   return_mode="median")
-            # How the codes enter the dot products (triton_cold_prefix_attention.COLD_DOTS), and
-            # launch shapes for each: the kernel's loop changes with the variant.
-            variants = {}
-            for dots in (0, 1, 2) if kind == "int8" else (0, 2):  # int4: 1 and 2 are the same
-                for warps, stages, tile in ((2, 2, 64), (4, 2, 64), (4, 2, 128), (8, 2, 128)):
-                    run = lambda: cold_prefix_decode_attention(  # noqa: E731
-                        q, k, v, cold, tables, slots, cold_blocks, code, meta.context_lens, 128**-0.5, splits,
-                        num_warps=warps, num_stages=stages, tile=tile, cold_dots=dots)
-                    try:
-                        o = run()
-                        variants[f"dots{dots}_w{warps}s{stages}t{tile}"] = {
-                            "ms": triton.testing.do_bench(run, warmup=10, rep=100, return_mode="median"),
-                            "rel_err_vs_portable": ((o.float() - ref.float()).norm() / ref.float().norm()).item()}
-                    except Exception as exc:  # e.g. out of shared memory
-                        variants[f"dots{dots}_w{warps}s{stages}t{tile}"] = f"{type(exc).__name__}"
-            results["kinds"][kind]["cold_dots_variants"] = variants
-            print(f"{kind} cold-dot variants (us, err):",
-                  {n: (round(r["ms"] * 1e3, 1), round(r["rel_err_vs_portable"], 4)) if isinstance(r, dict) else r
-                   for n, r in variants.items()}, flush=True)
             sweep = {}
             for warps in (2, 4):
                 for stages in (1, 2, 3):
@@ -218,7 +197,7 @@ def main() -> int:
             print(f"{kind} sweep best {best} {timed[best] * 1e3:.1f} us; default {ms * 1e3:.1f} us", flush=True)
         del q, k, v, cold, meta, cache
         torch.cuda.empty_cache()
-    # launch-parameter sweep for the general cold kernel (int8), kept from the first calls
+    # launch-parameter sweep for the general cold kernel (int8)
     q, k, v, cold, meta, cache = build_case("int8", args.batch, args.context, args.hot_window, device)
     splits = choose_num_splits(args.batch, 8, args.context)
     sweep = {}
@@ -228,10 +207,6 @@ def main() -> int:
                                                      meta.block_slots, meta.context_lens, 128**-0.5, splits,
                                                      num_warps=warps, num_stages=stages)
             sweep[f"w{warps}s{stages}"] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
-    fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
-                                             meta.block_slots, meta.context_lens, 128**-0.5, splits,
-                                             uniform_fast=False)
-    sweep["mixed_loader_only"] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
     for splits_try in (splits // 2, splits * 2):
         fn = lambda: cold_paged_decode_attention(q, k, v, cold, meta.block_tables, meta.block_kinds,  # noqa: E731
                                                  meta.block_slots, meta.context_lens, 128**-0.5, splits_try)

@@ -43,7 +43,7 @@ def attach_fast_path(runner: ModelRunner, max_model_len: int, use_graphs: bool =
     from ..attention import paged_attention
     from .cuda_graphs import DecodeGraphs
     from .fast_decoder import FastDecoder
-    from .triton_attention import triton_paged_attention
+    from .attention import triton_paged_attention
 
     runner.fast_attention = triton_paged_attention
     decoder = FastDecoder(runner.model, runner.kv_layers)

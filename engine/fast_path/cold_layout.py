@@ -3,7 +3,7 @@
 Blocks turn cold oldest first and never back, so a sequence's table is normally a run
 of cold blocks of one kind followed by hot ones. For such batches the decode kernel
 can loop over the cold run and then over the hot run, each with one kind of load and
-nothing to decide per tile (triton_cold_prefix_attention.py); other layouts (a run
+nothing to decide per tile (attention/cold_prefix.py); other layouts (a run
 time switch between int8 and int4 left both in one sequence, or a block that could not
 be quantized for lack of memory) take the general per-tile kernel.
 """

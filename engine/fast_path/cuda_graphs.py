@@ -122,7 +122,7 @@ class DecodeGraphs:
         return len(batch) <= self.max_batch and all(len(item.seq.block_table) <= self.max_blocks for item in batch)
 
     def num_splits(self, size: int) -> int:
-        from .triton_attention import choose_num_splits
+        from .attention import choose_num_splits
 
         return choose_num_splits(size, self.decoder.num_kv_heads, self.max_model_len)
 

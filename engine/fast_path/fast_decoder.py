@@ -6,7 +6,7 @@ layer's q/k/v and gate/up weights into one tensor and points the original module
 parameters at slices of it, so the portable path still sees the same weights (no
 second copy), while the fast path does one matmul where the eager model does three
 (and two). With cold KV, rows whose oldest blocks are quantized attend through the
-two-run cold kernel (triton_cold_prefix_attention.py). A batch-1 decode step runs its
+two-run cold kernel (attention/cold_prefix.py). A batch-1 decode step runs its
 projections as Triton GEMVs with the small ops folded in (`batch1_logits`,
 triton_gemv.py). Every input is a tensor of fixed shape: nothing here reads a tensor
 back to the host, so the whole step can be captured and replayed.
@@ -22,8 +22,7 @@ from torch import nn
 from ..attention import AttentionMetadata
 from ..model import LlamaModel
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
-from .triton_attention import paged_decode_attention
-from .triton_cold_prefix_attention import INT4, INT8, cold_prefix_decode_attention
+from .attention import INT4, INT8, cold_prefix_decode_attention, paged_decode_attention
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
 
 

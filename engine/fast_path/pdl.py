@@ -6,7 +6,7 @@ A batch-1 decode step is a chain of ~160 kernels of 2-240 us each; without PDL e
 one starts only after the previous one has drained, so every boundary costs a ramp-up
 of a few microseconds. With PDL the next kernel's programs are already resident and
 can issue the loads that do not depend on the previous kernel before waiting. On the
-H200 (BENCHMARKS.md, sessions 4 and 5): the launch overlap paid about 1 % of a
+H200 (2026-11-29): the launch overlap paid about 1 % of a
 batch-1 step; releasing the next kernel after each GEMV's and the attention's loop
 (INFERD_PDL_RELEASE=loop, the default) about 0.5-1 % more; releasing it at a kernel's
 start, or loading the GEMVs' first weights before waiting (into L2 or registers),

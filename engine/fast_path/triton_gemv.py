@@ -55,7 +55,7 @@ DEFAULT_CONFIG = GemvConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)
 LONG_ROW_CONFIG = GemvConfig(block_n=4, block_k=512, num_warps=4, num_stages=3)
 # The best of 44 launch shapes for llama3-8b-shape's projections [N, K] on the H200, with
 # the fused RMSNorm where the decoder uses it (engine/bench/gemv_sweep.py --fused-sweep;
-# BENCHMARKS.md, session 4); other shapes follow the rule in choose_config.
+# BENCHMARKS.md); other shapes follow the rule in choose_config.
 MEASURED_CONFIGS = {
     (6144, 4096): GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3),  # q/k/v
     (4096, 4096): LONG_ROW_CONFIG,  # o

@@ -37,9 +37,8 @@ def warm_decode_splits(decoder, device: torch.device) -> None:
     kernel: compile every power of two up to MAX_SPLITS now. (On the H200 the first
     256 x 512-token run after start spent 1.7 s more in its prefill phase than the runs
     after it; this saved 0.4 s of that, excluding cuDNN's attention the rest:
-    prefill_attention.py.)"""
-    from .triton_attention import MAX_SPLITS, paged_decode_attention
-    from .triton_cold_attention import cold_paged_decode_attention
+    attention/prefill.py.)"""
+    from .attention import MAX_SPLITS, cold_paged_decode_attention, paged_decode_attention
 
     k_cache, v_cache, cold = decoder.kv_layers[0]
     q = torch.zeros(1, decoder.num_heads, decoder.head_dim, dtype=k_cache.dtype, device=device)

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..attention import AttentionMetadata
-from ..device_index import device_index
+from ...attention import AttentionMetadata
+from ...device_index import device_index
 
 # Not cuDNN's attention: it builds an execution plan for every new (sequences, query,
 # context) shape, and a prefill group's shape depends on how the step's budget fell; the
@@ -96,8 +96,9 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
 class MixedStepAttention:
     """Callable with `paged_attention`'s signature for steps with query_len > 1."""
 
-    def __init__(self, decode_attention, choose_splits):
+    def __init__(self, decode_attention, cold_decode_attention, choose_splits):
         self.decode_attention = decode_attention
+        self.cold_decode_attention = cold_decode_attention
         self.choose_splits = choose_splits
         self._plan_for: AttentionMetadata | None = None  # the step whose plan is cached
         self._plan: StepPlan | None = None
@@ -119,10 +120,9 @@ class MixedStepAttention:
             splits = self.choose_splits(num, kv_heads, plan.decode_max_context)
             q_dec = q.index_select(0, plan.decode_rows)
             if cold is not None and plan.decode_kinds is not None:
-                from .triton_cold_attention import cold_paged_decode_attention
-
-                dec = cold_paged_decode_attention(q_dec, k_cache, v_cache, cold, plan.decode_tables, plan.decode_kinds,
-                                                  plan.decode_slots, plan.decode_context_lens, scale, splits)
+                dec = self.cold_decode_attention(q_dec, k_cache, v_cache, cold, plan.decode_tables,
+                                                 plan.decode_kinds, plan.decode_slots, plan.decode_context_lens,
+                                                 scale, splits)
             else:
                 dec = self.decode_attention(q_dec, k_cache, v_cache, plan.decode_tables, plan.decode_context_lens,
                                             scale, splits)

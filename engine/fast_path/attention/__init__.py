@@ -1,0 +1,55 @@
+"""Decode and mixed-step attention on the fast path, and the one dispatcher over them.
+
+- hot.py: decode rows over hot (bf16/fp16) blocks;
+- cold_prefix.py: decode rows whose cold blocks lead their tables (the usual layout);
+- mixed_cold.py: decode rows with any other mix of hot, int8 and int4 blocks;
+- prefill.py: prefill and mixed steps (decode rows through the kernels above, prefill
+  rows through SDPA over the gathered context);
+- common.py (and codes.py for the cold-prefix fast loop): the Triton helpers they share.
+
+Importing this package defines the kernels: the engine imports it only when it attaches
+the fast path, after a test has had the chance to choose Triton's interpreter.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...attention import AttentionMetadata, paged_attention
+from .cold_prefix import cold_prefix_decode_attention
+from .common import INT4, INT8, MAX_SPLITS, TILE_TOKENS, choose_num_splits, split_buffers, split_counters
+from .hot import paged_decode_attention
+from .mixed_cold import cold_paged_decode_attention
+from .prefill import MixedStepAttention
+
+__all__ = ["triton_paged_attention", "paged_decode_attention", "cold_prefix_decode_attention",
+           "cold_paged_decode_attention", "choose_num_splits", "split_buffers", "split_counters", "INT8", "INT4",
+           "MAX_SPLITS", "TILE_TOKENS"]
+
+_mixed_step = MixedStepAttention(paged_decode_attention, cold_paged_decode_attention, choose_num_splits)
+
+
+def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           meta: AttentionMetadata, scale: float, cold=None) -> torch.Tensor:
+    """Drop-in for `paged_attention`: the Triton kernels for decode rows (hot blocks,
+    cold blocks leading each table, or any mix), grouped SDPA for prefill rows (also
+    over cold blocks); prefill over sliding windows: the portable path."""
+    has_cold_blocks = cold is not None and getattr(meta, "block_kinds", None) is not None
+    if meta.max_query_len != 1:
+        if meta.sliding_window is not None:
+            return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)
+        return _mixed_step(q, k_cache, v_cache, meta, scale, cold=cold if has_cold_blocks else None)
+    splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
+    if has_cold_blocks and getattr(meta, "cold_prefix_blocks", None) is not None:
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        return cold_prefix_decode_attention(q, k_cache, v_cache, cold, tables,
+                                            meta.block_slots.to(torch.int32).contiguous(), meta.cold_prefix_blocks,
+                                            meta.cold_prefix_kind, meta.context_lens, scale, splits,
+                                            meta.sliding_window)
+    if has_cold_blocks:
+        return cold_paged_decode_attention(q, k_cache, v_cache, cold, meta.block_tables, meta.block_kinds,
+                                           meta.block_slots, meta.context_lens, scale, splits, meta.sliding_window)
+    return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                                  splits, meta.sliding_window)
+
+
+triton_paged_attention.supports_cold_kv = True
