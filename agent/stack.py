@@ -89,6 +89,32 @@ def ensure_token(path: Path, what: str = "the webhook token", named_in: str = " 
         f.write(secrets.token_hex(32))
 
 
+def _usable(path: Path) -> bool:
+    """The file can be read, or created by us (its nearest existing folder is writable)."""
+    if path.exists():
+        return os.access(path, os.R_OK)
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
+
+
+def webhook_config(run_dir: Path) -> tuple[Path, Path]:
+    """(webhook token file, Alertmanager config) for the stack. The token
+    alerts/alertmanager.yml names (/etc/inferd/webhook-token, shared with compose.yaml)
+    when this user may use it; otherwise a token under the run directory and a copy of the
+    config naming it, so the stack also runs as a user who may not write /etc."""
+    shared = token_file()
+    config = REPO / "alerts" / "alertmanager.yml"
+    if _usable(shared):
+        return shared, config
+    token, local = run_dir / "webhook-token", run_dir / "alertmanager.yml"
+    text = re.sub(r"(credentials_file:\s*)\S+", lambda m: m.group(1) + str(token), config.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    local.write_text(text)
+    return token, local
+
+
 def admin_token_path(run_dir: Path) -> Path:
     """The engine's admin token under the stack's run directory (made by `up`)."""
     return run_dir / ADMIN_TOKEN_FILE
@@ -135,7 +161,7 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     missing = [n for n, b in (("prometheus", prometheus), ("prometheus-alertmanager", alertmanager)) if b is None]
     if missing:
         raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)")
-    token = token_file()
+    token, alertmanager_config = webhook_config(run)
     if config.model:
         engine = ("--model", str(config.model), "--admin-token-file", str(admin_token_path(run)))
     else:
@@ -166,7 +192,7 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
             "alertmanager",
             (
                 alertmanager,
-                f"--config.file={REPO / 'alerts' / 'alertmanager.yml'}",
+                f"--config.file={alertmanager_config}",
                 f"--storage.path={run / 'alertmanager-data'}",
                 "--web.listen-address=127.0.0.1:9093",
                 "--cluster.listen-address=",
@@ -349,7 +375,7 @@ def up(config: StackConfig) -> int:
         return 1
     try:
         wanted, notes = components(config)
-        ensure_token(token_file())
+        ensure_token(webhook_config(run_dir)[0])
         if config.model:
             ensure_token(admin_token_path(run_dir), "the engine's admin token", "")
     except RuntimeError as exc:

@@ -57,6 +57,22 @@ def test_components_use_the_files_compose_mounts(tmp_path):
     assert any(n.startswith("engine") and "--no-engine" in n for n in notes)
 
 
+def test_a_user_who_may_not_write_etc_gets_the_webhook_token_in_the_run_directory(tmp_path, monkeypatch):
+    if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
+        pytest.skip("prometheus / prometheus-alertmanager not installed (Debian packages)")
+    monkeypatch.setattr(stack, "_usable", lambda path: False)  # as for a user who cannot create /etc/inferd
+    wanted, _ = stack.components(stack.StackConfig(run_dir=tmp_path))
+    by_name = {c.name: c for c in wanted}
+    assert f"--config.file={tmp_path / 'alertmanager.yml'}" in by_name["alertmanager"].argv
+    assert str(tmp_path / "webhook-token") in by_name["agent"].argv
+    config = (tmp_path / "alertmanager.yml").read_text()
+    assert f"credentials_file: {tmp_path / 'webhook-token'}" in config and "/etc/inferd" not in config
+    amtool = shutil.which("amtool")
+    if amtool:
+        result = subprocess.run([amtool, "check-config", str(tmp_path / "alertmanager.yml")], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_engine_gets_the_admin_token_from_the_run_directory(tmp_path, capsys):
     if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
         pytest.skip("prometheus / prometheus-alertmanager not installed (Debian packages)")
