@@ -137,6 +137,12 @@ def test_get_config(server):
     assert set(body["config"]) == {"max_num_seqs", "max_num_batched_tokens", "kv_cold_dtype", "kv_hot_window",
                                    "swap_space_bytes", "preemption_mode", "mode"}
     assert body["bounds"]["max_num_seqs"] == {"min": 1, "max": 1024}
+    # what runs, beside what was asked: on CPU the portable path, in either mode
+    import torch
+
+    if not torch.cuda.is_available():
+        assert body["config"]["mode"] == "fast" and body["path"] == "portable"
+        assert body["path_reason"].startswith("fast path unavailable: ")
 
 
 def test_patch_applies_and_metrics_show_it(server):

@@ -51,9 +51,11 @@ def _json_body(schema: dict) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-CONFIG_SCHEMA = {"type": "object", "required": ["config", "bounds"], "properties": {
+CONFIG_SCHEMA = {"type": "object", "required": ["config", "bounds", "path", "path_reason"], "properties": {
     "config": {"type": "object", "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}},
-    "bounds": {"type": "object"}}}
+    "bounds": {"type": "object"},
+    "path": {"type": "string", "enum": ["fast", "portable"]},
+    "path_reason": {"type": ["string", "null"]}}}
 CHANGES_SCHEMA = {"type": "object", "minProperties": 1, "additionalProperties": False,
                   "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}}
 MODE_SCHEMA = {"type": "object", "required": ["mode"], "additionalProperties": False,
@@ -101,7 +103,14 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
             raise ApiError(401, "missing or wrong admin token (Authorization: Bearer <token>)", None, "invalid_token")
 
     def config_body(tunables: dict[str, Any]) -> dict:
-        return {"config": tunables, "bounds": _bounds()}
+        # `mode` is what was asked for; `path` is what runs: without an accelerated kernel
+        # (on CPU, say) the portable path runs in either mode, and path_reason says why.
+        unavailable = engine.fast_path_unavailable
+        if tunables.get("mode") == "fallback":
+            path, reason = "portable", "mode is fallback"
+        else:
+            path, reason = ("portable", f"fast path unavailable: {unavailable}") if unavailable else ("fast", None)
+        return {"config": tunables, "bounds": _bounds(), "path": path, "path_reason": reason}
 
     @router.get("/config", responses={**_CONFIG_OK, **_ADMIN_ERRORS}, openapi_extra=_SECURED)
     async def get_config(request: Request):

@@ -127,6 +127,7 @@ class EngineCoreClient:
         self.model_config = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer(config.model, list(self.model_config.eos_token_ids))
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.fast_path_unavailable: str | None = None  # from the core once it is ready
         self.model_name = config.model
         self.stall_timeout_s = stall_timeout_s
         self.on_dead = on_dead
@@ -340,6 +341,7 @@ class EngineCoreClient:
         elif isinstance(msg, CoreReady):
             self._validator = RequestValidator(self.tokenizer, msg.limits)
             self.max_model_len = msg.limits.max_model_len  # the core may have clamped it to the KV pool
+            self.fast_path_unavailable = msg.fast_path_unavailable
             self._snapshot = msg.snapshot
             self._state = READY
             self._ready.set()

@@ -107,6 +107,7 @@ class CoreReady(msgspec.Struct, tag="ready", array_like=True):
     limits: RequestLimits
     tunables: dict[str, Any]
     snapshot: EngineSnapshot
+    fast_path_unavailable: str | None = None  # why the portable path runs whatever the mode
 
 
 class CoreFailed(msgspec.Struct, tag="failed", array_like=True):

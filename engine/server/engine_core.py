@@ -94,7 +94,7 @@ def run_engine_core(options: CoreOptions) -> None:
     gc.freeze()
     core = EngineCore(engine, outputs, options, tracer)
     outputs.send(enc.encode(CoreReady(os.getpid(), engine.request_limits, engine.config.tunables(),
-                                      take_snapshot(engine, time.time()))))
+                                      take_snapshot(engine, time.time()), engine.fast_path_unavailable)))
     code = core.run(commands)
     if provider is not None:
         provider.shutdown()  # flushes the spans still queued
