@@ -84,20 +84,6 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, kv, meta: AttentionMetadata, attention_fn):
-        k_cache, v_cache, cold = kv
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if cold is not None:  # the arena holds cold pages: attention must know
-            out = attention_fn(q, k_cache, v_cache, meta, self.scale, cold=cold)
-        else:
-            out = attention_fn(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -105,9 +91,6 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -118,9 +101,60 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv, meta, attention_fn):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, meta, attention_fn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+
+class LayerOps:
+    """The steps of the forward (LlamaModel.run) over the residual stream, in torch on
+    the model's own modules: the portable path. The fast path specialises these steps
+    (fast_path/fast_decoder.py: fused ops, and GEMVs for one token); the order of the
+    steps and the residual bookkeeping stay here.
+
+    The stream is (x, residual): `x` is the last sub-layer's output, not yet added to
+    `residual` (None before the first layer). Each norm step adds it first, in the
+    activation dtype, so the sums and their rounding are those of `x = x + f(norm(x))`.
+    `attend(q, kv)` is the step's attention over one layer's (k_cache, v_cache, cold)."""
+
+    def __init__(self, model: "LlamaModel", positions: torch.Tensor, slots: torch.Tensor, attend):
+        self.model = model
+        self.positions, self.slots, self.attend = positions, slots, attend
+        self._rope = None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    @staticmethod
+    def add(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        return x if residual is None else residual + x
+
+    def attention_input(self, layer: DecoderLayer, x, residual, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [T, heads, D] with RoPE, new residual); k and v written into the cache."""
+        residual = self.add(x, residual)
+        h = layer.input_layernorm(residual)
+        attn = layer.self_attn
+        t = h.shape[0]
+        q = attn.q_proj(h).view(t, attn.num_heads, attn.head_dim)
+        k = attn.k_proj(h).view(t, attn.num_kv_heads, attn.head_dim)
+        v = attn.v_proj(h).view(t, attn.num_kv_heads, attn.head_dim)
+        if self._rope is None:  # once per forward: every layer rotates the same positions
+            self._rope = self.model.rotary(self.positions, h.dtype)
+        cos, sin = self._rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        write_kv(kv[0], kv[1], k, v, self.slots)
+        return q, residual
+
+    def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
+        return layer.self_attn.o_proj(out.reshape(out.shape[0], -1))
+
+    def mlp(self, layer: DecoderLayer, x, residual) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = self.add(x, residual)
+        h = layer.post_attention_layernorm(residual)
+        mlp = layer.mlp
+        return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)), residual
+
+    def final_norm(self, x, residual) -> torch.Tensor:
+        return self.model.norm(self.add(x, residual))
+
+    def logits(self, x, residual) -> torch.Tensor:
+        return self.model.compute_logits(self.final_norm(x, residual))
 
 
 class LlamaModel(nn.Module):
@@ -137,19 +171,36 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    def run(self, ops: LayerOps, input_ids: torch.Tensor, kv_caches: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward: every path's layer loop; returns the residual stream (x, residual)
+        after the last layer, for `ops.final_norm` or `ops.logits`."""
+        x, residual = ops.embed(input_ids), None
+        for layer, kv in zip(self.layers, kv_caches):  # kv: (k_cache, v_cache, cold views or None)
+            q, residual = ops.attention_input(layer, x, residual, kv)
+            x = ops.attention_output(layer, ops.attend(q, kv))
+            x, residual = ops.mlp(layer, x, residual)
+        return x, residual
+
     def forward(
         self,
         input_ids: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple],
         attention_fn=paged_attention,
+        ops: type[LayerOps] = LayerOps,
     ) -> torch.Tensor:
-        """Returns the final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(meta.positions, x.dtype)
-        for layer, kv in zip(self.layers, kv_caches):  # kv: (k_cache, v_cache, cold views or None)
-            x = layer(x, cos, sin, kv, meta, attention_fn)
-        return self.norm(x)
+        """Returns the final hidden states [T, hidden]. `ops`: the steps' implementation
+        (LayerOps, or the fast path's fused one), built for this step."""
+        scale = self.config.head_dim**-0.5
+
+        def attend(q, kv):
+            k_cache, v_cache, cold = kv
+            if cold is not None:  # the arena holds cold pages: attention must know
+                return attention_fn(q, k_cache, v_cache, meta, scale, cold=cold)
+            return attention_fn(q, k_cache, v_cache, meta, scale)
+
+        step = ops(self, meta.positions, meta.slot_mapping, attend)
+        return step.final_norm(*self.run(step, input_ids, kv_caches))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -99,12 +99,12 @@ def test_launch_shapes_divide_k_or_are_refused():
 def test_batch1_decode_through_fused_gemvs_matches_portable_path(tiny_model, monkeypatch):
     from engine.fast_path import hot_kv_layers
     from engine.fast_path.cuda_graphs import DecodeGraphs
-    from engine.fast_path.fast_decoder import FastDecoder
+    from engine.fast_path.fast_decoder import Batch1Ops, FastDecoder
     from tests.test_fast_path import assert_same_completion
 
     used = []
-    batch1_logits = FastDecoder.batch1_logits
-    monkeypatch.setattr(FastDecoder, "batch1_logits", lambda self, *a: used.append(1) or batch1_logits(self, *a))
+    logits = Batch1Ops.logits
+    monkeypatch.setattr(Batch1Ops, "logits", lambda self, *a: used.append(1) or logits(self, *a))
     expected = LLM(tiny_model, mode="fallback", block_size=8)
     llm = LLM(tiny_model, block_size=8)
     runner = llm.engine.runner

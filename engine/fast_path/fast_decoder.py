@@ -1,15 +1,18 @@
-"""The decode step of a Llama-family model on the fast path: fused ops, Triton paged
-attention, fused QKV and gate/up matmuls; shaped for CUDA-graph capture.
+"""The fast path's specialisation of the model's one forward (engine/model.py,
+LlamaModel.run): fused ops, Triton paged attention, fused QKV and gate/up matmuls;
+the decode step shaped for CUDA-graph capture.
 
 It runs the engine's own `LlamaModel` weights. `fuse_projections` concatenates each
 layer's q/k/v and gate/up weights into one tensor and points the original modules'
 parameters at slices of it, so the portable path still sees the same weights (no
 second copy), while the fast path does one matmul where the eager model does three
-(and two). With cold KV, rows whose oldest blocks are quantized attend through the
-two-run cold kernel (attention/cold_prefix.py). A batch-1 decode step runs its
-projections as Triton GEMVs with the small ops folded in (`batch1_logits`,
-triton_gemv.py). Every input is a tensor of fixed shape: nothing here reads a tensor
-back to the host, so the whole step can be captured and replayed.
+(and two). `FusedOps` are the forward's steps with those matmuls and the fused small
+ops; `Batch1Ops` specialise them for one token: each RMSNorm folded into the GEMV after
+it, RoPE and the K/V write into the q/k/v GEMV, SiLU-and-multiply into the gate/up GEMV
+(triton_gemv.py). With cold KV, rows whose oldest blocks are quantized attend through
+the two-run cold kernel (attention/cold_prefix.py). Every input of the decode step is a
+tensor of fixed shape: nothing here reads a tensor back to the host, so the whole step
+can be captured and replayed.
 """
 from __future__ import annotations
 
@@ -20,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionMetadata
-from ..model import LlamaModel
-from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from ..model import DecoderLayer, LayerOps, LlamaModel
 from .attention import INT4, INT8, cold_prefix_decode_attention, paged_decode_attention
+from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
 
 
@@ -37,8 +40,9 @@ def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tens
 
 @torch.no_grad()
 def fuse_projections(model: LlamaModel) -> list[dict[str, torch.Tensor | None]]:
-    """Per layer: {'qkv', 'qkv_bias', 'gate_up'} fused tensors; the modules' weights
-    become views into them (values unchanged). Idempotent per model."""
+    """Per layer: {'qkv', 'qkv_bias', 'gate_up'} fused tensors (also the layer's
+    `fused_projections`); the modules' weights become views into them (values
+    unchanged). Idempotent per model."""
     cached = getattr(model, "_fused_projections", None)
     if cached is not None:
         return cached
@@ -57,15 +61,78 @@ def fuse_projections(model: LlamaModel) -> list[dict[str, torch.Tensor | None]]:
         gate_up, (gate, up) = _slices_of([mlp.gate_proj.weight.data, mlp.up_proj.weight.data])
         mlp.gate_proj.weight = nn.Parameter(gate, requires_grad=False)
         mlp.up_proj.weight = nn.Parameter(up, requires_grad=False)
-        fused.append({"qkv": qkv, "qkv_bias": qkv_bias, "gate_up": gate_up})
+        layer.fused_projections = {"qkv": qkv, "qkv_bias": qkv_bias, "gate_up": gate_up}
+        fused.append(layer.fused_projections)
     model._fused_projections = fused
     return fused
 
 
+class FusedOps(LayerOps):
+    """The forward's steps with the fused projections and fused_ops.py's kernels (any
+    number of tokens: prefill, mixed and decode steps)."""
+
+    def __init__(self, model: LlamaModel, positions: torch.Tensor, slots: torch.Tensor, attend):
+        super().__init__(model, positions, slots, attend)
+        fuse_projections(model)
+        cfg = model.config
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.inv_freq = model.rotary.inv_freq.float().contiguous()
+
+    def attention_input(self, layer: DecoderLayer, x, residual, kv):
+        h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
+        fused = layer.fused_projections
+        qkv = F.linear(hidden, fused["qkv"], fused["qkv_bias"])
+        tokens = qkv.shape[0]
+        q = qkv[:, : h_q * d].view(tokens, h_q, d)
+        k = qkv[:, h_q * d : (h_q + h_kv) * d].view(tokens, h_kv, d)
+        v = qkv[:, (h_q + h_kv) * d :].view(tokens, h_kv, d)
+        rope_and_cache(q, k, v, self.positions, self.inv_freq, kv[0], kv[1], self.slots)
+        return q, residual
+
+    def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
+        return F.linear(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
+
+    def mlp(self, layer: DecoderLayer, x, residual):
+        hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
+        act = silu_and_mul(F.linear(hidden, layer.fused_projections["gate_up"]))
+        return F.linear(act, layer.mlp.down_proj.weight), residual
+
+    def final_norm(self, x, residual) -> torch.Tensor:
+        hidden, _ = add_rms_norm(x, residual, self.model.norm.weight, self.eps)
+        return hidden
+
+
+class Batch1Ops(FusedOps):
+    """FusedOps for one token: four kernels per layer besides attention instead of
+    about ten (triton_gemv.py), the last RMSNorm folded into the LM head's GEMV."""
+
+    def attention_input(self, layer: DecoderLayer, x, residual, kv):
+        h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv, residual = rms_norm_qkv_rope(x, residual, layer.input_layernorm.weight, self.eps,
+                                          layer.fused_projections["qkv"], h_q, h_kv, self.positions, self.inv_freq,
+                                          kv[0], kv[1], self.slots)
+        return qkv[:, : h_q * d].view(1, h_q, d), residual
+
+    def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
+        return gemv(out.reshape(1, -1), layer.self_attn.o_proj.weight)
+
+    def mlp(self, layer: DecoderLayer, x, residual):
+        act, residual = rms_norm_gemv(x, residual, layer.post_attention_layernorm.weight, self.eps,
+                                      layer.fused_projections["gate_up"], silu_mul=True)
+        return gemv(act, layer.mlp.down_proj.weight), residual
+
+    def logits(self, x, residual) -> torch.Tensor:
+        logits, _ = rms_norm_gemv(x, residual, self.model.norm.weight, self.eps, self.model.lm_head.weight,
+                                  out_dtype=torch.float32)
+        return logits
+
+
 class FastDecoder:
-    """The model's forward with fused ops: `forward` is the decode step (one token per
-    row, fixed-shape inputs, logits [B, vocab] float32; what the CUDA graphs capture);
-    `forward_step` runs prefill and mixed steps eagerly with the same fused ops."""
+    """The model's forward with FusedOps: `forward` is the decode step (one token per
+    row, fixed-shape inputs, logits [B, vocab] float32; what the CUDA graphs capture;
+    Batch1Ops for one row); `forward_step` runs prefill and mixed steps eagerly."""
 
     def __init__(self, model: LlamaModel, kv_layers: list[tuple]):
         cfg = model.config
@@ -75,14 +142,12 @@ class FastDecoder:
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.eps = cfg.rms_norm_eps
         self.sliding_window = cfg.sliding_window
         self.scale = self.head_dim**-0.5
-        self.inv_freq = model.rotary.inv_freq.float().contiguous()
         self.batch1_gemv = self._batch1_gemv_available()
 
     def _batch1_gemv_available(self) -> bool:
-        """Batch-1 decode through the fused GEMVs (triton_gemv.py): on unless
+        """Batch-1 decode through the fused GEMVs (Batch1Ops): on unless
         INFERD_BATCH1_GEMV=0, for models without q/k/v biases whose every projection
         has a launch shape (and the q/k/v one whole RoPE pairs per program)."""
         if os.environ.get("INFERD_BATCH1_GEMV", "1") == "0" or self.fused[0]["qkv_bias"] is not None:
@@ -115,7 +180,8 @@ class FastDecoder:
         first cold_blocks[b] table entries are cold blocks of that kind (pages in
         block_tables, slots in block_slots), the rest hot."""
 
-        def attend(q, k_cache, v_cache, cold):
+        def attend(q, kv):
+            k_cache, v_cache, cold = kv
             if cold_kind:
                 return cold_prefix_decode_attention(q, k_cache, v_cache, cold, block_tables, block_slots, cold_blocks,
                                                     cold_kind, context_lens, self.scale, num_splits,
@@ -123,59 +189,12 @@ class FastDecoder:
             return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale, num_splits,
                                           self.sliding_window, inputs_ready=True)  # the step's inputs
 
-        if self.batch1_gemv and input_ids.shape[0] == 1:
-            return self.batch1_logits(input_ids, positions, slots, attend)
-        return self.model.compute_logits(self.hidden_states(input_ids, positions, slots, attend))
+        ops = Batch1Ops if self.batch1_gemv and input_ids.shape[0] == 1 else FusedOps
+        step = ops(self.model, positions, slots, attend)
+        return step.logits(*self.model.run(step, input_ids, self.kv_layers))
 
     @torch.inference_mode()
     def forward_step(self, input_ids: torch.Tensor, meta: AttentionMetadata, attention_fn) -> torch.Tensor:
-        """Final hidden states [T, hidden] of any step (prefill, mixed, decode) with the
-        fused ops and projections; `attention_fn` has `paged_attention`'s signature."""
-
-        def attend(q, k_cache, v_cache, cold):
-            if cold is not None:
-                return attention_fn(q, k_cache, v_cache, meta, self.scale, cold=cold)
-            return attention_fn(q, k_cache, v_cache, meta, self.scale)
-
-        return self.hidden_states(input_ids, meta.positions, meta.slot_mapping, attend)
-
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      attend) -> torch.Tensor:
-        tokens = input_ids.shape[0]
-        h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer, fused, (k_cache, v_cache, cold) in zip(self.model.layers, self.fused, self.kv_layers):
-            hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
-            qkv = F.linear(hidden, fused["qkv"], fused["qkv_bias"])
-            q = qkv[:, : h_q * d].view(tokens, h_q, d)
-            k = qkv[:, h_q * d : (h_q + h_kv) * d].view(tokens, h_kv, d)
-            v = qkv[:, (h_q + h_kv) * d :].view(tokens, h_kv, d)
-            rope_and_cache(q, k, v, positions, self.inv_freq, k_cache, v_cache, slots)
-            attn = attend(q, k_cache, v_cache, cold)
-            x = F.linear(attn.reshape(tokens, h_q * d), layer.self_attn.o_proj.weight)
-            hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
-            x = F.linear(silu_and_mul(F.linear(hidden, fused["gate_up"])), layer.mlp.down_proj.weight)
-        hidden, _ = add_rms_norm(x, residual, self.model.norm.weight, self.eps)
-        return hidden
-
-    def batch1_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      attend) -> torch.Tensor:
-        """`hidden_states` + `compute_logits` for one token, with each RMSNorm folded
-        into the GEMV after it, RoPE and the K/V write into the q/k/v GEMV and
-        SiLU-and-multiply into the gate/up GEMV: four kernels per layer besides
-        attention instead of about ten."""
-        h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer, fused, (k_cache, v_cache, cold) in zip(self.model.layers, self.fused, self.kv_layers):
-            qkv, residual = rms_norm_qkv_rope(x, residual, layer.input_layernorm.weight, self.eps, fused["qkv"],
-                                              h_q, h_kv, positions, self.inv_freq, k_cache, v_cache, slots)
-            attn = attend(qkv[:, : h_q * d].view(1, h_q, d), k_cache, v_cache, cold)
-            x = gemv(attn.reshape(1, h_q * d), layer.self_attn.o_proj.weight)
-            act, residual = rms_norm_gemv(x, residual, layer.post_attention_layernorm.weight, self.eps,
-                                          fused["gate_up"], silu_mul=True)
-            x = gemv(act, layer.mlp.down_proj.weight)
-        logits, _ = rms_norm_gemv(x, residual, self.model.norm.weight, self.eps, self.model.lm_head.weight,
-                                  out_dtype=torch.float32)
-        return logits
+        """Final hidden states [T, hidden] of any step (prefill, mixed, decode) with
+        FusedOps; `attention_fn` has `paged_attention`'s signature."""
+        return self.model(input_ids, meta, self.kv_layers, attention_fn, ops=FusedOps)
