@@ -33,8 +33,9 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

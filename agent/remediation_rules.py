@@ -13,8 +13,9 @@ engine fell by more than `demand_drop_tolerance` meanwhile.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 # ---- configuration -------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class PolicyConfig:
             raise ValueError("verify_window_s must be > 0")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "PolicyConfig":
+    def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -1,7 +1,7 @@
 """Engine board: load, latency, throughput, the KV cache and the engine's current settings."""
 from __future__ import annotations
 
-from .common import ANY_IS_BAD, GPU, H, HM, HOST, MODEL
+from .common import ANY_IS_BAD, GPU, HM, HOST, MODEL, H
 from .spec import Board, Panel, Query, Row, Threshold
 
 LATENCY = (Threshold(None, "green"), Threshold(1, "orange"), Threshold(5, "red"))

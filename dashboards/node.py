@@ -1,7 +1,7 @@
 """Node board: per GPU compute and memory activity, PCIe links, power and clocks."""
 from __future__ import annotations
 
-from .common import ANY_IS_BAD, GPU, H, HG, HOST, RATIO_BUSY, RATIO_IDLE_IS_BAD
+from .common import ANY_IS_BAD, GPU, HG, HOST, RATIO_BUSY, RATIO_IDLE_IS_BAD, H
 from .spec import Board, Panel, Query, Row, Threshold
 
 _per_gpu = "GPU {{gpu}}"

@@ -1,7 +1,7 @@
 """NUMA board: where host memory is allocated and touched, per node and per process."""
 from __future__ import annotations
 
-from .common import GPU, H, HOST
+from .common import GPU, HOST, H
 from .spec import Board, Panel, Query, Row, Threshold
 
 PAGES_PER_SECOND = "suffix: pages/s"

@@ -1,7 +1,7 @@
 """Remediation board: what fired, what the agent did about it, and what it undid."""
 from __future__ import annotations
 
-from .common import GPU, H, HOST
+from .common import GPU, HOST, H
 from .spec import Board, Panel, Query, Row, Threshold
 
 alerts = Row(

@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grafana_foundation_sdk.builders import bargauge, common as common_b, dashboard as dash_b
-from grafana_foundation_sdk.builders import heatmap, prometheus, stat, statetimeline, timeseries
+from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, statetimeline, timeseries
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import common as common_m, dashboard as dash_m
+from grafana_foundation_sdk.models import common as common_m
+from grafana_foundation_sdk.models import dashboard as dash_m
 from grafana_foundation_sdk.models import heatmap as heatmap_m
 
 from .common import PROMETHEUS_UID

@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from ebpf.node_map import FrameRange
 from ebpf.tracefs import function_tracing_problem, has_event
@@ -243,7 +243,7 @@ class BpfObject:
         config = self.bpf[b"watch_config"]
         config[config.Key(1)] = config.Leaf(self._generation)
 
-    def acquire(self) -> "BpfObject":
+    def acquire(self) -> BpfObject:
         self._users += 1
         return self
 

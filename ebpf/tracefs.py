@@ -48,8 +48,9 @@ def parse_print_symbolic(format_text: str, field: str) -> dict[int, str]:
     start = format_text.find(marker)
     if start < 0:
         raise ValueError(f"format has no __print_symbolic table for field {field!r}")
-    depth, end = 0, start + len("__print_symbolic")
-    for end in range(end, len(format_text)):
+    depth, first = 0, start + len("__print_symbolic")
+    end = first
+    for end in range(first, len(format_text)):
         depth += {"(": 1, ")": -1}.get(format_text[end], 0)
         if depth == 0:
             break

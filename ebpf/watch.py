@@ -12,9 +12,9 @@ exported counter stays monotonic and the labels stay those of the watch list.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,9 @@ tokens the engine reads in its next step. This module does not know the engine.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode

@@ -184,7 +184,7 @@ class BlockManager:
         self.host_pool.release(seq.host_block_table)
         seq.host_block_table = []
 
-    def plan_host_resize(self, num_blocks: int, swapped: list[Sequence]) -> "HostResize":
+    def plan_host_resize(self, num_blocks: int, swapped: list[Sequence]) -> HostResize:
         """A host pool of `num_blocks` holding the swapped-out sequences' blocks, planned
         without changing anything: `remap` (old (kind, page, slot) -> new) is the copies
         the KV cache must make; `commit` switches to the new pool."""

@@ -118,7 +118,7 @@ class EngineConfig:
             validate_tunable(name, getattr(self, name))
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "EngineConfig":
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -128,7 +128,7 @@ class EngineConfig:
     def tunables(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in TUNABLE_BOUNDS}
 
-    def replace(self, **changes: Any) -> "EngineConfig":
+    def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .block_pool import HOT, KIND_CODE, MAX_SLOTS
+from .block_pool import HOT, MAX_SLOTS
 from .device_index import device_index
 from .kv_quant import dequantize_int4, dequantize_int8, int4_group_size, quantize_int4, quantize_int8
 from .numa_memory import empty_on_node

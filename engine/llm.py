@@ -29,7 +29,7 @@ class LLM:
             raise ValueError(f"{len(params_list)} SamplingParams for {len(prompts)} prompts")
         priorities = priorities or [0] * len(prompts)
         ids = []
-        for prompt, p, prio in zip(prompts, params_list, priorities):
+        for prompt, p in zip(prompts, params_list):
             self.engine.validate_request(prompt, p)  # fail before anything is queued
         for prompt, p, prio in zip(prompts, params_list, priorities):
             rid = f"offline-{next(self._ids)}"

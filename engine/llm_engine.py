@@ -27,16 +27,16 @@ from typing import Any
 
 import torch
 
+from .async_decode import AsyncDecode, InflightStep
 from .block_manager import BlockManager
 from .config import EngineConfig, TunableError, validate_tunable
+from .fast_path import attach_fast_path, greedy_on_device
 from .kv_cache import KVCache, KVShape
 from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
 from .numa_memory import available_host_bytes, device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
-from .async_decode import AsyncDecode, InflightStep
-from .fast_path import attach_fast_path, greedy_on_device
 from .request_validator import RequestLimits, RequestValidator
 from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, sample

@@ -33,7 +33,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: not a Hugging Face checkpoint directory")
@@ -41,7 +41,7 @@ class ModelConfig:
         return cls.from_dict(raw, model_dir)
 
     @classmethod
-    def from_dict(cls, raw: dict, model_dir: str | Path = "") -> "ModelConfig":
+    def from_dict(cls, raw: dict, model_dir: str | Path = "") -> ModelConfig:
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:

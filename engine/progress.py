@@ -68,7 +68,7 @@ class Progress:
             return
         self._draw(now, final=True)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

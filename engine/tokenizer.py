@@ -8,7 +8,6 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders
 
-
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 

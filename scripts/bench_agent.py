@@ -43,7 +43,7 @@ def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float = 1
             return deadline
         except OSError:
             if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("agent did not start")
+                raise RuntimeError("agent did not start") from None
             time.sleep(0.2)
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
@@ -56,6 +56,7 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
 
 
 def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
+    from fixture_trees import ENGINE_PID
     from prometheus_client import CollectorRegistry, generate_latest
 
     from agent.supervisor import EngineCollector
@@ -64,7 +65,6 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
     from exporters.numa import NumaCollector
     from exporters.pcie import PcieCollector
     from exporters.registry import CollectorSet
-    from fixture_trees import ENGINE_PID
 
     collectors = CollectorSet([
         GpuCollector(ReplayBackend(EIGHT_GPUS)),
@@ -99,7 +99,7 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
         reference.append(time.perf_counter() - t)
     return {"collection cycle": percentiles(cycle), "render": percentiles(render),
             "generate_latest": percentiles(reference),
-            "_series": len([l for l in text.decode().splitlines() if l and not l.startswith("#")])}
+            "_series": len([line for line in text.decode().splitlines() if line and not line.startswith("#")])}
 
 
 def free_port() -> int:
@@ -171,7 +171,7 @@ def agent_cpu_share(roots, seconds: float) -> float:
         return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
 
     try:
-        deadline = wait_until_serving(url, process)
+        wait_until_serving(url, process)
         time.sleep(2)
         cpu0, wall0 = cpu_seconds(), time.monotonic()
         next_at = wall0

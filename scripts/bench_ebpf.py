@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from exporters.ebpf_numa import EbpfNumaCollector  # noqa: E402
+from exporters.ebpf_numa import EbpfNumaCollector
 
 
 def touch_pages(num_bytes: int, loops: int) -> tuple[float, float]:

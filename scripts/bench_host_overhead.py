@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.make_model import ModelSpec, make_model  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.make_model import ModelSpec, make_model
+from engine.sampling_params import SamplingParams
 
 CASES = {
     "decode256": dict(num_requests=256, prompt_len=64, max_tokens=64),

@@ -33,7 +33,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "alerts"))
-from render import load_params, parse_duration  # noqa: E402
+from render import load_params, parse_duration
 
 
 def model(window: float, for_: float, scrape: float, eval_interval: float, group_wait: float, group_interval: float,

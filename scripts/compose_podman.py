@@ -41,8 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = os.environ.get("COMPOSE_PROJECT_NAME", "inferd")
@@ -176,7 +177,7 @@ def ensure_wheels(base: str) -> Path:
         tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".tmp-"))
         try:
             argv = [sys.executable, "-m", "pip", "download", "--quiet", "--quiet", "--only-binary=:all:", "--dest", str(tmp)]
-            if python != "%d.%d" % sys.version_info[:2]:
+            if python != "{}.{}".format(*sys.version_info[:2]):
                 argv.append(f"--python-version={python}")
             sh(*argv, *requirements, env=dict(os.environ))
             tmp.rename(cache)

@@ -36,7 +36,7 @@ from exporters.gpu import snapshot_families
 PHASES = ("idle", "matmul", "copy_d2d", "copy_d2d_half", "copy_h2d", "copy_d2h")
 
 
-def workload(device_index: int, seconds: float, results: "mp.Queue") -> None:
+def workload(device_index: int, seconds: float, results: mp.Queue) -> None:
     import torch
 
     torch.cuda.set_device(device_index)

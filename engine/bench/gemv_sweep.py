@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype, eps = torch.bfloat16, 1e-5
     copy_rate = measure_ceilings(torch.device("cuda"))["copy_bytes_per_s"]  # as gpu_decode's MBU
     record(kind="copy", bytes_per_s=copy_rate)
-    for name, (n, k, fused) in SHAPES.items() if not args.chain_only else ():
+    shapes = () if args.chain_only else SHAPES.items()
+    for name, (n, k, fused) in shapes:
         copies = max(2, min(args.copies, int(4e9 // (n * k * 2))))
         weights = [torch.randn(n, k, dtype=dtype, device="cuda") * k**-0.5 for _ in range(copies)]
         nbytes = n * k * 2 * copies
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
                 record(kind="fused", shape=name, config=str(candidate), us=seconds / copies * 1e6,
                        bytes_per_s=rate(seconds), of_copy=rate(seconds) / copy_rate, vs_cublas=cublas / seconds)
         record(**row)
-        del weights
+        weights = w = []  # drop this shape's copies before the next one's
         torch.cuda.empty_cache()
     layer_chain(record, copy_rate, args.replays)
     (args.out / "gemv_sweep.json").write_text(json.dumps(results, indent=1))

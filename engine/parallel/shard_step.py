@@ -24,7 +24,7 @@ class GuardedAttention:
         if self.error is None:
             try:
                 return self.fn(q, k_cache, v_cache, meta, scale, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - reported to every rank after the forward
+            except Exception as exc:  # reported to every rank after the forward
                 self.error = exc
         return torch.zeros_like(q)
 

@@ -29,8 +29,8 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -224,7 +224,7 @@ def _shutdown(group: WorkerGroup, owns_process_group: list[bool]) -> None:
     if owns_process_group[0] and dist.is_initialized():
         try:
             dist.destroy_process_group()
-        except Exception as exc:  # noqa: BLE001 - a failed group may not tear down cleanly
+        except Exception as exc:  # a failed group may not tear down cleanly
             log.warning("destroying the tensor-parallel process group: %s", exc)
         owns_process_group[0] = False
 
@@ -300,7 +300,7 @@ class TPRunner(ModelRunner):
         if self.device.type == "cuda":  # NCCL would wait for the dead peer until its timeout
             try:
                 dist.distributed_c10d._abort_process_group()
-            except Exception as exc:  # noqa: BLE001 - best effort: the timeout still ends the wait
+            except Exception as exc:  # best effort: the timeout still ends the wait
                 log.warning("could not abort the NCCL group: %s", exc)
 
     def _fail(self, reason: str) -> TensorParallelError:

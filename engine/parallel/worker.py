@@ -185,7 +185,7 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     try:
         conn.send_bytes(pickle.dumps(("hello", os.getpid())))
         Worker(spec, conn).serve()
-    except Exception:  # noqa: BLE001 - reported to rank 0, then this rank exits
+    except Exception:  # reported to rank 0, then this rank exits
         tb = traceback.format_exc()
         log.error("worker rank %d failed:\n%s", spec.rank, tb)
         try:

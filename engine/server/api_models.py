@@ -11,10 +11,9 @@ skip_special_tokens) and `priority` are accepted.
 from __future__ import annotations
 
 from collections import deque
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictFloat
-from pydantic import StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictFloat, StrictInt
 
 from ..sampling_params import SamplingParams
 from .errors import ApiError, bad_request
@@ -157,7 +156,7 @@ class SamplingFields(_Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-Prompt = Union[str, list[JsonInt], list[str], list[list[JsonInt]]]
+Prompt = str | list[JsonInt] | list[str] | list[list[JsonInt]]
 
 
 class CompletionRequest(SamplingFields):

@@ -22,8 +22,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,8 +33,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from .admin import make_admin_router
-from .api_models import (CHAT_ROLES, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, ChatCompletionRequest,
-                         CompletionRequest)
+from .api_models import (
+    CHAT_ROLES,
+    MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
 from .errors import ApiError, error_response, unparsable_body_message
 from .metrics import ServerMetrics
@@ -130,12 +135,12 @@ def _document_request_values(schemas: dict) -> None:
     for name in ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions"):
         model = schemas[name]
         model["additionalProperties"] = False
-        for field, prop in model["properties"].items():
-            if field in _REPLACED:
-                model["properties"][field] = {"title": prop.get("title", field), **_REPLACED[field]}
+        for prop_name, prop in model["properties"].items():
+            if prop_name in _REPLACED:
+                model["properties"][prop_name] = {"title": prop.get("title", prop_name), **_REPLACED[prop_name]}
             for branch in prop.get("anyOf", [prop]):  # the non-null branch of `X | None`
-                if field in _VALUES and branch.get("type") in ("integer", "number", "array"):
-                    branch.update(_VALUES[field])
+                if prop_name in _VALUES and branch.get("type") in ("integer", "number", "array"):
+                    branch.update(_VALUES[prop_name])
 
 
 def _generation_ok(choice: dict) -> dict:

@@ -23,8 +23,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -35,8 +36,20 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
-from .core_messages import (AbortRequests, AddRequest, CoreFailed, CoreReady, Heartbeat, RequestDelta, Shutdown,
-                            StepOutputs, UtilityCall, UtilityResult, encoder, from_core_decoder)
+from .core_messages import (
+    AbortRequests,
+    AddRequest,
+    CoreFailed,
+    CoreReady,
+    Heartbeat,
+    RequestDelta,
+    Shutdown,
+    StepOutputs,
+    UtilityCall,
+    UtilityResult,
+    encoder,
+    from_core_decoder,
+)
 from .engine_core import CoreOptions, run_engine_core
 from .snapshot import EngineSnapshot, empty_snapshot
 

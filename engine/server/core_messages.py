@@ -15,7 +15,7 @@ cuts the tail, so text is not append-only). The API side rebuilds cumulative
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -54,7 +54,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
-ToCore = Union[AddRequest, AbortRequests, UtilityCall, Shutdown]
+ToCore = AddRequest | AbortRequests | UtilityCall | Shutdown
 
 # --- core -> API ----------------------------------------------------------------------
 
@@ -115,7 +115,7 @@ class CoreFailed(msgspec.Struct, tag="failed", array_like=True):
     message: str
 
 
-FromCore = Union[StepOutputs, Heartbeat, UtilityResult, CoreReady, CoreFailed]
+FromCore = StepOutputs | Heartbeat | UtilityResult | CoreReady | CoreFailed
 
 
 def _dec_hook(kind: type, obj: Any) -> Any:

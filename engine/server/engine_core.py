@@ -23,15 +23,30 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
 from ..config import EngineConfig
 from ..outputs import RequestOutput
-from .core_messages import (AbortRequests, AddRequest, CoreFailed, CoreReady, Heartbeat, RequestDelta, RequestError,
-                            SeqDelta, Shutdown, StepOutputs, UtilityCall, UtilityResult, encoder, to_core_decoder)
+from .core_messages import (
+    AbortRequests,
+    AddRequest,
+    CoreFailed,
+    CoreReady,
+    Heartbeat,
+    RequestDelta,
+    RequestError,
+    SeqDelta,
+    Shutdown,
+    StepOutputs,
+    UtilityCall,
+    UtilityResult,
+    encoder,
+    to_core_decoder,
+)
 from .snapshot import take_snapshot
 
 log = logging.getLogger(__name__)

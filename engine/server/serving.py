@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,8 +22,8 @@ from starlette.responses import JSONResponse, Response
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
 from .chat import ChatTemplateError, render_chat
+from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
 from .errors import ApiError, bad_request, error_body
 from .logprobs import chat_logprobs, completion_logprobs
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request
