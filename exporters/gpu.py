@@ -27,7 +27,8 @@ from typing import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
 
-from exporters import gpu_backends as gb
+from exporters import gpu_reading as gr
+from exporters.gpu_backends import GpuBackend
 
 MIB = 1024 * 1024
 DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
@@ -66,9 +67,9 @@ PCIE_RATE_HELP = "The rate of data {} over the PCIe bus - including both protoco
 MEMORY_TEMP = ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")
 
 PCIE_SCALAR_COUNTERS: list[tuple[str, str, int]] = [
-    ("inferd_pcie_replay", "PCIe replays seen by the GPU (NVML field 94).", gb.FIELD_PCIE_REPLAY),
-    ("inferd_pcie_replay_rollover", "PCIe replay counter rollovers (NVML field 95).", gb.FIELD_PCIE_REPLAY_ROLLOVER),
-    ("inferd_pcie_l0_recovery", "PCIe L0 to recovery transitions (NVML field 169).", gb.FIELD_PCIE_L0_TO_RECOVERY),
+    ("inferd_pcie_replay", "PCIe replays seen by the GPU (NVML field 94).", gr.FIELD_PCIE_REPLAY),
+    ("inferd_pcie_replay_rollover", "PCIe replay counter rollovers (NVML field 95).", gr.FIELD_PCIE_REPLAY_ROLLOVER),
+    ("inferd_pcie_l0_recovery", "PCIe L0 to recovery transitions (NVML field 169).", gr.FIELD_PCIE_L0_TO_RECOVERY),
 ]
 
 
@@ -77,7 +78,7 @@ class GpuCollector:
 
     name = "gpu"
 
-    def __init__(self, backend: gb.GpuBackend):
+    def __init__(self, backend: GpuBackend):
         self.backend = backend
         self._byte_counters = WrappingCounters(bits=32)
 
@@ -110,18 +111,18 @@ class WrappingCounters:
         return total
 
 
-def dcgm_labels(snapshot: gb.GpuSnapshot, gpu: gb.GpuReading) -> list[str]:
+def dcgm_labels(snapshot: gr.GpuSnapshot, gpu: gr.GpuReading) -> list[str]:
     return [
         str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.minor_number}", gpu.name,
         snapshot.hostname, snapshot.driver_version,
     ]
 
 
-def snapshot_families(snapshot: gb.GpuSnapshot, byte_counters: WrappingCounters | None = None) -> Iterable[Metric]:
+def snapshot_families(snapshot: gr.GpuSnapshot, byte_counters: WrappingCounters | None = None) -> Iterable[Metric]:
     gpus = snapshot.gpus
     labels = {g.index: dcgm_labels(snapshot, g) for g in gpus}
 
-    def family(name: str, doc: str, values: Iterable[tuple[gb.GpuReading, float | None]], kind=GaugeMetricFamily):
+    def family(name: str, doc: str, values: Iterable[tuple[gr.GpuReading, float | None]], kind=GaugeMetricFamily):
         metric = kind(name, doc, labels=DCGM_LABELS)
         for gpu, value in values:
             if value is not None:
@@ -130,7 +131,7 @@ def snapshot_families(snapshot: gb.GpuSnapshot, byte_counters: WrappingCounters 
 
     for name, doc, attr, scale in DEV_GAUGES:
         yield family(name, doc, ((g, _scaled(getattr(g, attr), scale)) for g in gpus))
-    yield family(*MEMORY_TEMP, ((g, g.fields.get(gb.field_key(gb.FIELD_MEMORY_TEMP))) for g in gpus))
+    yield family(*MEMORY_TEMP, ((g, g.fields.get(gr.field_key(gr.FIELD_MEMORY_TEMP))) for g in gpus))
     for name, doc, attr in FB_GAUGES:
         yield family(name, doc, ((g, _mib(getattr(g, attr))) for g in gpus))
     for name, doc, attr in DEV_COUNTERS:
@@ -150,7 +151,7 @@ def _mib(value: int | None) -> float | None:
     return None if value is None else float(value // MIB)
 
 
-def _pcie_rate(gpu: gb.GpuReading, direction: str) -> float | None:
+def _pcie_rate(gpu: gr.GpuReading, direction: str) -> float | None:
     if gpu.gpm is not None:
         mib_s = gpu.gpm.get(f"pcie_{direction}_mib_s")
         return None if mib_s is None else mib_s * MIB
@@ -158,14 +159,14 @@ def _pcie_rate(gpu: gb.GpuReading, direction: str) -> float | None:
     return None if kb_s is None else kb_s * 1024
 
 
-def _pcie_field_families(gpus: list[gb.GpuReading], byte_counters: WrappingCounters) -> Iterable[Metric]:
-    def ids(gpu: gb.GpuReading) -> list[str]:
+def _pcie_field_families(gpus: list[gr.GpuReading], byte_counters: WrappingCounters) -> Iterable[Metric]:
+    def ids(gpu: gr.GpuReading) -> list[str]:
         return [str(gpu.index), gpu.uuid, gpu.pci_bus_id]
 
     for name, doc, field_id in PCIE_SCALAR_COUNTERS:
         metric = CounterMetricFamily(name, doc, labels=INFERD_LABELS)
         for gpu in gpus:
-            value = gpu.fields.get(gb.field_key(field_id))
+            value = gpu.fields.get(gr.field_key(field_id))
             if value is not None:
                 metric.add_metric(ids(gpu), value)
         yield metric
@@ -180,10 +181,10 @@ def _pcie_field_families(gpus: list[gb.GpuReading], byte_counters: WrappingCount
     )
     tx = CounterMetricFamily("inferd_pcie_tx_bytes", "PCIe bytes transmitted by the GPU (NVML field 197; may wrap).", labels=INFERD_LABELS)
     rx = CounterMetricFamily("inferd_pcie_rx_bytes", "PCIe bytes received by the GPU (NVML field 198; may wrap).", labels=INFERD_LABELS)
-    lane_prefix = f"{gb.FIELD_PCIE_LANE_ERRORS}:"
+    lane_prefix = f"{gr.FIELD_PCIE_LANE_ERRORS}:"
     for gpu in gpus:
-        for field_id, kind in gb.PCIE_ERROR_FIELDS.items():
-            value = gpu.fields.get(gb.field_key(field_id))
+        for field_id, kind in gr.PCIE_ERROR_FIELDS.items():
+            value = gpu.fields.get(gr.field_key(field_id))
             if value is not None:
                 errors.add_metric([*ids(gpu), kind], value)
         lane_values = sorted(
@@ -193,8 +194,8 @@ def _pcie_field_families(gpus: list[gb.GpuReading], byte_counters: WrappingCount
         )
         for lane, value in lane_values:
             lanes.add_metric([*ids(gpu), str(lane)], value)
-        for metric, field_id in ((tx, gb.FIELD_PCIE_TX_BYTES), (rx, gb.FIELD_PCIE_RX_BYTES)):
-            value = gpu.fields.get(gb.field_key(field_id))
+        for metric, field_id in ((tx, gr.FIELD_PCIE_TX_BYTES), (rx, gr.FIELD_PCIE_RX_BYTES)):
+            value = gpu.fields.get(gr.field_key(field_id))
             if value is not None:
                 metric.add_metric(ids(gpu), byte_counters.update((gpu.uuid, field_id), value))
     yield errors

@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def record(path: Path, interval_s: float, count: int, note: str = "", backend=None) -> int:
     """Write `count` snapshots taken `interval_s` apart; returns the number written."""
-    from exporters.gpu_backends import NvmlBackend, write_replay
+    from exporters.gpu_nvml import NvmlBackend
+    from exporters.gpu_replay import write_replay
 
     if interval_s <= 0:
         raise ValueError(f"--interval must be > 0, got {interval_s}")

@@ -261,7 +261,7 @@ def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
 
     from agent.server import render_exposition
     from exporters.gpu import GpuCollector
-    from exporters.gpu_backends import ReplayBackend
+    from exporters.gpu_replay import ReplayBackend
     from exporters.numa import NumaCollector
     from exporters.pcie import PcieCollector
 

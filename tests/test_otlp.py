@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.otlp import OtlpConfig, OtlpPusher
-from exporters import gpu_backends as gb
+from exporters.gpu_replay import ReplayBackend, load_replay, write_replay
 from exporters.gpu import GpuCollector
 from exporters.registry import CollectorSet
 from fixture_trees import write_host
@@ -101,7 +101,7 @@ def free_port() -> int:
 
 def single_snapshot_replay(tmp_path: Path) -> Path:
     path = tmp_path / "one.json"
-    gb.write_replay(path, gb.load_replay(GPU_FIXTURES / "h200_phases.json")[1:2])
+    write_replay(path, load_replay(GPU_FIXTURES / "h200_phases.json")[1:2])
     return path
 
 
@@ -139,7 +139,7 @@ def test_agent_pushes_every_metric_and_values_match_its_metrics_endpoint(tmp_pat
 
 def test_pushed_counters_are_cumulative_monotonic_sums(tmp_path):
     receiver = Receiver()
-    collectors = CollectorSet([GpuCollector(gb.ReplayBackend(single_snapshot_replay(tmp_path)))])
+    collectors = CollectorSet([GpuCollector(ReplayBackend(single_snapshot_replay(tmp_path)))])
     pusher = OtlpPusher(OtlpConfig(endpoint=receiver.url, timeout_s=5), [collectors.collect])
     try:
         pusher.collect_once()
@@ -157,7 +157,7 @@ def test_pushed_counters_are_cumulative_monotonic_sums(tmp_path):
 
 def test_receiver_down_collection_continues_and_drop_counter_rises(tmp_path):
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    collectors = CollectorSet([GpuCollector(gb.ReplayBackend(GPU_FIXTURES / "h200_phases.json"))])
+    collectors = CollectorSet([GpuCollector(ReplayBackend(GPU_FIXTURES / "h200_phases.json"))])
     pusher = OtlpPusher(OtlpConfig(endpoint=closed, interval_s=0.05, queue_size=2, timeout_s=0.5), [collectors.collect])
     collectors.add(pusher)
     for _ in range(5):
@@ -224,7 +224,7 @@ def test_engine_kv_metrics_go_to_otlp_but_not_to_the_agent_port(tmp_path):
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     receiver = Receiver()
     reader = EngineMetricsReader(EngineMetricsConfig(url=f"http://127.0.0.1:{engine.server_address[1]}/metrics"))
-    collectors = CollectorSet([GpuCollector(gb.ReplayBackend(single_snapshot_replay(tmp_path)))])
+    collectors = CollectorSet([GpuCollector(ReplayBackend(single_snapshot_replay(tmp_path)))])
     pusher = OtlpPusher(OtlpConfig(endpoint=receiver.url, timeout_s=5), [collectors.collect, reader.read])
     try:
         pusher.collect_once()

@@ -7,21 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from exporters.pcie import (
-    LinkState,
-    PciDevice,
-    PcieCollector,
-    discover_gpu_paths,
+from exporters.pcie import PcieCollector
+from exporters.pcie_parsers import (
     generation_of,
-    is_degraded,
     lane_bytes_per_second,
     link_capacity_bytes_per_second,
-    link_ceilings,
     nvml_bus_id,
     parse_aer_counters,
     parse_link_speed,
     parse_link_width,
 )
+from exporters.pcie_topology import LinkState, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
 from fixture_trees import samples, FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
 
 GOLDEN = FIXTURES / "pcie.prom"
