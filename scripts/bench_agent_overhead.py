@@ -1,4 +1,4 @@
-"""Engine throughput with the agent collecting every second against without (issue 4).
+"""Engine throughput with the agent collecting every second against without.
 
 Alternates runs without and with a live `inferd agent --no-engine` (real /sys and /proc,
 the replay GPU back end, eBPF probes off so it runs unprivileged) whose /metrics is scraped

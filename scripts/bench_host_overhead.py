@@ -1,4 +1,4 @@
-"""Host work per engine step, the model forward excluded (issue 8).
+"""Host work per engine step, the model forward excluded.
 
 Builds a tiny random checkpoint, runs the engine on CPU and, once every request has
 its first token, times each remaining step with `engine.runner.execute` (the model

@@ -1,4 +1,4 @@
-"""End-to-end decode with cold KV at long context on a GPU (issue 9).
+"""End-to-end decode with cold KV at long context on a GPU.
 
 The llama3-8b-shape model (random weights drawn on the GPU), 8 requests of 32,768 random
 prompt tokens each, all submitted at once, for kv_cold_dtype none, int8 and int4 (hot

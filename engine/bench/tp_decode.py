@@ -1,4 +1,4 @@
-"""Tensor-parallel decode benchmark (issue 10): tp=1 against tp=2 on one host.
+"""Tensor-parallel decode benchmark: tp=1 against tp=2 on one host.
 
 `python -m engine.bench.tp_decode --out DIR` or `inferd bench tp-decode --out DIR` (two GPUs, `llama3-8b-shape` in bf16):
 1. batch-1 decode: one request (--prompt-len prompt tokens, --decode-len new tokens),
