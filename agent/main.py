@@ -1,12 +1,15 @@
 """`inferd agent`: the per-node process.
 
 Discovers the topology (sysfs), picks the NUMA node for the engine (agent.placement),
-starts `inferd serve` bound to that node and keeps it alive (agent.supervisor), runs
-every collector through one CollectorSet, serves /metrics, /healthz and /v1/topology
-on 127.0.0.1:9400, and with --otlp-endpoint pushes the same metrics over OTLP/HTTP.
+starts `inferd serve` bound to that node and keeps it alive (agent.supervisor), builds
+the collectors of the registry (exporters.registry: gpu, pcie, numa, ebpf, engine, otlp,
+remediation, less any --no-collector NAME) into one CollectorSet, serves /metrics,
+/healthz and /v1/topology on 127.0.0.1:9400, and with --otlp-endpoint pushes the same
+metrics over OTLP/HTTP.
 
 Exit status: 0 after SIGTERM/SIGINT (the engine is stopped first), 2 for bad
-arguments (a --model that is not a model directory, an unreadable replay file). The
+arguments (a --model that is not a model directory, an unreadable replay file, a
+collector name the registry does not know). The
 agent never exits because of its engine: an engine that keeps dying is restarted with
 a growing backoff, and /healthz and the inferd_engine_* metrics say so.
 """
@@ -17,8 +20,25 @@ import logging
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
+
+import uvicorn
+
+from agent.placement import best_node_for_gpus
+from agent.server import AgentState, create_app, load_extra_routers
+from agent.supervisor import Supervisor, SupervisorConfig
+from agent.topology import discover
+from agent.webhook import add_arguments as add_webhook_arguments
+from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
+from exporters.registry import (
+    BuildContext,
+    Built,
+    CollectorSet,
+    add_collector_arguments,
+    build_entries,
+    enabled_names,
+    load_entries,
+)
 
 log = logging.getLogger("inferd.agent")
 
@@ -27,12 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="model directory (HF format) for the engine")
     parser.add_argument("--host", default="127.0.0.1", help="agent listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9400, help="agent port (default 9400)")
-    parser.add_argument("--gpu-backend", default="nvml", help="nvml (default) or replay:PATH")
-    parser.add_argument("--gpu-interval", type=float, default=1.0, help="GPM sampling window in seconds (default 1)")
     parser.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     parser.add_argument("--procfs-root", type=Path, default=Path("/proc"))
-    parser.add_argument("--otlp-endpoint", help="push metrics over OTLP/HTTP to this URL (e.g. http://127.0.0.1:4318)")
-    parser.add_argument("--otlp-interval", type=float, default=10.0, help="seconds between OTLP pushes (default 10)")
     parser.add_argument("--engine-host", default="127.0.0.1", help="engine listen address (default 127.0.0.1)")
     parser.add_argument("--engine-port", type=int, default=8000, help="engine port (default 8000)")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
@@ -42,20 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="readiness URL the supervisor probes (default: the engine's /ready; "
                              "none with --engine-command unless given)")
     parser.add_argument("--no-engine", action="store_true", help="collect and export only; do not run the engine")
-    parser.add_argument("--no-collector", action="append", default=[], metavar="NAME",
-                        help="disable a collector: gpu, pcie, numa, ebpf (repeatable)")
-    try:
-        from exporters.ebpf_numa import add_watch_arguments
-    except ImportError:
-        pass
-    else:
-        add_watch_arguments(parser)
-    try:
-        from agent.webhook import add_arguments as add_webhook_arguments
-    except ImportError:
-        pass
-    else:
-        add_webhook_arguments(parser)
+    add_collector_arguments(parser, load_entries())
+    add_webhook_arguments(parser)
 
 
 def model_dir_problem(path: Path) -> str | None:
@@ -83,9 +87,6 @@ def engine_command(args: argparse.Namespace) -> list[str]:
 def discover_placement(sysfs_root: Path) -> tuple[dict | None, str | None, int | None, tuple[int, ...] | None]:
     """(topology dict, error, engine node, its CPUs); tolerant of a missing or odd sysfs."""
     try:
-        from agent.placement import best_node_for_gpus
-        from agent.topology import discover
-
         topology = discover(sysfs_root)
     except Exception as exc:
         log.warning("topology discovery failed, engine runs unbound: %s", exc)
@@ -99,59 +100,18 @@ def discover_placement(sysfs_root: Path) -> tuple[dict | None, str | None, int |
     return topology.to_dict(), None, node, cpus
 
 
-def build_collectors(args, supervisor, bound_node):
-    """The agent's collectors, in scrape order; each may be disabled by name."""
-    from agent.supervisor import EngineCollector
-    from exporters import gpu_backends
-    from exporters.gpu import GpuCollector
-
-    disabled = set(args.no_collector)
-    collectors = []
-    closers = []
-    if "gpu" not in disabled:
-        if args.gpu_backend.startswith("replay:"):
-            backend = gpu_backends.open_backend(args.gpu_backend)  # a bad file fails now, clearly
-        elif args.gpu_backend == "nvml":
-            backend = gpu_backends.LazyBackend(lambda: gpu_backends.NvmlBackend(gpm_interval_s=args.gpu_interval))
-        else:
-            raise ValueError(f"--gpu-backend {args.gpu_backend!r}: use 'nvml' or 'replay:PATH'")
-        collectors.append(GpuCollector(backend))
-        closers.append(backend.close)
-    engine_pid = lambda: supervisor.pid if supervisor is not None else None  # noqa: E731
-    if "pcie" not in disabled:
-        from exporters.pcie import PcieCollector
-
-        collectors.append(PcieCollector(args.sysfs_root))
-    if "numa" not in disabled:
-        from exporters.numa import NumaCollector
-
-        collectors.append(NumaCollector(args.sysfs_root, args.procfs_root, engine_pid_fn=engine_pid,
-                                        bound_node_fn=lambda: bound_node))
-    if "ebpf" not in disabled:
+def close_all(built: list[Built]) -> None:
+    """Close what the collectors hold, last built first (the OTLP push before its sources)."""
+    for item in reversed(built):
+        if item.close is None:
+            continue
         try:
-            from exporters.ebpf_numa import EbpfNumaCollector
-        except ImportError as exc:
-            log.info("eBPF collector not available: %s", exc)
-        else:
-            ebpf = EbpfNumaCollector(args.sysfs_root, args.procfs_root, watch_pids_fn=engine_pid,
-                                     watch_pids=getattr(args, "watch_pid", ()), watch_comms=getattr(args, "watch_comm", ()))
-            # loading probes compiles BPF programs; do not hold up the HTTP server for it
-            threading.Thread(target=ebpf.start, name="ebpf-start", daemon=True).start()
-            collectors.append(ebpf)
-            if hasattr(ebpf, "stop"):
-                closers.append(ebpf.stop)
-    collectors.append(EngineCollector(supervisor))
-    return collectors, closers
+            item.close()
+        except Exception:
+            log.exception("closing collector %s failed", item.collector.name)
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from agent.otlp import OtlpConfig, OtlpPusher
-    from agent.server import AgentState, create_app, load_extra_routers
-    from agent.supervisor import Supervisor, SupervisorConfig
-    from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
-
     def fail(message: str) -> int:
         print(f"inferd agent: {message}", file=sys.stderr)
         return 2
@@ -164,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"--model: {problem}")
     if not 0 < args.port < 65536 or not 0 < args.engine_port < 65536:
         return fail("--port and --engine-port must be 1..65535")
+    entries = load_entries()
+    enabled = enabled_names(entries, args.collector, args.no_collector)  # argparse has checked the names
 
     topology, topology_error, node, cpus = discover_placement(args.sysfs_root)
     supervisor = None
@@ -177,34 +139,28 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return fail(str(exc))
         supervisor = Supervisor(config)
-    try:
-        collectors, closers = build_collectors(args, supervisor, node)
-    except ValueError as exc:
-        return fail(str(exc))
-
     engine_metrics = EngineMetricsReader(EngineMetricsConfig(url=f"{engine_url}/metrics")) if not args.no_engine else None
-    otlp = None
-    if args.otlp_endpoint:
-        try:
-            # sources are added below: the pusher reads the CollectorSet it is part of
-            otlp = OtlpPusher(OtlpConfig(endpoint=args.otlp_endpoint, interval_s=args.otlp_interval), sources=[])
-        except ValueError as exc:
-            return fail(str(exc))
-        collectors.append(otlp)
+
     state = AgentState.with_collectors(
-        collectors, topology=topology, topology_error=topology_error,
+        CollectorSet(disabled={e.name for e in entries} - enabled), topology=topology, topology_error=topology_error,
         placement={"node": node, "cpus": list(cpus) if cpus else None,
                    "binding": supervisor.binding if supervisor else None},
         supervisor=supervisor, engine_metrics=engine_metrics, engine_url=engine_url,
     )
-    if otlp:
-        otlp.sources += [state.collectors.collect] + ([engine_metrics.read] if engine_metrics else [])
-
-    state.extra["args"] = args  # agent.webhook builds the remediation policy from them
+    context = BuildContext(args, enabled, state.collectors, supervisor=supervisor, bound_node=node,
+                           engine_metrics=engine_metrics, extra=state.extra)
+    built: list[Built] = []
     try:
-        routers = load_extra_routers(state, log=log.warning)
-    except (OSError, ValueError) as exc:
-        return fail(f"remediation: {exc}")
+        built += build_entries(entries, context)
+        state.extra["args"] = args  # agent.webhook builds the remediation policy from them
+        try:
+            routers = load_extra_routers(state, log=log.warning)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"remediation: {exc}") from None
+        built += build_entries(entries, context, late=True)
+    except ValueError as exc:
+        close_all(built)
+        return fail(str(exc))
     policy = state.extra.get("remediation")
     if supervisor is not None and policy is not None:
         supervisor.add_ready_listener(policy.on_engine_ready)  # a fresh engine gets what is in force
@@ -219,22 +175,17 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
-    log.info("agent on http://%s:%d (engine node %s, cpus %s)", args.host, args.port, node, cpus)
+    log.info("agent on http://%s:%d (engine node %s, cpus %s; collectors %s)", args.host, args.port, node, cpus,
+             ", ".join(state.collectors.names))
     try:
         if supervisor:
             supervisor.start()
-        if otlp:
-            otlp.start()
+        for item in built:
+            if item.start is not None:
+                item.start()
         server.run()
     finally:
         if supervisor:
             supervisor.stop()
-        if otlp:
-            otlp.stop()
-        for close in closers:
-            try:
-                close()
-            except Exception:
-                log.exception("closing a collector failed")
+        close_all(built)
     return 0
-

@@ -1,5 +1,8 @@
 """The agent's HTTP app (port 9400): /metrics, /healthz, /v1/topology.
 
+/metrics is the agent's CollectorSet rendered by exporters.exposition (the same bytes
+client_python's generate_latest writes, in a third of the time).
+
 Hooks for other agent modules: `AgentState` is the narrow object the routes read, and
 `create_app(state, routers)` mounts extra FastAPI routers. `agent.main` mounts the
 router of `agent.webhook` when that module exists: it must define
@@ -13,16 +16,14 @@ a bad query parameter) or from an unexpected exception, is `{"error": "<message>
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent.supervisor import Supervisor
 from exporters.engine_metrics import EngineMetricsReader
+from exporters.exposition import render_exposition
 from exporters.registry import CollectorSet
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
@@ -32,7 +33,6 @@ _TEXT = {"schema": {"type": "string"}}
 @dataclass(slots=True)
 class AgentState:
     collectors: CollectorSet
-    registry: CollectorRegistry
     topology: dict[str, Any] | None = None  # agent.topology.Topology.to_dict() when discovered
     topology_error: str | None = None
     placement: dict[str, Any] = field(default_factory=dict)  # chosen node, cpus, binding
@@ -42,13 +42,12 @@ class AgentState:
     extra: dict[str, Any] = field(default_factory=dict)  # room for other modules' state
 
     @classmethod
-    def with_collectors(cls, collectors: Iterable, **kwargs) -> "AgentState":
-        collector_set = CollectorSet(collectors)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(collector_set)
-        return cls(collectors=collector_set, registry=registry, **kwargs)
+    def with_collectors(cls, collectors: CollectorSet | Iterable, **kwargs) -> "AgentState":
+        collector_set = collectors if isinstance(collectors, CollectorSet) else CollectorSet(collectors)
+        return cls(collectors=collector_set, **kwargs)
 
     def render_metrics(self) -> bytes:
+        """The /metrics body: every collector's families in the text format (exporters.exposition)."""
         return render_exposition(self.collectors.collect())
 
     def health(self) -> dict[str, Any]:
@@ -181,89 +180,3 @@ def load_extra_routers(state: AgentState, modules: Iterable[str] = ("agent.webho
         except Exception as exc:
             log(f"{name}.make_router failed, its routes are not mounted: {type(exc).__name__}: {exc}")
     return routers
-
-
-# ---- text exposition (format 0.0.4), byte-for-byte what generate_latest writes ----
-#
-# client_python 0.26 validates and escapes every label name of every sample (UTF-8
-# name support), about 40 us per sample on this project's CI machine, which puts an
-# eight-GPU scrape (1,000 series) far past a 5 ms budget. The agent's names are all
-# legacy-valid, so this renderer checks each family's names once and formats label
-# sets through a cache (a GPU's labels repeat on every scrape); a family with a name
-# outside the legacy charset goes through generate_latest unchanged.
-
-_LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-_TYPE_NAMES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary",
-               "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
-_label_cache: dict[tuple, str] = {}
-_LABEL_CACHE_LIMIT = 50_000
-
-
-def _label_string(labels: dict[str, str]) -> str:
-    key = tuple(sorted(labels.items()))
-    text = _label_cache.get(key)
-    if text is None:
-        for name, _ in key:
-            if not _LEGACY_LABEL.match(name):
-                raise ValueError(f"label name {name!r} needs UTF-8 escaping")
-        text = "{" + ",".join(
-            f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + "n").replace(chr(34), chr(92) + chr(34))}"'
-            for k, v in key
-        ) + "}" if key else ""
-        if len(_label_cache) >= _LABEL_CACHE_LIMIT:
-            _label_cache.clear()
-        _label_cache[key] = text
-    return text
-
-
-def _render_family(metric: Metric) -> str:
-    name = metric.name
-    if metric.type == "counter":
-        name += "_total"
-    elif metric.type == "info":
-        name += "_info"
-    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    out = [f"# HELP {name} {doc}\n# TYPE {name} {_TYPE_NAMES.get(metric.type, metric.type)}\n"]
-    extra: dict[str, list[str]] = {}
-    om_names = {metric.name + suffix: suffix for suffix in _OM_SUFFIXES}
-    checked: set[str] = set()
-    for sample in metric.samples:
-        if sample.name not in checked:
-            if not _LEGACY_NAME.match(sample.name):
-                raise ValueError(f"metric name {sample.name!r} needs UTF-8 escaping")
-            checked.add(sample.name)
-        line = f"{sample.name}{_label_string(sample.labels)} {floatToGoString(sample.value)}"
-        if sample.timestamp is not None:
-            line += f" {int(float(sample.timestamp) * 1000):d}"
-        suffix = om_names.get(sample.name)
-        if suffix is None:
-            out.append(line + "\n")
-        else:
-            extra.setdefault(suffix, []).append(line + "\n")
-    for suffix, lines in sorted(extra.items()):
-        out.append(f"# HELP {metric.name}{suffix} {doc}\n# TYPE {metric.name}{suffix} gauge\n")
-        out.extend(lines)
-    return "".join(out)
-
-
-def render_exposition(families: Iterable[Metric]) -> bytes:
-    """Prometheus text format of the families, as generate_latest would write it."""
-    parts = []
-    for metric in families:
-        try:
-            parts.append(_render_family(metric))
-        except ValueError:
-            parts.append(_generate_one(metric))
-    return "".join(parts).encode("utf-8")
-
-
-def _generate_one(metric: Metric) -> str:
-    class One:
-        def collect(self):
-            return [metric]
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(One())
-    return generate_latest(registry).decode("utf-8")

@@ -60,7 +60,7 @@ from ebpf.probes import (
 )
 from ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
 from ebpf.watch import OTHER_TGID, DepartedProcessFolder, WatchList
-from exporters.registry import CollectorUnavailable
+from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -296,3 +296,20 @@ def _release_compiler_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def build(context: BuildContext) -> Built:
+    args = context.args
+    collector = EbpfNumaCollector(args.sysfs_root, args.procfs_root, watch_pids_fn=context.engine_pid,
+                                  watch_pids=args.watch_pid, watch_comms=args.watch_comm,
+                                  export_numa_balancing="numa" not in context.enabled)
+
+    def start() -> None:
+        # loading probes compiles BPF programs; do not hold up the HTTP server for it
+        threading.Thread(target=collector.start, name="ebpf-start", daemon=True).start()
+
+    return Built(collector, start=start, close=collector.stop)
+
+
+ENTRY = CollectorEntry("ebpf", "bcc probes: page allocations, hinting faults, migrations and page faults per process",
+                       build, add_arguments=add_watch_arguments)

@@ -23,12 +23,15 @@ crosses the link between two scrapes, so for rates use DCGM_FI_PROF_PCIE_*_BYTES
 """
 from __future__ import annotations
 
+import argparse
 from typing import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
 
 from exporters import gpu_reading as gr
-from exporters.gpu_backends import GpuBackend
+from exporters.gpu_backends import GpuBackend, LazyBackend, open_backend
+from exporters.gpu_nvml import NvmlBackend
+from exporters.registry import BuildContext, Built, CollectorEntry
 
 MIB = 1024 * 1024
 DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
@@ -202,3 +205,27 @@ def _pcie_field_families(gpus: list[gr.GpuReading], byte_counters: WrappingCount
     yield lanes
     yield tx
     yield rx
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("gpu collector")
+    group.add_argument("--gpu-backend", default="nvml", help="nvml (default) or replay:PATH")
+    group.add_argument("--gpu-interval", type=float, default=1.0, help="GPM sampling window in seconds (default 1)")
+
+
+def build(context: BuildContext) -> Built:
+    spec = context.args.gpu_backend
+    if spec.startswith("replay:"):
+        backend = open_backend(spec)  # a bad file fails now, clearly
+    elif spec == "nvml":
+        interval_s = context.args.gpu_interval
+        backend = LazyBackend(lambda: NvmlBackend(gpm_interval_s=interval_s))
+    else:
+        raise ValueError(f"--gpu-backend {spec!r}: use 'nvml' or 'replay:PATH'")
+    return Built(GpuCollector(backend), close=backend.close)
+
+
+ENTRY = CollectorEntry(
+    "gpu", "NVML or a recorded replay: dcgm-exporter's DCGM_FI_* families and the NVML inferd_pcie_* counters",
+    build, add_arguments=add_arguments,
+)

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.registry import CollectorUnavailable
+from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
 from exporters.sysfs import parse_cpulist, parse_key_value_counts, read_optional, read_text
 
 log = logging.getLogger(__name__)
@@ -226,3 +226,11 @@ class NumaCollector:
         allowed = parse_status_field(status, "Mems_allowed_list") if status else None
         nodes = parse_cpulist(allowed) if allowed else ()
         return nodes[0] if len(nodes) == 1 else None
+
+
+def build(context: BuildContext) -> Built:
+    return Built(NumaCollector(context.args.sysfs_root, context.args.procfs_root, engine_pid_fn=context.engine_pid,
+                               bound_node_fn=lambda: context.bound_node))
+
+
+ENTRY = CollectorEntry("numa", "sysfs and procfs: numastat, NUMA balancing, the engine's pages per node", build)

@@ -41,7 +41,7 @@ from exporters.pcie_topology import (
     pci_devices_dir,
     read_gpu_paths,
 )
-from exporters.registry import CollectorUnavailable, SourceAbsent
+from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable, SourceAbsent
 from exporters.sysfs import read_optional
 
 # The collector, and what agent/topology.py imports from here.
@@ -156,3 +156,10 @@ class PcieCollector:
                 for error, count in parse_aer_counters(text).items():
                     aer.add_metric([bdf, severity, error], count)
         return aer
+
+
+def build(context: BuildContext) -> Built:
+    return Built(PcieCollector(context.args.sysfs_root))
+
+
+ENTRY = CollectorEntry("pcie", "sysfs: link speed and width of every hop from each GPU to its root port, AER counters", build)

@@ -1,4 +1,18 @@
-"""Collector isolation: every collector is timed and guarded.
+"""The agent's collectors: which there are (the registry) and how each scrape runs them
+(`CollectorSet`: every collector timed and guarded).
+
+The registry (node_exporter's `registerCollector`): each collector's own file defines an
+``ENTRY = CollectorEntry(name, description, build, default_on, add_arguments)``, and
+`ENTRY_MODULES` lists those files in scrape order. The agent adds each entry's options,
+offers the names to ``--collector`` / ``--no-collector`` (any other name is an argparse
+error, exit 2), and builds the enabled ones from a `BuildContext`: its arguments and the
+objects it made (supervisor, engine metrics reader, the CollectorSet being filled). An
+entry's build returns a `Built` (the collector, and what to call when the agent starts
+and stops), or None when there is nothing to collect here (no --otlp-endpoint, no
+remediation policy). A `late` entry is built after the agent's HTTP modules have run,
+because it reads what they made (agent.webhook makes the remediation policy).
+
+Collector isolation:
 
 A collector is any object with a ``name`` attribute and a ``collect()`` method that
 yields ``prometheus_client`` metric families (client_python's custom-collector
@@ -21,10 +35,14 @@ change, not on every scrape.
 """
 from __future__ import annotations
 
+import argparse
+import importlib
 import logging
+import re
 import threading
 import time
-from typing import Iterable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as _PromCollector
@@ -48,14 +66,21 @@ class Collector(Protocol):
 
 
 class CollectorSet(_PromCollector):
-    def __init__(self, collectors: Iterable[Collector] = ()):
+    """Runs its collectors on every scrape. A name in `disabled` is never added, whoever
+    adds it: modules that add their own collector (agent.webhook) honour --no-collector too."""
+
+    def __init__(self, collectors: Iterable[Collector] = (), disabled: Iterable[str] = ()):
         self._collectors: list[Collector] = []
         self._last_error: dict[str, str | None] = {}
         self._lock = threading.Lock()
+        self.disabled = frozenset(disabled)
         for c in collectors:
             self.add(c)
 
     def add(self, collector: Collector) -> None:
+        if collector.name in self.disabled:
+            log.info("collector %s disabled (--no-collector %s)", collector.name, collector.name)
+            return
         names = {c.name for c in self._collectors}
         if collector.name in names:
             raise ValueError(f"collector {collector.name!r} registered twice")
@@ -116,3 +141,117 @@ class CollectorSet(_PromCollector):
             log.warning("collector %s down: %s", name, error)
         else:
             log.info("collector %s up", name)
+
+
+# ---- the registry ----
+
+ENTRY_MODULES = (
+    "exporters.gpu",
+    "exporters.pcie",
+    "exporters.numa",
+    "exporters.ebpf_numa",
+    "exporters.engine",
+    "exporters.otlp",
+    "exporters.remediation",
+)
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(slots=True)
+class BuildContext:
+    """What an entry builds its collector from: the agent's arguments and objects."""
+
+    args: argparse.Namespace
+    enabled: frozenset[str]
+    collectors: CollectorSet  # the set being filled; the OTLP push reads all of it
+    supervisor: Any = None  # agent.supervisor.Supervisor; None with --no-engine
+    bound_node: int | None = None  # the NUMA node the engine is bound to
+    engine_metrics: Any = None  # exporters.engine_metrics.EngineMetricsReader; None with --no-engine
+    extra: dict[str, Any] = field(default_factory=dict)  # AgentState.extra: the remediation policy, once made
+
+    def engine_pid(self) -> int | None:
+        """The engine's pid now (it changes on every restart), or None."""
+        return self.supervisor.pid if self.supervisor is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    collector: Collector
+    start: Callable[[], None] | None = None  # called once, as the agent starts serving
+    close: Callable[[], None] | None = None  # called once, as the agent stops
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorEntry:
+    name: str  # the collector's name: its `collector` label and its --no-collector value
+    description: str
+    build: Callable[[BuildContext], Built | None]
+    default_on: bool = True
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    late: bool = False
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"collector name {self.name!r} must be snake_case")
+        if not self.description:
+            raise ValueError(f"collector {self.name!r} needs a description")
+
+
+def load_entries(modules: Iterable[str] = ENTRY_MODULES) -> list[CollectorEntry]:
+    """Every module's ENTRY, in the order given; a name used twice is an error."""
+    entries: list[CollectorEntry] = []
+    for module_name in modules:
+        entry = importlib.import_module(module_name).ENTRY
+        if not isinstance(entry, CollectorEntry):
+            raise TypeError(f"{module_name}.ENTRY is a {type(entry).__name__}, not a CollectorEntry")
+        if entry.name in {e.name for e in entries}:
+            raise ValueError(f"collector {entry.name!r} registered twice ({module_name})")
+        entries.append(entry)
+    return entries
+
+
+def add_collector_arguments(parser: argparse.ArgumentParser, entries: list[CollectorEntry]) -> None:
+    """--collector / --no-collector (choices: the registry's names) and each entry's own options."""
+    names = [e.name for e in entries]
+    listing = "; ".join(f"{e.name}{'' if e.default_on else ' (off by default)'}: {e.description}" for e in entries)
+    group = parser.add_argument_group("collectors", listing)
+    group.add_argument("--collector", action="append", default=[], choices=names, metavar="NAME",
+                       help=f"enable a collector that is off by default (repeatable; one of {', '.join(names)})")
+    group.add_argument("--no-collector", action="append", default=[], choices=names, metavar="NAME",
+                       help=f"disable a collector (repeatable; one of {', '.join(names)})")
+    for entry in entries:
+        if entry.add_arguments is not None:
+            entry.add_arguments(parser)
+
+
+def enabled_names(entries: list[CollectorEntry], enable: Iterable[str] = (), disable: Iterable[str] = ()) -> frozenset[str]:
+    """The names to build: on by default or enabled, and not disabled (disabling wins)."""
+    known = {e.name for e in entries}
+    unknown = sorted((set(enable) | set(disable)) - known)
+    if unknown:
+        raise ValueError(f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(e.name for e in entries)}")
+    wanted = {e.name for e in entries if e.default_on} | set(enable)
+    return frozenset(wanted - set(disable))
+
+
+def build_entries(entries: list[CollectorEntry], context: BuildContext, late: bool = False) -> list[Built]:
+    """Build the enabled entries of one phase (late or not) into context.collectors.
+
+    A late entry whose collector is already in the set is left alone: agent.webhook adds
+    the remediation collector itself, and a second copy would be refused as a duplicate.
+    ValueError (a bad option) propagates for the agent to report."""
+    built_all = []
+    for entry in entries:
+        if entry.late != late or entry.name not in context.enabled:
+            continue
+        if late and entry.name in context.collectors.names:
+            continue
+        built = entry.build(context)
+        if built is None:
+            log.debug("collector %s: nothing to collect on this agent", entry.name)
+            continue
+        if built.collector.name != entry.name:
+            raise ValueError(f"entry {entry.name!r} built a collector named {built.collector.name!r}")
+        context.collectors.add(built.collector)
+        built_all.append(built)
+    return built_all

@@ -90,19 +90,33 @@ def _write_file(path: Path, content) -> None:
 # ---- golden files ----
 
 UPDATE_GOLDEN_ENV = "INFERD_UPDATE_GOLDEN"
-_DURATION_SAMPLE = re.compile(r"^(inferd_collector_duration_seconds\{[^}]*\}) \S+$", re.MULTILINE)
+# Values that differ on every run of the same inputs: how long something took and when
+# it happened. Golden files keep their series (so a missing one is still caught) with
+# the value 0.0; a sample's own timestamp, if any, is dropped.
+_VOLATILE_NAME = re.compile(r"_(duration_seconds|timestamp_seconds)$")
+_SAMPLE_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{.*\})? (?P<value>\S+)(?: -?\d+)?$")
+
+
+def without_volatile_values(exposition: str) -> str:
+    """The exposition with every volatile sample's value (see _VOLATILE_NAME) read as 0.0
+    and sample timestamps dropped; everything else byte for byte."""
+    lines = []
+    for line in exposition.splitlines(keepends=True):
+        match = None if line.startswith("#") else _SAMPLE_LINE.match(line.rstrip("\n"))
+        if match:
+            value = "0.0" if _VOLATILE_NAME.search(match["name"]) else match["value"]
+            line = f"{match['name']}{match['labels'] or ''} {value}\n"
+        lines.append(line)
+    return "".join(lines)
 
 
 def scrape(*collectors) -> str:
-    """The full exposition of a registry holding a CollectorSet with these collectors,
-    with collector durations (the one value that differs per run) replaced by 0."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
+    """The exposition /metrics would serve for a CollectorSet of these collectors
+    (exporters.exposition), volatile values removed (without_volatile_values)."""
+    from exporters.exposition import render_exposition
     from exporters.registry import CollectorSet
 
-    registry = CollectorRegistry()
-    registry.register(CollectorSet(collectors))
-    return _DURATION_SAMPLE.sub(r"\1 0.0", generate_latest(registry).decode())
+    return without_volatile_values(render_exposition(CollectorSet(collectors).collect()).decode())
 
 
 def samples(exposition: str, name: str) -> dict[tuple, float]:

@@ -259,7 +259,7 @@ def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
     from prometheus_client import CollectorRegistry, Counter, Enum, Histogram, Info, Summary, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from agent.server import render_exposition
+    from exporters.exposition import render_exposition
     from exporters.gpu import GpuCollector
     from exporters.gpu_replay import ReplayBackend
     from exporters.numa import NumaCollector
@@ -288,3 +288,58 @@ def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
     reference = CollectorRegistry()
     reference.register(Fixed())
     assert render_exposition(families) == generate_latest(reference)
+
+
+def test_registry_lists_every_collector_once_with_a_description():
+    from exporters.registry import load_entries
+
+    entries = load_entries()
+    assert [e.name for e in entries] == ["gpu", "pcie", "numa", "ebpf", "engine", "otlp", "remediation"]
+    assert all(e.description and e.default_on for e in entries)
+    assert [e.name for e in entries if e.late] == ["remediation"]
+
+
+def test_enabled_names_default_on_enable_and_disable():
+    import argparse
+
+    from exporters.registry import Built, CollectorEntry, add_collector_arguments, enabled_names
+
+    build = lambda context: None  # noqa: E731
+    entries = [CollectorEntry("a", "on", build), CollectorEntry("b", "off", build, default_on=False)]
+    assert enabled_names(entries) == {"a"}
+    assert enabled_names(entries, enable=["b"]) == {"a", "b"}
+    assert enabled_names(entries, enable=["b"], disable=["a", "b"]) == set()
+    with pytest.raises(ValueError, match="unknown collector.*c; known: a, b"):
+        enabled_names(entries, disable=["c"])
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_collector_arguments(parser, entries)
+    assert parser.parse_args(["--collector", "b", "--no-collector", "a"]).no_collector == ["a"]
+    with pytest.raises(argparse.ArgumentError, match="invalid choice: 'c'"):
+        parser.parse_args(["--no-collector", "c"])
+    with pytest.raises(ValueError, match="snake_case"):
+        CollectorEntry("Bad-Name", "x", build)
+    assert Built(object()).start is None
+
+
+def test_build_entries_in_phases_and_a_disabled_name_is_never_added(tmp_path):
+    import argparse
+
+    from exporters.registry import BuildContext, Built, CollectorEntry, CollectorSet, build_entries
+
+    class Named:
+        def __init__(self, name):
+            self.name = name
+
+        def collect(self):
+            return []
+
+    entries = [CollectorEntry(n, n, lambda context, n=n: Built(Named(n)), late=n == "late")
+               for n in ("early", "none", "off", "late")]
+    entries[1] = CollectorEntry("none", "builds nothing", lambda context: None)
+    collectors = CollectorSet(disabled={"off"})
+    context = BuildContext(argparse.Namespace(), frozenset({"early", "none", "late"}), collectors)
+    assert [b.collector.name for b in build_entries(entries, context)] == ["early"]
+    collectors.add(Named("off"))  # a module adding a disabled collector itself
+    collectors.add(Named("late"))  # agent.webhook adds the remediation collector itself
+    assert build_entries(entries, context, late=True) == []
+    assert collectors.names == ["early", "late"]
