@@ -3,9 +3,10 @@ generate_latest writes, about three times faster on the agent's scrape.
 
 client_python 0.26 validates and escapes every label name of every sample (UTF-8 name
 support). On the eight-GPU fixture scrape (1,022 series, most with dcgm-exporter's seven
-labels) that is 10.9 ms p50 / 21.9 ms p99 against this renderer's 3.5 / 11.8 on a shared
-2-core VM (load average 1.9), and 5.53 / 8.54 ms against 1.51 / 2.78 on BENCHMARKS.md's
-run C5: client_python alone misses the agent's p99 < 5 ms render target. The agent's
+labels), two runs on a shared 2-core VM (load average 1.9, then 5.4), p50 / p99:
+generate_latest 10.9 / 21.9 and 9.0 / 20.3 ms, this renderer 3.5 / 11.8 and 1.8 / 9.9 ms,
+so it saves about 7 ms a scrape; on BENCHMARKS.md's quieter run C5, 5.53 / 8.54 ms against
+1.51 / 2.78: client_python alone misses the agent's p99 < 5 ms render target. The agent's
 names are all legacy-valid, so this renderer checks each family's names once and formats
 label sets through a cache (a GPU's labels repeat on every scrape); a family with a name
 outside the legacy charset goes through generate_latest unchanged. tests/test_agent.py
