@@ -169,3 +169,16 @@ def test_disconnect_non_streaming_aborts(server):
                 and metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0)
 
     assert _wait_for(aborted), "the abandoned non-streaming request was not aborted"
+
+
+def test_cache_config_info_as_vllm_writes_it(server):
+    """llm-d's endpoint picker and capacity boards read block_size and num_gpu_blocks here."""
+    [sample] = families(scrape(server.url))["vllm:cache_config_info"].samples
+    labels = sample.labels
+    assert sample.value == 1.0 and labels["model_name"] == MODEL_NAME
+    blocks = metric_value(scrape(server.url), "inferd_kv_blocks", {"state": "free"}) + \
+        metric_value(scrape(server.url), "inferd_kv_blocks", {"state": "used"})
+    assert int(labels["num_gpu_blocks"]) == blocks and labels["block_size"] == "16"
+    assert labels["enable_prefix_caching"] == "True" and labels["cache_dtype"] == "auto"
+    assert float(labels["swap_space"]) == 64 / 1024  # the default 64 MiB, in GiB as vLLM writes it
+    assert int(labels["num_cpu_blocks"]) > 0

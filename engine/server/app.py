@@ -42,7 +42,7 @@ from .api_models import (
 )
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
 from .errors import ApiError, error_response, unparsable_body_message
-from .metrics import ServerMetrics
+from .metrics import ServerMetrics, cache_config_labels
 from .middleware import BodyLimitAndMetrics
 from .serving import OpenAIServing
 
@@ -217,7 +217,8 @@ class Drain:
 
 def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: ServerMetrics | None = None) -> FastAPI:
     if metrics is None:
-        metrics = ServerMetrics(settings.served_model_name, engine.max_model_len, engine.snapshot)
+        metrics = ServerMetrics(settings.served_model_name, engine.max_model_len, engine.snapshot,
+                                cache_config_labels(engine.config))
         engine.stat_logger = metrics.stats
     serving = OpenAIServing(engine, settings.served_model_name)
     drain = Drain(engine, settings.shutdown_timeout_s)

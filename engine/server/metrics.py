@@ -117,12 +117,23 @@ class StatLogger:
         self.max_generation_tokens.observe(max_num_generation_tokens)
 
 
+def cache_config_labels(config) -> dict[str, str]:
+    """The static half of vLLM's `vllm:cache_config_info` labels, from an EngineConfig, with
+    vLLM's spelling of values (Python reprs: "True", "0.9"; swap_space in GiB)."""
+    return {"block_size": str(config.block_size), "cache_dtype": "auto",
+            "enable_prefix_caching": str(bool(config.enable_prefix_caching)),
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "swap_space": f"{config.swap_space_bytes / 2**30:g}", "kv_cold_dtype": config.kv_cold_dtype}
+
+
 class SnapshotCollector(Collector):
     """Gauges and cumulative counters from the engine's latest snapshot."""
 
-    def __init__(self, snapshot: Callable[[], EngineSnapshot], model_name: str, engine_index: int = 0):
+    def __init__(self, snapshot: Callable[[], EngineSnapshot], model_name: str, engine_index: int = 0,
+                 cache_labels: dict[str, str] | None = None):
         self._snapshot = snapshot
         self._labels = [model_name, str(engine_index)]
+        self._cache_labels = cache_labels
 
     def describe(self) -> list[Metric]:
         return []
@@ -151,6 +162,15 @@ class SnapshotCollector(Collector):
         by_reason.add_metric(lv + ["deferred"], 0)
         yield by_reason
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv.usage)
+        if self._cache_labels is not None and s.kv.num_blocks:  # the pool's size is known once the core is up
+            labels = {**self._cache_labels, "num_gpu_blocks": str(s.kv.num_blocks),
+                      "num_cpu_blocks": str(s.kv.num_host_blocks),
+                      "swap_space": f"{s.tunables.get('swap_space_bytes', 0) / 2**30:g}",
+                      "kv_cold_dtype": str(s.tunables.get("kv_cold_dtype", self._cache_labels["kv_cold_dtype"]))}
+            info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                     labels=LABELS + sorted(labels))
+            info.add_metric(lv + [labels[k] for k in sorted(labels)], 1.0)
+            yield info
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
                       c.prefix_queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)
@@ -265,8 +285,9 @@ class HttpMetrics:
 class ServerMetrics:
     """Everything /metrics serves, on a private registry (no process-global state)."""
 
-    def __init__(self, model_name: str, max_model_len: int, snapshot: Callable[[], EngineSnapshot]):
+    def __init__(self, model_name: str, max_model_len: int, snapshot: Callable[[], EngineSnapshot],
+                 cache_labels: dict[str, str] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
         self.stats = StatLogger(self.registry, model_name, max_model_len)
         self.http = HttpMetrics(self.registry)
-        self.registry.register(SnapshotCollector(snapshot, model_name))
+        self.registry.register(SnapshotCollector(snapshot, model_name, cache_labels=cache_labels))
