@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .block_pool import HOT, BlockPool, HostBlockPool, block_hash
+from .block_pool import HOT, BlockCopy, BlockLocation, BlockPool, HostBlockPool, block_hash
 from .sequence import Sequence
 
 
@@ -146,13 +146,13 @@ class BlockManager:
         seq.num_hashed_blocks = 0
         seq.num_cold_scanned = 0
 
-    def _kinds(self, pool, block_ids: list[int]) -> list[str]:
+    def _kinds(self, pool: BlockPool | HostBlockPool, block_ids: list[int]) -> list[str]:
         return [pool.pages.locate(b)[0] for b in block_ids]
 
     def can_swap_out(self, seq: Sequence) -> bool:
         return self.host_pool.can_take(self._kinds(self.pool, seq.block_table))
 
-    def swap_out(self, seq: Sequence) -> list[tuple[tuple, tuple]]:
+    def swap_out(self, seq: Sequence) -> list[BlockCopy]:
         """Moves the sequence's KV to host blocks of the same kinds (cold blocks keep their
         compact form); returns ((kind, page, slot) device, (kind, page, slot) host) pairs."""
         host = [self.host_pool.take(kind) for kind in self._kinds(self.pool, seq.block_table)]
@@ -165,7 +165,7 @@ class BlockManager:
         needed = self.pool.pages.pages_needed(self._kinds(self.host_pool, seq.host_block_table))
         return self.pool.num_free_blocks - needed >= self.watermark_blocks
 
-    def swap_in(self, seq: Sequence) -> list[tuple[tuple, tuple]]:
+    def swap_in(self, seq: Sequence) -> list[BlockCopy]:
         """Brings the sequence back; returns ((kind, page, slot) host, device) pairs to
         copy. The host blocks are released at once: the copy runs before anything can
         reuse them."""
@@ -189,7 +189,7 @@ class BlockManager:
         without changing anything: `remap` (old (kind, page, slot) -> new) is the copies
         the KV cache must make; `commit` switches to the new pool."""
         new_pool = HostBlockPool(num_blocks, self.slots_per_page)
-        remap: dict[tuple, tuple] = {}
+        remap: dict[BlockLocation, BlockLocation] = {}
         tables: list[tuple[Sequence, list[int]]] = []
         for seq in swapped:
             new_ids = []
@@ -222,7 +222,7 @@ class HostResize:
 
     manager: BlockManager
     new_pool: HostBlockPool
-    remap: dict[tuple, tuple]
+    remap: dict[BlockLocation, BlockLocation]
     tables: list[tuple[Sequence, list[int]]]
 
     def commit(self) -> None:

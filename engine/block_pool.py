@@ -25,12 +25,16 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 
 HOT = "hot"
 MAX_SLOTS = 16
 KIND_CODE = {HOT: 0, "int8": 1, "int4": 2}  # as attention metadata carries block kinds
+
+BlockLocation: TypeAlias = tuple[str, int, int]  # where a block's KV lives: (kind, page, slot)
+BlockCopy: TypeAlias = tuple[BlockLocation, BlockLocation]  # (from, to), as swaps and host resizes copy KV
 
 
 @dataclass(slots=True)
@@ -71,12 +75,14 @@ class PageAllocator:
     def is_cold(self, block_id: int) -> bool:
         return block_id >= self.num_pages
 
-    def locate(self, block_id: int) -> tuple[str, int, int]:
-        """(kind, page, slot) of a block id."""
+    def locate(self, block_id: int) -> BlockLocation:
+        """(kind, page, slot) of a block id; a cold id must be in a page that is in use."""
         if block_id < self.num_pages:
             return HOT, block_id, 0
         page, slot = divmod(block_id - self.num_pages, MAX_SLOTS)
-        return self.page_kind[page], page, slot
+        kind = self.page_kind[page]
+        assert kind is not None, f"cold block {block_id} is in free page {page}"
+        return kind, page, slot
 
     def locate_table(self, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Vectorised `locate` over an array of block ids: (kind codes, pages, slots)."""
@@ -170,7 +176,7 @@ class BlockPool:
         return self.pages.num_free_pages
 
     @property
-    def free_queue(self) -> OrderedDict:
+    def free_queue(self) -> OrderedDict[int, None]:
         return self.pages.free_queue
 
     @property

@@ -38,7 +38,7 @@ def check_range(name: str, value: Any, low: float, high: float | None = None) ->
         raise ValueError(f"{name} must be {bound}, got {value!r}")
 
 
-def check_choice(name: str, value: Any, choices: tuple) -> None:
+def check_choice(name: str, value: Any, choices: tuple[object, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
@@ -146,11 +146,11 @@ def validate_tunable(name: str, value: Any) -> None:
     bounds = TUNABLE_BOUNDS[name]
     try:
         if isinstance(bounds[0], str):
-            check_choice(name, value, bounds)  # type: ignore[arg-type]
+            check_choice(name, value, bounds)
         else:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-            check_range(name, value, bounds[0], bounds[1])  # type: ignore[arg-type]
+            check_range(name, value, bounds[0], bounds[1])
     except TunableError:
         raise
     except ValueError as exc:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .block_pool import HOT, MAX_SLOTS
+from .block_pool import HOT, MAX_SLOTS, BlockCopy, BlockLocation
 from .device_index import device_index
 from .kv_quant import dequantize_int4, dequantize_int8, int4_group_size, quantize_int4, quantize_int8
 from .numa_memory import empty_on_node
@@ -154,13 +154,18 @@ class ColdLayer:
         out = hot
         data8, sc8, data4, sc4 = ((self.int8_k, self.scales8_k, self.int4_k, self.scales4_k) if which == 0
                                   else (self.int8_v, self.scales8_v, self.int4_v, self.scales4_v))
-        mask = lambda code: (kind == code)[..., None, None, None]  # noqa: E731
+
+        def mask(code: int) -> torch.Tensor:
+            return (kind == code)[..., None, None, None]
+
         # Every entry is read through every view and the wrong kinds masked out after;
         # slots are clamped so an int4 page's slot 7 stays inside the int8 view.
         if bool((kind == 1).any()):
+            assert sc8 is not None  # int8 blocks exist only once the int8 scale tables do
             s8 = slot.clamp(max=data8.shape[1] - 1)
             out = torch.where(mask(1), dequantize_int8(data8[page, s8], sc8[page, s8], dtype), out)
         if bool((kind == 2).any()):
+            assert sc4 is not None
             s4 = slot.clamp(max=data4.shape[1] - 1)
             out = torch.where(mask(2), dequantize_int4(data4[page, s4], sc4[page, s4], dtype), out)
         return out
@@ -207,7 +212,7 @@ class KVCache:
         if not d.has_scales:
             return k, v, None
 
-        def scales(t, which):
+        def scales(t: torch.Tensor | None, which: int) -> torch.Tensor | None:
             return None if t is None else t[:, :, which, layer]
 
         cold = ColdLayer(d.int8[:, :, 0, layer], d.int8[:, :, 1, layer], scales(d.scales8, 0), scales(d.scales8, 1),
@@ -215,7 +220,7 @@ class KVCache:
         return k, v, cold
 
     # --- quantization ---------------------------------------------------------
-    def quantize(self, pairs: list[tuple[int, tuple[str, int, int]]]) -> None:
+    def quantize(self, pairs: list[tuple[int, BlockLocation]]) -> None:
         """pairs: (hot page, (kind, cold page, slot)). Reads each hot block once, in chunks
         of QUANTIZE_CHUNK blocks (a long prefill cools thousands at once: their float32
         copies would not fit beside a full pool). Enqueued without waiting for the GPU:
@@ -228,16 +233,18 @@ class KVCache:
                 hot_ids, pages, slots = device_index(torch.tensor(chunk, dtype=torch.long).T.contiguous(), self.device)
                 hot = d.hot[hot_ids]
                 if kind == "int8":
+                    assert d.scales8 is not None  # the block manager hands out int8 blocks only then
                     q, scale = quantize_int8(hot)
                     d.int8[pages, slots] = q
                     d.scales8[pages, slots] = scale
                 else:
+                    assert d.scales4 is not None
                     q, scale = quantize_int4(hot)
                     d.int4[pages, slots] = q
                     d.scales4[pages, slots] = scale
 
     # --- swap -------------------------------------------------------------------
-    def swap(self, swap_out: list[tuple[tuple, tuple]], swap_in: list[tuple[tuple, tuple]]) -> None:
+    def swap(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy]) -> None:
         """Each pair is ((kind, page, slot) source, (kind, page, slot) destination). Copies
         out first (device->host), then in: a page freed by a swap-out may be the
         destination of a swap-in in the same step."""
@@ -255,7 +262,7 @@ class KVCache:
             stream.synchronize()  # host pages may be reused by the next scheduling pass
 
     @staticmethod
-    def _copy(src: _Arena, dst: _Arena, pairs, non_blocking: bool, per_block: bool | None = None) -> None:
+    def _copy(src: _Arena, dst: _Arena, pairs: list[BlockCopy], non_blocking: bool, per_block: bool | None = None) -> None:
         if per_block if per_block is not None else src.device.type != dst.device.type:
             # Host <-> device: one contiguous copy per block straight between the pinned
             # host page and the device page (an indexed gather would stage through
@@ -274,18 +281,20 @@ class KVCache:
             sel = [(s, d) for s, d in pairs if s[0] == kind]
             if not sel:
                 continue
-            sp = torch.tensor([s[1] for s, _ in sel], device=src.device)
-            dp = torch.tensor([d[1] for _, d in sel], device=dst.device)
+            src_pages = torch.tensor([s[1] for s, _ in sel], device=src.device)
+            dst_pages = torch.tensor([d[1] for _, d in sel], device=dst.device)
             if kind == HOT:
-                dst.bytes[dp] = src.bytes[sp].to(dst.device, non_blocking=non_blocking)
+                dst.bytes[dst_pages] = src.bytes[src_pages].to(dst.device, non_blocking=non_blocking)
                 continue
-            ss = torch.tensor([s[2] for s, _ in sel], device=src.device)
-            ds = torch.tensor([d[2] for _, d in sel], device=dst.device)
+            src_slots = torch.tensor([s[2] for s, _ in sel], device=src.device)
+            dst_slots = torch.tensor([d[2] for _, d in sel], device=dst.device)
             data, scales = ("int8", "scales8") if kind == "int8" else ("int4", "scales4")
-            getattr(dst, data)[dp, ds] = getattr(src, data)[sp, ss].to(dst.device, non_blocking=non_blocking)
-            getattr(dst, scales)[dp, ds] = getattr(src, scales)[sp, ss].to(dst.device, non_blocking=non_blocking)
+            getattr(dst, data)[dst_pages, dst_slots] = (getattr(src, data)[src_pages, src_slots]
+                                                        .to(dst.device, non_blocking=non_blocking))
+            getattr(dst, scales)[dst_pages, dst_slots] = (getattr(src, scales)[src_pages, src_slots]
+                                                          .to(dst.device, non_blocking=non_blocking))
 
-    def resize_host(self, num_blocks: int, keep: dict[tuple, tuple]) -> None:
+    def resize_host(self, num_blocks: int, keep: dict[BlockLocation, BlockLocation]) -> None:
         """New host pool of `num_blocks` pages; `keep` maps old (kind, page, slot) -> new.
         The new pool is allocated before anything changes: a failed allocation leaves the
         old pool in place."""

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .block_pool import BlockCopy
 from .config import EngineConfig
 from .sequence import Sequence, SequenceStatus
 
@@ -39,8 +40,8 @@ class ScheduledSeq:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    swap_out: list[tuple[tuple, tuple]] = field(default_factory=list)  # (device, host) (kind, page, slot)
-    swap_in: list[tuple[tuple, tuple]] = field(default_factory=list)  # (host, device)
+    swap_out: list[BlockCopy] = field(default_factory=list)  # (device, host) (kind, page, slot)
+    swap_in: list[BlockCopy] = field(default_factory=list)  # (host, device)
     preempted: list[Sequence] = field(default_factory=list)
     num_swapped_in: int = 0
     num_recompute_faults: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import Any
 
 import torch
 
@@ -135,7 +136,7 @@ class Request:
     arrival_time: float
     counted_prompt: bool = False
     num_cached_tokens: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_finished(self) -> bool:
