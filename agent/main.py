@@ -24,6 +24,7 @@ from pathlib import Path
 
 import uvicorn
 
+from agent.collectors import COLLECTOR_MODULES
 from agent.placement import best_node_for_gpus
 from agent.server import AgentState, create_app, load_extra_routers
 from agent.supervisor import Supervisor, SupervisorConfig
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="readiness URL the supervisor probes (default: the engine's /ready; "
                              "none with --engine-command unless given)")
     parser.add_argument("--no-engine", action="store_true", help="collect and export only; do not run the engine")
-    add_collector_arguments(parser, load_entries())
+    add_collector_arguments(parser, load_entries(COLLECTOR_MODULES))
     add_webhook_arguments(parser)
 
 
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"--model: {problem}")
     if not 0 < args.port < 65536 or not 0 < args.engine_port < 65536:
         return fail("--port and --engine-port must be 1..65535")
-    entries = load_entries()
+    entries = load_entries(COLLECTOR_MODULES)
     enabled = enabled_names(entries, args.collector, args.no_collector)  # argparse has checked the names
 
     topology, topology_error, node, cpus = discover_placement(args.sysfs_root)

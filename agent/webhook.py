@@ -263,12 +263,11 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
 
 
 def make_router(state: Any) -> APIRouter:
-    """The hook agent.server mounts: policy from the agent's arguments, metrics, clock."""
-    from agent.remediation import RemediationCollector
-
+    """The hook agent.server mounts: the policy from the agent's arguments, and its clock.
+    Its metrics are the `remediation` collector's (agent.collectors.remediation), built
+    from `state.extra["remediation"]` once this has run."""
     args = state.extra.get("args") or argparse.Namespace(prometheus_url="http://127.0.0.1:9090")
     policy = build_policy(args, None if getattr(args, "no_engine", False) else state.engine_url, state.supervisor)
-    state.collectors.add(RemediationCollector(policy))
     state.extra["remediation"] = policy
     policy.start()
     token_file = getattr(args, "webhook_token_file", None)

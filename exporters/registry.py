@@ -3,7 +3,8 @@
 
 The registry (node_exporter's `registerCollector`): each collector's own file defines an
 ``ENTRY = CollectorEntry(name, description, build, default_on, add_arguments)``, and
-`ENTRY_MODULES` lists those files in scrape order. The agent adds each entry's options,
+`ENTRY_MODULES` lists those files in scrape order (the agent appends the entries of its own
+parts, agent.collectors, since exporters never import the agent). The agent adds each entry's options,
 offers the names to ``--collector`` / ``--no-collector`` (any other name is an argparse
 error, exit 2), and builds the enabled ones from a `BuildContext`: its arguments and the
 objects it made (supervisor, engine metrics reader, the CollectorSet being filled). An
@@ -150,9 +151,6 @@ ENTRY_MODULES = (
     "exporters.pcie",
     "exporters.numa",
     "exporters.ebpf_numa",
-    "exporters.engine",
-    "exporters.otlp",
-    "exporters.remediation",
 )
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -236,15 +234,10 @@ def enabled_names(entries: list[CollectorEntry], enable: Iterable[str] = (), dis
 
 def build_entries(entries: list[CollectorEntry], context: BuildContext, late: bool = False) -> list[Built]:
     """Build the enabled entries of one phase (late or not) into context.collectors.
-
-    A late entry whose collector is already in the set is left alone: agent.webhook adds
-    the remediation collector itself, and a second copy would be refused as a duplicate.
     ValueError (a bad option) propagates for the agent to report."""
     built_all = []
     for entry in entries:
         if entry.late != late or entry.name not in context.enabled:
-            continue
-        if late and entry.name in context.collectors.names:
             continue
         built = entry.build(context)
         if built is None:

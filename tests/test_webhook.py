@@ -327,6 +327,7 @@ def test_parse_notification_reads_every_alert():
 def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, monkeypatch):
     import argparse
 
+    from agent.remediation import RemediationCollector
     from agent.server import AgentState, create_app
     from agent.webhook import add_arguments, make_router
 
@@ -345,6 +346,7 @@ def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, 
     state.extra["args"] = args
     client = TestClient(create_app(state, [make_router(state)]))
     policy = state.extra["remediation"]
+    state.collectors.add(RemediationCollector(policy))  # what the agent's `remediation` collector entry builds
     try:
         assert policy.config.cooldown_s == 5
         assert os.environ["INFERD_ADMIN_TOKEN"] == ADMIN_TOKEN  # what a supervised engine inherits

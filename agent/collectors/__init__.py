@@ -1,0 +1,8 @@
+"""Registry entries for the collectors that report on the agent's own parts (the supervised
+engine, the OTLP push, the remediation policy). They live in the agent, not in exporters/,
+because they read agent objects and exporters never import the agent; the agent lists
+them after the exporters' own (`COLLECTOR_MODULES`)."""
+from exporters.registry import ENTRY_MODULES
+
+AGENT_ENTRY_MODULES = ("agent.collectors.engine", "agent.collectors.otlp", "agent.collectors.remediation")
+COLLECTOR_MODULES = ENTRY_MODULES + AGENT_ENTRY_MODULES
