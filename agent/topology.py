@@ -20,16 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporters.numa import list_nodes, node_root
-from exporters.pcie import (
-    GpuPciPath,
-    PciDevice,
-    discover_gpu_paths,
-    generation_of,
-    is_degraded,
-    link_capacity_bytes_per_second,
-    link_ceilings,
-    nvml_bus_id,
-)
+from exporters.pcie_parsers import generation_of, link_capacity_bytes_per_second, nvml_bus_id
+from exporters.pcie_topology import GpuPciPath, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
 from exporters.sysfs import format_cpulist, parse_cpulist, read_optional, read_text
 
 _MEM_TOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")

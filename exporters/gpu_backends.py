@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from exporters.gpu_nvml import NvmlBackend
 from exporters.gpu_reading import GpuSnapshot
-from exporters.gpu_replay import ReplayBackend, write_replay
+from exporters.gpu_replay import ReplayBackend
 from exporters.registry import CollectorUnavailable
-
-# Names scripts/ import from here (scripts/gpu_groundtruth.py, gpu_tp_observe.py, bench_agent.py).
-__all__ = ["GpuBackend", "LazyBackend", "NvmlBackend", "GpuSnapshot", "ReplayBackend", "open_backend", "write_replay"]
 
 
 class GpuBackend(Protocol):

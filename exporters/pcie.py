@@ -22,17 +22,16 @@ NVIDIA GPUs may lower their link speed when idle to save power, so a speed-only
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.pcie_parsers import generation_of, link_capacity_bytes_per_second, nvml_bus_id, parse_aer_counters
+from exporters.pcie_parsers import nvml_bus_id, parse_aer_counters
 from exporters.pcie_topology import (
     GpuLayout,
     GpuPciPath,
     PciDevice,
-    discover_gpu_paths,
     find_gpu_layouts,
     gpu_link_capacity,
     is_degraded,
@@ -43,10 +42,6 @@ from exporters.pcie_topology import (
 )
 from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable, SourceAbsent
 from exporters.sysfs import read_optional
-
-# The collector, and what agent/topology.py imports from here.
-__all__ = ["PcieCollector", "GpuPciPath", "PciDevice", "discover_gpu_paths", "generation_of", "is_degraded",
-           "link_capacity_bytes_per_second", "link_ceilings", "nvml_bus_id"]
 
 AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
 

@@ -61,7 +61,7 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
 
     from agent.supervisor import EngineCollector
     from exporters.gpu import GpuCollector
-    from exporters.gpu_backends import ReplayBackend
+    from exporters.gpu_replay import ReplayBackend
     from exporters.numa import NumaCollector
     from exporters.pcie import PcieCollector
     from exporters.registry import CollectorSet
@@ -72,7 +72,7 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
         NumaCollector(roots.sysfs, roots.procfs, engine_pid_fn=lambda: ENGINE_PID, bound_node_fn=lambda: 0),
         EngineCollector(None),
     ])
-    from agent.server import render_exposition
+    from exporters.exposition import render_exposition
 
     families = list(collectors.collect())
 

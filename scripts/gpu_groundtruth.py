@@ -30,8 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from exporters import gpu_backends as gb
 from exporters.gpu import snapshot_families
+from exporters.gpu_nvml import NvmlBackend
+from exporters.gpu_reading import GpuSnapshot
+from exporters.gpu_replay import write_replay
 
 PHASES = ("idle", "matmul", "copy_d2d", "copy_d2d_half", "copy_h2d", "copy_d2h")
 
@@ -148,7 +150,7 @@ def main() -> int:
 
     import pynvml
 
-    backend = gb.NvmlBackend(gpm_interval_s=args.gpm_interval)
+    backend = NvmlBackend(gpm_interval_s=args.gpm_interval)
     handle = pynvml.nvmlDeviceGetHandleByIndex(args.gpu)
     bus_width_bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
     max_mem_clock_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
@@ -160,7 +162,7 @@ def main() -> int:
     child.start()
 
     scrapes: list[tuple[float, dict[str, float]]] = []
-    snapshots: list[gb.GpuSnapshot] = []
+    snapshots: list[GpuSnapshot] = []
     durations: list[float] = []
     phases: dict[str, dict] = {}
     next_at = time.monotonic()
@@ -255,7 +257,7 @@ def main() -> int:
     except ImportError:
         pass
     (args.out / "groundtruth.json").write_text(json.dumps(summary, indent=1) + "\n")
-    gb.write_replay(args.out / "groundtruth_snapshots.json", snapshots, {"phases": phases, "recorded_by": "scripts/gpu_groundtruth.py"})
+    write_replay(args.out / "groundtruth_snapshots.json", snapshots, {"phases": phases, "recorded_by": "scripts/gpu_groundtruth.py"})
 
     print("| check | collector | workload | error | within 5% |\n|---|---|---|---|---|")
     for c in checks:

@@ -20,14 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-from exporters import gpu_backends as gb
 from exporters.gpu import snapshot_families
+from exporters.gpu_nvml import NvmlBackend
+from exporters.gpu_reading import GpuSnapshot
 
 WATCHED = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED",
            "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_DRAM_ACTIVE")
 
 
-def per_gpu(snapshot: gb.GpuSnapshot) -> dict[str, dict[str, float]]:
+def per_gpu(snapshot: GpuSnapshot) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for family in snapshot_families(snapshot):
         for sample in family.samples:
@@ -57,7 +58,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     bench_args = [a for a in args.bench_args if a != "--"]
 
-    backend = gb.NvmlBackend(gpm_interval_s=args.scrape_interval)
+    backend = NvmlBackend(gpm_interval_s=args.scrape_interval)
     child = subprocess.Popen([sys.executable, "-m", "engine.bench.tp_decode", "--out", str(args.out / "bench"),
                               *bench_args], env=dict(os.environ))
     scrapes: list[dict] = []
