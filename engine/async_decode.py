@@ -133,5 +133,7 @@ class AsyncDecode:
 
     def _token_readback(self) -> TokenReadback:
         if self._readback is None:
-            self._readback = TokenReadback(self.device, self.runner.fast_decode.max_batch)
+            fast_decode = self.runner.fast_decode
+            assert fast_decode is not None  # a step launches ahead only on the decode graphs
+            self._readback = TokenReadback(self.device, fast_decode.max_batch)
         return self._readback

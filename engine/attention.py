@@ -115,6 +115,7 @@ def paged_attention(
     # [B, blocks, bs, kvH, D] -> [B, kvH, ctx, D]: the sequence's context, through its table.
     k_blocks, v_blocks = k_cache[tables], v_cache[tables]
     if cold is not None and meta.block_kinds is not None:
+        assert meta.block_slots is not None  # set together with block_kinds
         kinds, slots = meta.block_kinds[:, :ctx_blocks], meta.block_slots[:, :ctx_blocks]
         k_blocks = cold.gather(0, kinds, tables, slots, k_blocks, q.dtype)
         v_blocks = cold.gather(1, kinds, tables, slots, v_blocks, q.dtype)
@@ -134,4 +135,5 @@ def paged_attention(
     # enable_gqa lets each K/V head serve its group of query heads without a copy.
     out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
     return _unpad(out, meta)
-paged_attention.supports_cold_kv = True  # the portable path dequantizes cold blocks itself
+# the portable path dequantizes cold blocks itself; runners read the flag with getattr
+paged_attention.supports_cold_kv = True  # type: ignore[attr-defined]  # mypy has no function attributes

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from . import make_model as mm
-from .model import LlamaModel, rope_inv_freq
+from .model import DecoderLayer, LlamaModel, rope_inv_freq
 from .model_config import ModelConfig
 
 
@@ -42,6 +42,7 @@ def random_model_on_device(model_dir: str | Path, dtype: torch.dtype, device: to
     embed_std = 0.1 if cfg.tie_word_embeddings else 1.0
     model.embed_tokens.weight.normal_(0, embed_std, generator=gen)
     for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
         attn, mlp = layer.self_attn, layer.mlp
         for proj in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
             proj.weight.normal_(0, 1 / math.sqrt(h), generator=gen)

@@ -105,6 +105,7 @@ class LLMEngine:
             self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
                                     mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
                                     cold_kinds=cold_kinds)
+            assert self.model is not None  # loaded above when tp == 1
             runner = ModelRunner(self.model, self.kv_cache, config.block_size, self._current_mode,
                                  pages=self.block_manager.pool.pages)
             self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached

@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -93,7 +94,7 @@ def hf_config(spec: ModelSpec, tokenizer_vocab: int, bos_id: int, eos_ids: list[
     # Small presets use exactly the tokenizer's vocabulary; the 8B shape keeps Llama-3's.
     if shape["vocab_size"] < 32000:
         shape["vocab_size"] = tokenizer_vocab
-    config = {
+    config: dict[str, Any] = {
         "architectures": [ARCHITECTURES[spec.arch]],
         "model_type": spec.arch,
         "hidden_act": "silu",

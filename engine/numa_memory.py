@@ -50,7 +50,9 @@ def device_numa_node(device: torch.device, sysfs_root: str = "/sys") -> int | No
     if device.type == "cuda":
         try:
             props = torch.cuda.get_device_properties(device)
-            bdf = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            # torch has the PCI ids at run time but not in its stubs; an older torch raises AttributeError below
+            domain, bus, dev = props.pci_domain_id, props.pci_bus_id, props.pci_device_id  # type: ignore[attr-defined]
+            bdf = f"{domain:04x}:{bus:02x}:{dev:02x}.0"
             pci = Path(sysfs_root, "bus/pci/devices", bdf)
             node = int((pci / "numa_node").read_text())
             if node >= 0:

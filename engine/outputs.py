@@ -77,7 +77,8 @@ class CompletionOutput:
             return NotImplemented
         return self._fields() == other._fields()
 
-    __hash__ = None  # mutable, like the dataclass it replaces
+    # mutable, like the dataclass it replaces; typeshed types object.__hash__ as a method, not None
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (f"CompletionOutput(index={self.index!r}, text={self.text!r}, token_ids={self.token_ids!r}, "

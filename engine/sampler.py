@@ -46,8 +46,12 @@ def _ban(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    rep_rows, rep_cols, rep_penalty = [], [], []
-    out_rows, out_cols, out_terms = [], [], []  # (frequency, presence, count) per output token
+    rep_rows: list[int] = []
+    rep_cols: list[int] = []
+    rep_penalty: list[float] = []
+    out_rows: list[int] = []
+    out_cols: list[int] = []
+    out_terms: list[tuple[float, float, int]] = []  # (frequency, presence, count) per output token
     for i, seq in enumerate(seqs):
         p = seq.params
         if p.repetition_penalty != 1.0:
@@ -155,18 +159,19 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
 
 
 def _logprobs(raw: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list[dict[int, float] | None]:
-    wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    num_top = {i: n for i, s in enumerate(seqs) if (n := s.params.logprobs) is not None}  # row -> top-n
+    wanted = list(num_top)
     out: list[dict[int, float] | None] = [None] * len(seqs)
     if not wanted:
         return out
     lp = torch.log_softmax(raw[wanted], dim=-1)
-    k = max(seqs[i].params.logprobs for i in wanted)
+    k = max(num_top.values())
     top = torch.topk(lp, k, dim=-1) if k > 0 else None
     chosen = lp.gather(1, torch.tensor([tokens[i] for i in wanted], device=lp.device)[:, None])[:, 0].tolist()
-    values = top.values.tolist() if top is not None else None
-    indices = top.indices.tolist() if top is not None else None
+    values = top.values.tolist() if top is not None else []  # read only for rows with n > 0, so k > 0
+    indices = top.indices.tolist() if top is not None else []
     for j, i in enumerate(wanted):
-        n = seqs[i].params.logprobs
+        n = num_top[i]
         entry = {} if n == 0 else {idx: val for val, idx in zip(values[j][:n], indices[j][:n])}
         entry.setdefault(tokens[i], chosen[j])
         out[i] = entry

@@ -40,7 +40,7 @@ class TokenReadback:
 class PendingTokens:
     device_tokens: torch.Tensor  # [rows] int64, feeds the next step's input ids
     host: torch.Tensor  # [1 + rows]: the finiteness flag, then the tokens (filled asynchronously)
-    event: object | None  # torch.cuda.Event recorded after the copy; None on CPU (copy done)
+    event: torch.cuda.Event | None  # recorded after the copy; None on CPU (copy done)
 
     def synchronize(self) -> None:
         """Wait until the step, and every copy enqueued before it, has finished."""

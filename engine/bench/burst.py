@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     tmp = tempfile.mkdtemp(prefix=f"inferd-burst-{preset}-") if preset else None
     try:
         model_dir = args.model
-        if preset:
+        if preset and tmp is not None:  # tmp is made exactly when there is a preset
             model_dir = preset_checkpoint(tmp, preset, options)
         vocab = args.vocab_size or (json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
                                     if model_dir else URL_ONLY_VOCAB)

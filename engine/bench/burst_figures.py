@@ -28,8 +28,8 @@ class PhaseFigures:
     ttft_p99: float | None
     prefill_s: float | None  # until every request had its first token (chunk), from submission
     first_text_p50: float | None  # offline only: first output with text, to compare with streaming TTFT
-    e2e_p50: float
-    e2e_p99: float
+    e2e_p50: float | None  # None when no request finished
+    e2e_p99: float | None
     client_cpu_s: float | None  # server phases: the load generator's CPU time over the burst
     mean_chunks: float | None  # streaming: chunks carrying a choice, per request
     tokens: list[int]  # per request: output tokens as counted (engine) or reported (usage)

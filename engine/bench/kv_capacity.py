@@ -40,7 +40,7 @@ def sequences_that_fit(shape: KVShape, budget_bytes: int, kind: str, seq_len: in
 
 def capacity_table(shape: KVShape, budget_bytes: int, seq_len: int, hot_window: int) -> dict[str, float]:
     base = sequences_that_fit(shape, budget_bytes, "none", seq_len, hot_window)
-    out = {"none": base}
+    out: dict[str, float] = {"none": base}
     for kind in ("int8", "int4"):
         out[kind] = sequences_that_fit(shape, budget_bytes, kind, seq_len, hot_window)
     return out

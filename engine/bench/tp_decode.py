@@ -25,6 +25,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -176,7 +177,7 @@ def run_bench(args: argparse.Namespace) -> int:
         runs.append(bench_one(model_dir, 1, args, graphs=False))
     runs.append(bench_one(model_dir, args.tp, args))
     base, tp = runs[0], runs[-1]
-    summary = {"environment": environment(args), "args": vars(args),
+    summary: dict[str, Any] = {"environment": environment(args), "args": vars(args),
                "batch1_token_agreement": agreement([base["batch1_tokens"]], [tp["batch1_tokens"]]),
                "throughput_token_agreement": agreement(base["throughput_tokens"], tp["throughput_tokens"]),
                "runs": [{k: v for k, v in r.items() if not k.endswith("tokens")} for r in runs]}

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import LlamaModel, rope_inv_freq
+from ..model import DecoderLayer, LlamaModel, rope_inv_freq
 from ..model_config import ModelConfig
 from .sharding import ShardSpec, local_config, read_shards
 
@@ -91,12 +91,14 @@ class ShardedLlamaModel(LlamaModel):
         self.spec = spec
         self.timer = CollectiveTimer()
         for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
             _retype(layer.self_attn.o_proj, RowParallelLinear, timer=self.timer)
             _retype(layer.mlp.down_proj, RowParallelLinear, timer=self.timer)
         vocab_start, _ = spec.bounds(cfg.vocab_size)
         _retype(self.embed_tokens, VocabParallelEmbedding, vocab_start=vocab_start, timer=self.timer)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    # None on ranks > 0 narrows LlamaModel's contract; only run_shard, which knows, calls it here
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
         """Full logits [rows, vocab] in float32 on rank 0; None on the other ranks."""
         local = self.lm_head(hidden).float().contiguous()
         parts = [torch.empty_like(local) for _ in range(self.spec.world_size)] if self.spec.rank == 0 else None

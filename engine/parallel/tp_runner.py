@@ -36,13 +36,14 @@ import torch
 import torch.distributed as dist
 
 from ..attention import paged_attention
+from ..block_pool import BlockCopy, BlockLocation
 from ..fast_path import unavailable_reason
 from ..kv_cache import ColdLayer, KVCache
 from ..model_config import ModelConfig
 from ..model_runner import FastPathError, ModelRunner
 from ..runner_output import RunnerOutput
 from .shard_step import meta_to, run_shard
-from .sharded_model import load_sharded_model
+from .sharded_model import ShardedLlamaModel, load_sharded_model
 from .sharding import ShardSpec, check_divisible
 from .worker import MULTICAST_OFF, WorkerSpec, fast_attention_for, worker_main
 
@@ -199,13 +200,13 @@ class ShardedKVCache:
     def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, ColdLayer | None]:
         return self.local.layer_views(layer)
 
-    def swap(self, swap_out, swap_in) -> None:
+    def swap(self, swap_out: list[BlockCopy], swap_in: list[BlockCopy]) -> None:
         if not swap_out and not swap_in:
             return
         self._send(("swap", swap_out, swap_in))
         self.local.swap(swap_out, swap_in)
 
-    def quantize(self, pairs) -> None:
+    def quantize(self, pairs: list[tuple[int, BlockLocation]]) -> None:
         if pairs:
             self._send(("quantize", pairs))
             self.local.quantize(pairs)
@@ -214,7 +215,7 @@ class ShardedKVCache:
         self._send(("enable_kind", kind))
         self.local.enable_kind(kind)
 
-    def resize_host(self, num_blocks: int, keep: dict) -> None:
+    def resize_host(self, num_blocks: int, keep: dict[BlockLocation, BlockLocation]) -> None:
         self._send(("resize_host", num_blocks, keep))
         self.local.resize_host(num_blocks, keep)
 
@@ -230,6 +231,8 @@ def _shutdown(group: WorkerGroup, owns_process_group: list[bool]) -> None:
 
 
 class TPRunner(ModelRunner):
+    model: ShardedLlamaModel  # rank 0's shard
+
     def __init__(self, model_dir: str, model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
                  world_size: int, num_blocks: int, num_host_blocks: int, block_size: int,
                  current_mode: Callable[[], str],
@@ -272,7 +275,9 @@ class TPRunner(ModelRunner):
         except BaseException:
             self._finalizer()
             raise
-        super().__init__(model, ShardedKVCache(local, self._send), block_size, current_mode,
+        # ShardedKVCache has KVCache's interface (forwarded to every rank) but is no subclass;
+        # ModelRunner's parameter names the class
+        super().__init__(model, ShardedKVCache(local, self._send), block_size, current_mode,  # type: ignore[arg-type]
                          fast_attention=fast_attention_for(devices[0], dtype), pages=pages)
         self.world_size = world_size
         # Triton attention where available; the decode graphs (FastDecoder) are single-rank
