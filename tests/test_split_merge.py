@@ -81,7 +81,7 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     from engine.attention import paged_attention
     from engine.fast_path.attention import cold_prefix as cold_module
     from engine.fast_path.attention import split_counters
-    from engine.kv_cache import KIND_CODE
+    from engine.block_pool import KIND_CODE
     from tests.test_fast_path import _cold_case
 
     _poison_split_buffers(monkeypatch, cold_module)

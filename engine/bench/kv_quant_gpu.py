@@ -21,7 +21,8 @@ from engine.fast_path.availability import has_triton
 def build_case(kind: str, batch: int, context: int, hot_window: int, device: torch.device, seed: int = 0,
                dtype: torch.dtype = torch.bfloat16):
     from engine.attention import AttentionMetadata
-    from engine.kv_cache import KIND_CODE, KVCache
+    from engine.block_pool import KIND_CODE
+    from engine.kv_cache import KVCache
 
     bs, kvh, hd, heads = 16, 8, 128, 32
     blocks_per_seq = -(-context // bs)
@@ -120,7 +121,7 @@ def main() -> int:
     from engine.attention import paged_attention
     from engine.fast_path.attention import (choose_num_splits, cold_paged_decode_attention,
                                             cold_prefix_decode_attention, paged_decode_attention)
-    from engine.kv_cache import KIND_CODE
+    from engine.block_pool import KIND_CODE
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

@@ -21,7 +21,7 @@ from ..availability import has_triton
 TILE_TOKENS = 64  # keys per inner iteration (several KV blocks)
 MAX_SPLITS = 64
 TARGET_PROGRAMS = 2 * 132  # two waves' worth on an H200's 132 SMs
-INT8, INT4 = 1, 2  # cold kind codes, as in engine.kv_cache.KIND_CODE
+INT8, INT4 = 1, 2  # cold kind codes, as in engine.block_pool.KIND_CODE
 
 if has_triton():
     import triton
