@@ -113,7 +113,7 @@ class LayerOps:
     activation dtype, so the sums and their rounding are those of `x = x + f(norm(x))`.
     `attend(q, kv)` is the step's attention over one layer's (k_cache, v_cache, cold)."""
 
-    def __init__(self, model: "LlamaModel", positions: torch.Tensor, slots: torch.Tensor, attend):
+    def __init__(self, model: LlamaModel, positions: torch.Tensor, slots: torch.Tensor, attend):
         self.model = model
         self.positions, self.slots, self.attend = positions, slots, attend
         self._rope = None

@@ -119,9 +119,13 @@ def main() -> int:
     import triton.testing
 
     from engine.attention import paged_attention
-    from engine.fast_path.attention import (choose_num_splits, cold_paged_decode_attention,
-                                            cold_prefix_decode_attention, paged_decode_attention)
     from engine.block_pool import KIND_CODE
+    from engine.fast_path.attention import (
+        choose_num_splits,
+        cold_paged_decode_attention,
+        cold_prefix_decode_attention,
+        paged_decode_attention,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

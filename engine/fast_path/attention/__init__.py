@@ -21,9 +21,19 @@ from .hot import paged_decode_attention
 from .mixed_cold import cold_paged_decode_attention
 from .prefill import MixedStepAttention
 
-__all__ = ["triton_paged_attention", "paged_decode_attention", "cold_prefix_decode_attention",
-           "cold_paged_decode_attention", "choose_num_splits", "split_buffers", "split_counters", "INT8", "INT4",
-           "MAX_SPLITS", "TILE_TOKENS"]
+__all__ = [
+    "INT4",
+    "INT8",
+    "MAX_SPLITS",
+    "TILE_TOKENS",
+    "choose_num_splits",
+    "cold_paged_decode_attention",
+    "cold_prefix_decode_attention",
+    "paged_decode_attention",
+    "split_buffers",
+    "split_counters",
+    "triton_paged_attention",
+]
 
 _mixed_step = MixedStepAttention(paged_decode_attention, cold_paged_decode_attention, choose_num_splits)
 

@@ -35,8 +35,16 @@ if has_triton():
     import triton.language as tl
 
     from .codes import int4_to_fp16, int4_values_to_fp16, int8_values_to_fp16, quantize_rows_int8
-    from .common import (finish_split, group_queries, hot_run, load_codes, load_tile, online_softmax, split_bounds,
-                         splits_with_keys)
+    from .common import (
+        finish_split,
+        group_queries,
+        hot_run,
+        load_codes,
+        load_tile,
+        online_softmax,
+        split_bounds,
+        splits_with_keys,
+    )
 
     _LOG2E = tl.constexpr(1.4426950408889634)
     _LN2 = tl.constexpr(0.6931471805599453)
