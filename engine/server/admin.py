@@ -61,17 +61,18 @@ CHANGES_SCHEMA = {"type": "object", "minProperties": 1, "additionalProperties": 
 MODE_SCHEMA = {"type": "object", "required": ["mode"], "additionalProperties": False,
                "properties": {"mode": _tunable_schema(TUNABLE_BOUNDS["mode"])}}
 FAULT_SCHEMA = {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string", "enum": list(FAULT_KINDS)}}}
+_Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=`: status -> OpenAPI response
 # Every admin route: the token, and an engine core that is up. The body routes add 422.
-_ADMIN_ERRORS = {
+_ADMIN_ERRORS: _Responses = {
     401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
     403: {"description": "the admin API is off: no admin token is configured"},
     500: {"description": "the engine core failed to carry out the call"},
     503: {"description": "the engine core is loading or not running"},
 }
-_INVALID_BODY = {422: {"description": "the body is not a JSON object, or a value is outside its bound (param names it)"}}
-_CONFIG_OK = {200: {"description": "the tunables in force and their bounds",
-                    "content": {"application/json": {"schema": CONFIG_SCHEMA}}}}
-_SECURED = {"security": [{"adminToken": []}]}
+_INVALID_BODY: _Responses = {422: {"description": "the body is not a JSON object, or a value is outside its bound (param names it)"}}
+_CONFIG_OK: _Responses = {200: {"description": "the tunables in force and their bounds",
+                               "content": {"application/json": {"schema": CONFIG_SCHEMA}}}}
+_SECURED: dict[str, Any] = {"security": [{"adminToken": []}]}
 
 
 def _bounds() -> dict[str, Any]:
@@ -106,6 +107,7 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         # `mode` is what was asked for; `path` is what runs: without an accelerated kernel
         # (on CPU, say) the portable path runs in either mode, and path_reason says why.
         unavailable = engine.fast_path_unavailable
+        reason: str | None
         if tunables.get("mode") == "fallback":
             path, reason = "portable", "mode is fallback"
         else:

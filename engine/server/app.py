@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -114,7 +115,7 @@ _VALUES = {
     "seed": {"minimum": 0, "maximum": 2**63 - 1}, "logprobs": {"minimum": 0, "maximum": 20},
     "top_logprobs": {"minimum": 0, "maximum": 20}, "stop_token_ids": {"items": {"type": "integer", "minimum": 0}},
 }
-_REPLACED = {  # the whole property schema
+_REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
     "prompt": {"anyOf": [_TEXT, _TOKENS, {"type": "array", "minItems": 1, "items": _TEXT},
                          {"type": "array", "minItems": 1, "items": _TOKENS}]},
     "stop": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT}, {"type": "null"}]},
@@ -354,5 +355,5 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
             app.openapi_schema = _document_errors(doc, ERROR_SCHEMA, COMMON_ERRORS)
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
     return app

@@ -25,6 +25,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import EngineConfig
@@ -35,7 +36,7 @@ DEFAULT_PORT = 8000
 DEFAULT_MODEL_PRESET = "tiny"
 
 
-def default_model_dir(env: dict | None = None) -> Path:
+def default_model_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     cache = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return cache / "inferd" / "models" / DEFAULT_MODEL_PRESET

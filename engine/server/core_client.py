@@ -23,9 +23,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -52,6 +52,9 @@ from .core_messages import (
 )
 from .engine_core import CoreOptions, run_engine_core
 from .snapshot import EngineSnapshot, empty_snapshot
+
+if TYPE_CHECKING:
+    from .metrics import StatLogger
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +147,7 @@ class EngineCoreClient:
         self.model_name = config.model
         self.stall_timeout_s = stall_timeout_s
         self.on_dead = on_dead
-        self.stat_logger = None  # engine/server/metrics.py StatLogger, set by the app
+        self.stat_logger: StatLogger | None = None  # set by the app
         self._otlp_endpoint = otlp_endpoint
         self._heartbeat_s = heartbeat_s
         self._engine_factory = engine_factory
@@ -160,7 +163,7 @@ class EngineCoreClient:
         self._call_ids = itertools.count()
         self._ready = asyncio.Event()
         self._encoder = encoder()
-        self._process: multiprocessing.Process | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
         self._dir: str | None = None
         self._reader: asyncio.Task | None = None
         self._stopping = False
@@ -188,13 +191,14 @@ class EngineCoreClient:
         # spawn, not fork: the server process has threads and an event loop, and CUDA
         # must be initialised in the core alone.
         ctx = multiprocessing.get_context("spawn")
-        self._process = ctx.Process(target=run_engine_core, args=(options,), name="inferd-engine-core", daemon=False)
-        self._process.start()
-        self.core_pid = self._process.pid
-        self._loop.add_reader(self._process.sentinel, self._on_core_exit)
+        process = ctx.Process(target=run_engine_core, args=(options,), name="inferd-engine-core", daemon=False)
+        self._process = process
+        process.start()
+        self.core_pid = process.pid
+        self._loop.add_reader(process.sentinel, self._on_core_exit)
         self._last_heard = time.monotonic()
         self._reader = asyncio.ensure_future(self._read_forever())
-        log.info("engine core process %d starting", self._process.pid)
+        log.info("engine core process %d starting", process.pid)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         await asyncio.wait_for(self._ready.wait(), timeout)
@@ -263,7 +267,7 @@ class EngineCoreClient:
     async def generate(self, request_id: str, prompt: str | list[int], prompt_token_ids: list[int],
                        params: SamplingParams, priority: int = 0,
                        trace_headers: dict[str, str] | None = None,
-                       final_only: bool = False) -> AsyncIterator[RequestOutput]:
+                       final_only: bool = False) -> AsyncGenerator[RequestOutput, None]:
         """Cumulative outputs of one request until it finishes (with `final_only`, just the
         last). Leaving early (the client went away, the task was cancelled) aborts the
         request in the engine at once."""
@@ -389,13 +393,14 @@ class EngineCoreClient:
         if msg.error_type is None:
             future.set_result(msg.result)
         elif msg.error_type == "ValueError":
-            future.set_exception(TunableError(msg.error_field, msg.error_message) if msg.error_field
+            future.set_exception(TunableError(msg.error_field, msg.error_message or "") if msg.error_field
                                  else ValueError(msg.error_message))
         else:
             future.set_exception(RuntimeError(f"{msg.error_type}: {msg.error_message}"))
 
     def _on_core_exit(self) -> None:
         proc = self._process
+        assert proc is not None  # the reader is added once the process exists
         self._loop.remove_reader(proc.sentinel)
         proc.join(1)
         self._die(self._dead_reason or f"engine core process {proc.pid} exited with code {proc.exitcode}")

@@ -7,6 +7,7 @@ HTTP and validation errors) into this shape, so the official client raises its u
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from fastapi.responses import JSONResponse
 
@@ -45,7 +46,7 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict | None = None) -> JSONResponse:
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 

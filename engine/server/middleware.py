@@ -62,7 +62,8 @@ class BodyLimitAndMetrics:
                                           status["code"], time.perf_counter() - started)
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, bool | None]:
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":

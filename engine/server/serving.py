@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,8 +149,8 @@ class OpenAIServing:
             params = self._params(body, max_tokens, body.logprobs, "max_tokens")
         else:
             params = probe
-        for p in prompts:
-            self._check_length(len(p.token_ids), params.max_tokens, "max_tokens")
+        for prompt in prompts:
+            self._check_length(len(prompt.token_ids), params.max_tokens, "max_tokens")
         return await self._respond(self._job(body, prompts, params, chat=False), request)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
@@ -198,7 +198,7 @@ class OpenAIServing:
         return JSONResponse(self._final_body(job, finals))
 
     # --- running ------------------------------------------------------------------------
-    async def _outputs(self, job: _Job) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def _outputs(self, job: _Job) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """(prompt index, cumulative output) from all of the job's prompts, as they come."""
         if len(job.prompts) == 1:
             p = job.prompts[0]
@@ -247,7 +247,7 @@ class OpenAIServing:
         return [finals[i] for i in range(len(job.prompts))]
 
     # --- responses ----------------------------------------------------------------------
-    def _usage(self, job: _Job, outs: list[RequestOutput | None]) -> dict:
+    def _usage(self, job: _Job, outs: Sequence[RequestOutput | None]) -> dict[str, int]:
         prompt = sum(len(p.token_ids) for p in job.prompts)
         completion = sum(len(o.token_ids) for out in outs if out is not None for o in out.outputs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -272,12 +272,13 @@ class OpenAIServing:
                 "created": job.created, "model": job.model, "choices": choices, "usage": self._usage(job, finals)}
 
     # --- streaming ----------------------------------------------------------------------
-    async def _stream(self, job: _Job) -> AsyncIterator[str]:
+    async def _stream(self, job: _Job) -> AsyncGenerator[str, None]:
         n = job.params.n
         holdback = max((len(s) for s in job.params.stop), default=1) - 1
         latest: list[RequestOutput | None] = [None] * len(job.prompts)
-        base = {"id": job.request_id, "object": "chat.completion.chunk" if job.chat else "text_completion",
-                "created": job.created, "model": job.model}
+        base: dict[str, Any] = {"id": job.request_id,
+                                "object": "chat.completion.chunk" if job.chat else "text_completion",
+                                "created": job.created, "model": job.model}
         outputs = self._outputs(job)
         try:
             if job.chat:
