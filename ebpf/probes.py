@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ebpf.node_map import FrameRange
 from ebpf.tracefs import function_tracing_problem, has_event
@@ -279,11 +280,12 @@ class LoadedProbe:
             total = sum(per_cpu)
             if total:
                 out[self._decode(key)] = total
-        if self.spec.other_table:
-            for slot, per_cpu in self._bpf[self.spec.other_table.encode()].items():
+        other_table, other_slot_key = self.spec.other_table, self.spec.other_slot_key
+        if other_table and other_slot_key is not None:  # the table exists exactly with the key function
+            for slot, per_cpu in self._bpf[other_table.encode()].items():
                 total = sum(per_cpu)
                 if total:
-                    key = (0, *self.spec.other_slot_key(slot.value))
+                    key = (0, *other_slot_key(slot.value))
                     out[key] = out.get(key, 0) + total
         return out
 
@@ -366,17 +368,17 @@ class LoadedProbe:
             with contextlib.suppress(Exception):  # bcc raises bare Exception; closing must not fail
                 self.set_attached(False)
         self.bpf_object.release()
-        self.bpf_object = None
+        self.bpf_object = None  # type: ignore[assignment]  # closed; the attribute is typed for open probes
 
 
-def _check_loadable(spec: ProbeSpec, tracefs: Path | None):
-    """bcc, once the probe's tracepoints are known to exist; else ProbeUnavailable."""
+def _check_loadable(spec: ProbeSpec, tracefs: Path | None) -> tuple[Any, Path]:
+    """(bcc, tracefs), once the probe's tracepoints are known to exist; else ProbeUnavailable."""
     if tracefs is None:
         raise ProbeUnavailable("tracefs is not mounted (tried /sys/kernel/tracing, /sys/kernel/debug/tracing)")
     missing = [tp for tp in spec.tracepoints if not has_event(tracefs, tp)]
     if missing:
         raise ProbeUnavailable(f"kernel has no tracepoint {', '.join(missing)}")
-    return _import_bcc()
+    return _import_bcc(), tracefs
 
 
 def _attach_kind(spec: ProbeSpec) -> str:
@@ -385,9 +387,9 @@ def _attach_kind(spec: ProbeSpec) -> str:
 
 def load_probe(spec: ProbeSpec, *, tracefs: Path | None, sysfs_root: str | Path = "/sys") -> LoadedProbe:
     """Compile and attach one probe on its own, or raise ProbeUnavailable saying why."""
-    bcc = _check_loadable(spec, tracefs)
+    bcc, found_tracefs = _check_loadable(spec, tracefs)
     if spec.name == NUMA_HINT_FAULTS:
-        return _load_hint_faults(bcc, spec, tracefs, sysfs_root)
+        return _load_hint_faults(bcc, spec, found_tracefs, sysfs_root)
     return LoadedProbe(spec, BpfObject(_compile(bcc, program_text(spec))), _attach_kind(spec))
 
 
@@ -405,9 +407,9 @@ def load_probes(
     together: list[ProbeSpec] = []
     for spec in specs:
         try:
-            bcc = _check_loadable(spec, tracefs)
+            bcc, found_tracefs = _check_loadable(spec, tracefs)
             if spec.name == NUMA_HINT_FAULTS:  # kfunc/kprobe attach can fail on its own
-                loaded[spec.name] = _load_hint_faults(bcc, spec, tracefs, sysfs_root)
+                loaded[spec.name] = _load_hint_faults(bcc, spec, found_tracefs, sysfs_root)
             else:
                 together.append(spec)
         except ProbeUnavailable as exc:
