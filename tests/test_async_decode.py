@@ -30,7 +30,7 @@ def fast_llm(model: str, **config) -> tuple[LLM, list]:
     list that records, per decode launch, whether its input ids came from the device."""
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.triton_attention import triton_paged_attention
+    from engine.fast_path.attention import triton_paged_attention
 
     llm = LLM(model, block_size=8, **config)
     runner = llm.engine.runner

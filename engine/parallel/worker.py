@@ -172,7 +172,7 @@ def fast_attention_for(device, dtype):
 
     if unavailable_reason(device, dtype) is not None:
         return paged_attention
-    from ..fast_path.triton_attention import triton_paged_attention
+    from ..fast_path.attention import triton_paged_attention
 
     return triton_paged_attention
 
