@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, statetimeline, timeseries
@@ -17,7 +18,8 @@ from .spec import Annotation, Board, Panel, Variable
 
 PROMETHEUS = dash_m.DataSourceRef(type_val="prometheus", uid=PROMETHEUS_UID)
 
-_BUILDERS = {
+# each kind's builder has its own methods (heatmap's calculate, ...); _panel calls by kind
+_BUILDERS: dict[str, Callable[[], Any]] = {
     "timeseries": timeseries.Panel,
     "stat": stat.Panel,
     "heatmap": heatmap.Panel,

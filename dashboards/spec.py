@@ -84,7 +84,8 @@ class Panel:
         if not self.thresholds or self.thresholds[0].value is not None:
             raise ValueError(f"panel {self.title!r}: the first threshold must be the base step (value None)")
         values = [t.value for t in self.thresholds[1:]]
-        if any(v is None for v in values) or values != sorted(values):
+        numbers = [v for v in values if v is not None]
+        if len(numbers) != len(values) or numbers != sorted(numbers):
             raise ValueError(f"panel {self.title!r}: threshold values must be numbers in ascending order")
         if not 1 <= self.width <= 24:
             raise ValueError(f"panel {self.title!r}: width {self.width} is outside 1..24")
