@@ -251,14 +251,14 @@ class RemediationPolicy:
         now = self._clock()
         blocker = self._blocker(rule, now, episode)
         if blocker is not None:
-            result, detail = blocker
+            result, why = blocker
             if episode is not None:  # the next step waits for the other verification
                 self._next_step.add(alert.fingerprint)
-                return {"alert": alert.name, "status": alert.status, "result": result, "detail": detail}
+                return {"alert": alert.name, "status": alert.status, "result": result, "detail": why}
             # Not dropped: Alertmanager will not send this incident again, so it waits
             # (while it keeps firing) until the blocker clears; see tick().
             self._deferred[alert.fingerprint] = alert
-            return self._decide(alert, rule, rule.action, result, detail=f"{detail}; deferred while it fires")
+            return self._decide(alert, rule, rule.action, result, detail=f"{why}; deferred while it fires")
         plan = self._plan(alert, rule, episode)
         if isinstance(plan, dict):
             self._end_episode(alert.fingerprint, plan["result"])
@@ -353,25 +353,39 @@ class RemediationPolicy:
             return self._decide(alert, rule, plan.action, "unsupported", detail=f"no supervisor offering {method}")
         return plan
 
+    @property
+    def _admin(self) -> EngineAdmin:
+        """The engine's admin API: there is one wherever an engine setting changes (_plan
+        makes no config or mode plan without it, and only applied plans are verified,
+        rolled back or restored)."""
+        assert self.engine is not None
+        return self.engine
+
+    @property
+    def _supervisor(self) -> EngineHost:
+        """The engine's supervisor: _host_plan makes restart and rebind plans only with one."""
+        assert self.host is not None
+        return self.host
+
     def _execute(self, plan: Plan) -> str | None:
         if plan.kind == "config":
-            return f"engine config now {self.engine.patch_config(plan.new)}"
+            return f"engine config now {self._admin.patch_config(plan.new)}"
         if plan.kind == "mode":
-            self.engine.set_mode(plan.new["mode"])
+            self._admin.set_mode(plan.new["mode"])
             return None
         if plan.kind == "restart":
-            return self.host.restart_engine()
+            return self._supervisor.restart_engine()
         if plan.kind == "rebind":
-            return self.host.rebind_engine()
+            return self._supervisor.rebind_engine()
         raise ValueError(f"unknown plan kind {plan.kind!r}")
 
     def _apply_values(self, values: dict[str, Any]) -> None:
         """Engine settings, the mode included, through the admin API."""
         tunables = {k: v for k, v in values.items() if k != "mode"}
         if tunables:
-            self.engine.patch_config(tunables)
+            self._admin.patch_config(tunables)
         if "mode" in values:
-            self.engine.set_mode(values["mode"])
+            self._admin.set_mode(values["mode"])
 
     def _track(self, new: dict[str, Any], old: dict[str, Any]) -> None:
         """Keep what is in force: the policy's values that differ from the engine's own."""
@@ -430,7 +444,7 @@ class RemediationPolicy:
         """Prometheus' ALERTS series when it answers (a lost or late notification does not
         matter then), else what the notifications said."""
         samples = None
-        if hasattr(self.metrics, "samples"):
+        if self.metrics is not None and hasattr(self.metrics, "samples"):
             labels = "".join(f',{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
             samples = self.metrics.samples(f'ALERTS{{alertname="{alert.name}",alertstate="firing"{labels}}}')
         if samples is not None:
@@ -450,9 +464,11 @@ class RemediationPolicy:
 
     def _query(self, query: str) -> list[float] | None:
         """Sample values ([] when none), or None when the query itself failed."""
-        if hasattr(self.metrics, "samples"):
-            return self.metrics.samples(query)
-        value = self.metrics.value(query)
+        metrics = self.metrics
+        assert metrics is not None  # callers query only with a metrics source
+        if hasattr(metrics, "samples"):
+            return metrics.samples(query)
+        value = metrics.value(query)
         return [] if value is None else [value]
 
     def _rule_firing(self, rule_action: str) -> bool:
@@ -557,7 +573,7 @@ class RemediationPolicy:
     def _roll_back(self, v: Verification, after: float | None) -> None:
         self.audit.append("rollback", id=v.action_id, alert=v.alert, action=v.plan.action, old=v.plan.new, new=v.plan.old)
         try:
-            self.engine.patch_config(v.plan.old)
+            self._admin.patch_config(v.plan.old)
         except Exception as exc:
             self.audit.append("rollback_failed", id=v.action_id, alert=v.alert, action=v.plan.action, error=str(exc))
             log.warning("rollback of %s failed: %s", v.plan.action, exc)

@@ -83,8 +83,12 @@ def plot(panel: Panel, series: list[Series], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
     for s in series:
-        ax.plot([dt.datetime.fromtimestamp(t) for t in s.times], s.values, label=s.name, linewidth=1.4)
+        # datetimes go through matplotlib's date converter (date ticks); its stubs take arrays only
+        times = [dt.datetime.fromtimestamp(t) for t in s.times]
+        ax.plot(times, s.values, label=s.name, linewidth=1.4)  # type: ignore[arg-type]
     for threshold in panel.thresholds[1:]:
+        if threshold.value is None:  # only the base step, thresholds[0], has none (Panel checks)
+            continue
         ax.axhline(threshold.value, color=COLORS.get(threshold.color, "grey"), linestyle="--", linewidth=0.8)
     ax.set_title(panel.title, fontsize=10)
     ax.set_ylabel(panel.unit.removeprefix("suffix: "), fontsize=8)

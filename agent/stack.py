@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "INFERD_STACK_RUN_DIR"
@@ -158,10 +159,11 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     run = config.run_dir
     prometheus = find_binary("prometheus")
     alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
-    missing = [n for n, b in (("prometheus", prometheus), ("prometheus-alertmanager", alertmanager)) if b is None]
-    if missing:
+    if prometheus is None or alertmanager is None:
+        missing = [n for n, b in (("prometheus", prometheus), ("prometheus-alertmanager", alertmanager)) if b is None]
         raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)")
     token, alertmanager_config = webhook_config(run)
+    engine: tuple[str, ...]
     if config.model:
         engine = ("--model", str(config.model), "--admin-token-file", str(admin_token_path(run)))
     else:
@@ -385,7 +387,7 @@ def up(config: StackConfig) -> int:
     if busy:
         print(f"inferd stack: ports already in use: {', '.join(busy)}", file=sys.stderr)
         return 1
-    state = {"repo": str(REPO), "components": {}}
+    state: dict[str, Any] = {"repo": str(REPO), "components": {}}
     deadline = time.monotonic() + config.timeout_s
     try:
         for component in wanted:

@@ -277,6 +277,8 @@ class Supervisor:
         same_error_count = 0
         while not self._stopping.is_set():
             started = time.monotonic()
+            process: subprocess.Popen | None
+            tail: str | None
             try:
                 process = self._spawn()
             except OSError as exc:  # the command itself cannot run: as a start-up failure
@@ -317,13 +319,15 @@ class Supervisor:
         """Probe readiness every probe_interval_s; restart an engine that has been stalled,
         dead, or silent after being ready, for longer than stall_restart_after_s."""
         config = self.config
+        ready_url = config.ready_url
+        assert ready_url is not None  # start() runs this thread only with a ready_url
         probed: subprocess.Popen | None = None
         was_ready, bad_since = False, None
         while not self._stopping.is_set():
             checked_at = time.monotonic()
             process = self._process
             running = process is not None and process.poll() is None
-            state = probe_readiness(config.ready_url, config.probe_timeout_s) if running else "not_running"
+            state = probe_readiness(ready_url, config.probe_timeout_s) if running else "not_running"
             if process is not probed:  # a new engine process: the old one's history does not apply
                 probed, was_ready, bad_since = process, False, None
             self._last_probe = (process, state)
@@ -331,7 +335,7 @@ class Supervisor:
                 self._loading_since = None
             elif self._loading_since is None:
                 self._loading_since = checked_at
-            if state == "ready" and not was_ready:
+            if state == "ready" and not was_ready and process is not None:  # ready implies running
                 self._on_ready(process)
             was_ready = was_ready or state == "ready"
             # before it was ever ready, silence is a server still starting up, not a hang

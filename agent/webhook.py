@@ -19,7 +19,7 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
@@ -120,7 +120,7 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def _str_map(value: Any) -> bool:
+def _str_map(value: Any) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
@@ -154,7 +154,7 @@ NOTIFICATION_SCHEMA = {"type": "object", "required": ["version", "alerts"], "pro
             "fingerprint": {"type": "string", "minLength": 1}}}}}}
 _RESULTS = {"type": "object", "required": ["results"], "properties": {
     "results": {"type": "array", "items": {"type": "object", "required": ["result"]}}}}
-_ALERTS_DOC = dict(
+_ALERTS_DOC: dict[str, Any] = dict(  # router.post's keyword arguments
     responses={200: {"description": "what the policy did with each alert",
                      "content": {"application/json": {"schema": _RESULTS}}},
                400: {"description": "the body is not JSON (or not UTF-8, or nests too deeply), or not a version-4 "
@@ -240,7 +240,7 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
     from agent.remediation import PolicyConfig, PrometheusQuery
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine/Prometheus call is noise
-    settings = {}
+    settings: dict[str, Any] = {}
     if getattr(args, "remediation_config", None):
         settings = yaml.safe_load(Path(args.remediation_config).read_text()) or {}
         if not isinstance(settings, dict):
