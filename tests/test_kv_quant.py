@@ -24,7 +24,8 @@ import torch
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.attention import AttentionMetadata, paged_attention, write_kv
 from engine.bench.kv_capacity import capacity_table
-from engine.kv_cache import KIND_CODE, KVCache, KVShape
+from engine.block_pool import KIND_CODE
+from engine.kv_cache import KVCache, KVShape
 from engine.kv_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
 
