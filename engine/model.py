@@ -7,6 +7,7 @@ outputs match it to rounding.
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +52,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
@@ -93,7 +96,18 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
 
+class FusedProjections(TypedDict):
+    """A layer's fused projection weights (fast_path/fast_decoder.py's
+    fuse_projections): q/k/v and gate/up concatenated along the output dimension."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+
+
 class DecoderLayer(nn.Module):
+    fused_projections: FusedProjections  # set only once the fast path fuses the layer
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -116,7 +130,7 @@ class LayerOps:
     def __init__(self, model: LlamaModel, positions: torch.Tensor, slots: torch.Tensor, attend):
         self.model = model
         self.positions, self.slots, self.attend = positions, slots, attend
-        self._rope = None
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -160,6 +174,8 @@ class LayerOps:
 class LlamaModel(nn.Module):
     """Weights are named as in Hugging Face checkpoints (model.layers.N..., lm_head)."""
 
+    _fused_projections: list[FusedProjections]  # set only once the fast path fuses the model
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -171,11 +187,13 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def run(self, ops: LayerOps, input_ids: torch.Tensor, kv_caches: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, ops: LayerOps, input_ids: torch.Tensor,
+            kv_caches: list[tuple]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The forward: every path's layer loop; returns the residual stream (x, residual)
         after the last layer, for `ops.final_norm` or `ops.logits`."""
         x, residual = ops.embed(input_ids), None
         for layer, kv in zip(self.layers, kv_caches):  # kv: (k_cache, v_cache, cold views or None)
+            assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
             q, residual = ops.attention_input(layer, x, residual, kv)
             x = ops.attention_output(layer, ops.attend(q, kv))
             x, residual = ops.mlp(layer, x, residual)

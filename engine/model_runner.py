@@ -198,6 +198,7 @@ class ModelRunner:
         if self._injected_failure is not None:
             reason, self._injected_failure = self._injected_failure, None
             raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        assert self.fast_decode is not None  # execute calls this only with decode graphs attached
         logits = self.fast_decode.execute(batch)
         if logits is None:
             return None

@@ -414,6 +414,7 @@ def bench_prefix(engine, vocab: int) -> dict:
 def bench_swap(engine, num_blocks: int) -> dict:
     kv = engine.kv_cache
     num_blocks = min(num_blocks, kv.num_host_blocks, kv.num_blocks)
+    out: list[tuple[tuple[str, int, int], tuple[str, int, int]]] | list[tuple[int, int]]
     if hasattr(kv, "device_pool"):  # page arena: pairs of (kind, page, slot)
         out = [(("hot", i, 0), ("hot", i, 0)) for i in range(num_blocks)]
     else:

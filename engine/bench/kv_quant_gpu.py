@@ -198,7 +198,7 @@ def main() -> int:
                 print("int8 stream-only (no dots):", {k_: round(v_["bandwidth_share"], 2) for k_, v_ in diag.items()},
                       flush=True)
             timed = {k_: v_ for k_, v_ in sweep.items() if isinstance(v_, float)}
-            best = min(timed, key=timed.get)
+            best = min(timed, key=timed.__getitem__)
             print(f"{kind} sweep best {best} {timed[best] * 1e3:.1f} us; default {ms * 1e3:.1f} us", flush=True)
         del q, k, v, cold, meta, cache
         torch.cuda.empty_cache()

@@ -27,6 +27,8 @@ from ..scheduler import ScheduledSeq
 from .cold_layout import cold_prefix_layout
 
 if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # torch's own name for a graph memory pool's handle
+
     from .fast_decoder import FastDecoder
 
 GRAPH_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -111,7 +113,7 @@ class DecodeGraphs:
         # flag); kind 0: no cold block in the batch
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._greedy: torch.Tensor | None = None  # the last step's packed greedy answer
-        self._pool = None
+        self._pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, once one is captured
         self.num_replays = 0
         self.num_eager = 0
 
@@ -134,6 +136,7 @@ class DecodeGraphs:
         computes position `num_computed_tokens` of its sequence."""
         rows = DecodeInputs.from_batch(batch, self.block_size)
         size = graph_batch_size(len(batch), self.ladder)
+        assert size is not None  # callers check fits(batch): no more rows than the ladder's top
         kind = self._load(rows.padded(size))
         if kind is None:
             return None

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionMetadata
-from ..model import DecoderLayer, LayerOps, LlamaModel
+from ..model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
 from .attention import INT4, INT8, cold_prefix_decode_attention, paged_decode_attention
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
@@ -31,7 +31,8 @@ from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
 
 def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     fused = torch.cat(parts, dim=0)
-    views, start = [], 0
+    views: list[torch.Tensor] = []
+    start = 0
     for p in parts:
         views.append(fused[start : start + p.shape[0]])
         start += p.shape[0]
@@ -39,15 +40,16 @@ def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tens
 
 
 @torch.no_grad()
-def fuse_projections(model: LlamaModel) -> list[dict[str, torch.Tensor | None]]:
+def fuse_projections(model: LlamaModel) -> list[FusedProjections]:
     """Per layer: {'qkv', 'qkv_bias', 'gate_up'} fused tensors (also the layer's
     `fused_projections`); the modules' weights become views into them (values
     unchanged). Idempotent per model."""
-    cached = getattr(model, "_fused_projections", None)
+    cached: list[FusedProjections] | None = getattr(model, "_fused_projections", None)
     if cached is not None:
         return cached
     fused = []
     for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         qkv, views = _slices_of([p.weight.data for p in projs])
@@ -153,12 +155,15 @@ class FastDecoder:
         if os.environ.get("INFERD_BATCH1_GEMV", "1") == "0" or self.fused[0]["qkv_bias"] is not None:
             return False
         layer = self.model.layers[0]
+        assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
         weights = (self.fused[0]["qkv"], layer.self_attn.o_proj.weight, self.fused[0]["gate_up"],
                    layer.mlp.down_proj.weight, self.model.lm_head.weight)
         configs = [choose_config(*w.shape) for w in weights]
         if not all(w.stride(1) == 1 and c is not None for w, c in zip(weights, configs)):
             return False
-        pairs = configs[0].block_n // 2
+        qkv_config = configs[0]
+        assert qkv_config is not None  # every config is, checked above
+        pairs = qkv_config.block_n // 2
         return pairs > 0 and (self.head_dim // 2) % pairs == 0
 
     def set_kv_layers(self, kv_layers: list[tuple]) -> None:

@@ -54,7 +54,9 @@ def warm_decode_splits(decoder, device: torch.device) -> None:
 
 
 def synthetic_metadata(step, block_size: int, device: torch.device) -> AttentionMetadata:
-    query_start, positions, start = [], [], 0
+    query_start: list[int] = []
+    positions: list[int] = []
+    start = 0
     for n, ctx in step:
         query_start.append(start)
         positions += range(ctx - n, ctx)

@@ -49,17 +49,19 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)
         return _mixed_step(q, k_cache, v_cache, meta, scale, cold=cold if has_cold_blocks else None)
     splits = choose_num_splits(meta.num_seqs, k_cache.shape[2], meta.max_context_len)
-    if has_cold_blocks and getattr(meta, "cold_prefix_blocks", None) is not None:
-        tables = meta.block_tables.to(torch.int32).contiguous()
-        return cold_prefix_decode_attention(q, k_cache, v_cache, cold, tables,
-                                            meta.block_slots.to(torch.int32).contiguous(), meta.cold_prefix_blocks,
-                                            meta.cold_prefix_kind, meta.context_lens, scale, splits,
-                                            meta.sliding_window)
     if has_cold_blocks:
-        return cold_paged_decode_attention(q, k_cache, v_cache, cold, meta.block_tables, meta.block_kinds,
-                                           meta.block_slots, meta.context_lens, scale, splits, meta.sliding_window)
+        kinds, slots = meta.block_kinds, meta.block_slots
+        assert kinds is not None and slots is not None  # a batch with cold blocks sets both
+        if meta.cold_prefix_blocks is not None:
+            tables = meta.block_tables.to(torch.int32).contiguous()
+            return cold_prefix_decode_attention(q, k_cache, v_cache, cold, tables,
+                                                slots.to(torch.int32).contiguous(), meta.cold_prefix_blocks,
+                                                meta.cold_prefix_kind, meta.context_lens, scale, splits,
+                                                meta.sliding_window)
+        return cold_paged_decode_attention(q, k_cache, v_cache, cold, meta.block_tables, kinds,
+                                           slots, meta.context_lens, scale, splits, meta.sliding_window)
     return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                   splits, meta.sliding_window)
 
 
-triton_paged_attention.supports_cold_kv = True
+triton_paged_attention.supports_cold_kv = True  # type: ignore[attr-defined]  # mypy has no function attributes

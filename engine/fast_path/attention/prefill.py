@@ -58,19 +58,27 @@ class StepPlan:
     decode_slots: torch.Tensor | None = None
 
 
+def _cold_entries(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(block_kinds, block_slots) when some block of the step is cold, else None."""
+    if meta.block_kinds is None:
+        return None
+    assert meta.block_slots is not None  # a batch with cold blocks sets both
+    return meta.block_kinds, meta.block_slots
+
+
 def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
     context_lens = meta.context_lens.tolist()
-    has_cold = meta.block_kinds is not None
+    cold = _cold_entries(meta)
     decode = [i for i, n in enumerate(meta.query_lens) if n == 1]
     decode_rows = decode_tables = decode_ctx = decode_kinds = decode_slots = None
     if decode:
-        seqs = device_index(decode, device)
+        decode_seqs = device_index(decode, device)
         decode_rows = device_index([meta.query_start[i] for i in decode], device)
-        decode_tables = meta.block_tables.index_select(0, seqs)
-        decode_ctx = meta.context_lens.index_select(0, seqs)
-        if has_cold:
-            decode_kinds = meta.block_kinds.index_select(0, seqs)
-            decode_slots = meta.block_slots.index_select(0, seqs)
+        decode_tables = meta.block_tables.index_select(0, decode_seqs)
+        decode_ctx = meta.context_lens.index_select(0, decode_seqs)
+        if cold is not None:
+            decode_kinds = cold[0].index_select(0, decode_seqs)
+            decode_slots = cold[1].index_select(0, decode_seqs)
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, n in enumerate(meta.query_lens):
         if n > 1:
@@ -85,9 +93,9 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
         if ctx != n:  # query i sits at position ctx - n + i and sees keys up to it
             mask = torch.ones(n, ctx, dtype=torch.bool, device=device).tril_(diagonal=ctx - n)
         kinds = slots = None
-        if has_cold:
-            kinds = meta.block_kinds.index_select(0, index)[:, :blocks]
-            slots = meta.block_slots.index_select(0, index)[:, :blocks]
+        if cold is not None:
+            kinds = cold[0].index_select(0, index)[:, :blocks]
+            slots = cold[1].index_select(0, index)[:, :blocks]
         groups.append(PrefillGroup(n, ctx, device_index(rows, device), tables, mask, kinds, slots))
     return StepPlan(decode_rows, decode_tables, decode_ctx,
                     max((context_lens[i] for i in decode), default=0), groups, decode_kinds, decode_slots)
@@ -107,6 +115,7 @@ class MixedStepAttention:
         if self._plan_for is not meta:  # the same metadata object reaches every layer of a step
             self._plan = plan_step(meta, block_size, device)
             self._plan_for = meta
+        assert self._plan is not None  # set together with _plan_for
         return self._plan
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
