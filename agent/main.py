@@ -93,9 +93,10 @@ def discover_placement(sysfs_root: Path) -> tuple[dict | None, str | None, int |
         log.warning("topology discovery failed, engine runs unbound: %s", exc)
         return None, f"{type(exc).__name__}: {exc}", None, None
     node = best_node_for_gpus(topology) if topology.gpus else None
-    cpus = None
-    if node is not None and topology.node(node) is not None:
-        cpus = topology.node(node).cpus or None
+    cpus: tuple[int, ...] | None = None
+    numa_node = topology.node(node) if node is not None else None
+    if numa_node is not None:
+        cpus = numa_node.cpus or None
     if node is None:
         log.info("no GPU or no NUMA node found; the engine runs unbound")
     return topology.to_dict(), None, node, cpus

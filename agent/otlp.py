@@ -71,6 +71,7 @@ def to_metrics_data(families: Iterable[Metric], start_ns: int, now_ns: int, reso
 
     metrics = []
     for family in families:
+        data: Sum | Gauge
         if family.type == "counter":
             points = [
                 NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value)

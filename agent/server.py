@@ -17,7 +17,7 @@ a bad query parameter) or from an unexpected exception, is `{"error": "<message>
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -80,7 +80,7 @@ def create_app(state: AgentState, routers: Iterable[Any] = ()):
     app = FastAPI(title="inferd agent", docs_url=None, redoc_url=None)
     app.state.agent = state
 
-    def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    def error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status, headers=headers)
 
     @app.exception_handler(HTTPException)
@@ -136,7 +136,7 @@ def create_app(state: AgentState, routers: Iterable[Any] = ()):
             app.openapi_schema = document_errors(doc, ERROR_SCHEMA)
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the schema
     return app
 
 

@@ -142,6 +142,7 @@ class EbpfNumaCollector:
         tracefs = None
         if problem is None:
             tracefs = self._tracefs or find_tracefs() or mount_tracefs()
+        loaded: dict[str, LoadedProbe]
         if problem:
             loaded, down = {}, {name: problem for name in self.probe_names}
         else:
@@ -160,6 +161,7 @@ class EbpfNumaCollector:
             except (OSError, ValueError) as exc:
                 self._drop(PAGE_ALLOCS, f"cannot build the node maps: {exc}")
         if PAGE_MIGRATIONS in self._probes:
+            assert tracefs is not None  # a probe loads only through a mounted tracefs (load_probes)
             try:
                 self._migration_reasons = read_symbolic_field(tracefs, "migrate:mm_migrate_pages", "reason")
             except (OSError, ValueError) as exc:  # still counted, labelled by number

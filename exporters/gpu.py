@@ -104,13 +104,13 @@ class WrappingCounters:
         self._last: dict[tuple, tuple[int, int]] = {}  # key -> (last raw, total)
 
     def update(self, key: tuple, raw: float) -> int:
-        raw = int(raw) % self.modulus
+        value = int(raw) % self.modulus
         if key not in self._last:
-            self._last[key] = (raw, raw)
-            return raw
+            self._last[key] = (value, value)
+            return value
         last, total = self._last[key]
-        total += (raw - last) % self.modulus
-        self._last[key] = (raw, total)
+        total += (value - last) % self.modulus
+        self._last[key] = (value, total)
         return total
 
 

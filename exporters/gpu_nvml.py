@@ -25,9 +25,10 @@ class NvmlBackend:
     def __init__(self, gpm_interval_s: float = 1.0, nvml: Any = None):
         if nvml is None:
             try:
-                import pynvml as nvml  # nvidia-ml-py
+                import pynvml  # nvidia-ml-py
             except ImportError as exc:
                 raise SourceAbsent(f"nvidia-ml-py not installed: {exc}") from None
+            nvml = pynvml
         self._nvml = nvml
         try:
             nvml.nvmlInit()
