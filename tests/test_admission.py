@@ -131,13 +131,18 @@ def test_prefill_time_counts_the_step_not_the_queue(tiny_model, monkeypatch):
     assert stats.decode_time >= 2 * 0.05
 
 
-def _admitted_order(engine: LLMEngine, max_steps: int = 5000) -> list[str]:
-    order = []
+def _admissions(engine: LLMEngine, max_steps: int = 5000) -> dict[str, int]:
+    """request id -> the scheduler step that admitted it, in admission order, for the
+    requests not running yet (run to the end)."""
+    before = {s.request_id for s in engine.scheduler.running}
+    admitted: dict[str, int] = {}
     for _ in range(max_steps):
         if not engine.has_unfinished():
-            return order
+            return admitted
         engine.step()
-        order += [s.request_id for s in engine.scheduler.running if s.request_id not in order]
+        for s in engine.scheduler.running:
+            if s.request_id not in before:
+                admitted.setdefault(s.request_id, engine.scheduler.step_count)
     raise AssertionError("requests unfinished")
 
 
@@ -152,8 +157,11 @@ def test_a_request_waiting_for_room_does_not_block_smaller_ones_behind_it(tiny_m
     engine.add_request("big", [6] * (tokens // 2 + 64), params(16))
     for i in range(3):
         engine.add_request(f"small{i}", [7 + i] * 16, params(4))
-    order = _admitted_order(engine)
-    assert order.index("small0") < order.index("big") and order.index("small2") < order.index("big")
+    admitted = _admissions(engine)
+    # the small ones at once (step 2); big once "running" has left: its prefill took step 1
+    # and each of its 63 other tokens one step, so it is gone after step 64
+    assert list(admitted) == ["small0", "small1", "small2", "big"]
+    assert admitted == {"small0": 2, "small1": 2, "small2": 2, "big": 65}
 
 
 def test_a_request_blocked_for_the_aging_steps_stops_admission_behind_it(tiny_model):
@@ -168,5 +176,8 @@ def test_a_request_blocked_for_the_aging_steps_stops_admission_behind_it(tiny_mo
     engine.step()  # big finds no room: blocked from this step
     engine.step()
     engine.add_request("small", [7] * 16, params(4))
-    order = _admitted_order(engine)
-    assert order.index("big") < order.index("small")
+    admitted = _admissions(engine)
+    # small fits from step 4 but waits behind big, which gets in when "running" has left
+    # after step 64; small follows in the same step
+    assert list(admitted) == ["big", "small"]
+    assert admitted == {"big": 65, "small": 65}
