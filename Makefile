@@ -1,6 +1,12 @@
 # The two commands of the README: `make run` and `make test`.
 .PHONY: setup run stop serve test test-fast
 
+# The suite runs on every core (pytest-xdist), a file per worker at a time, the longest
+# files first (tests/conftest.py); the tests that bring up the live stack on its fixed
+# ports take a lock (tests/server_fixtures.py). PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 setup:
 	scripts/setup.sh
 
@@ -14,7 +20,7 @@ serve: setup
 	.venv/bin/inferd serve
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
 test-fast:
-	.venv/bin/python -m pytest -q -m "not slow"
+	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_PARALLEL)

@@ -1,9 +1,41 @@
-"""Shared fixtures: tiny random checkpoints written once per test session."""
+"""Shared fixtures: tiny random checkpoints written once per test session (per xdist
+worker: each worker has its own tmp_path_factory base directory, so no two processes
+write one checkpoint), the live stack's ports, and the order xdist hands files out in."""
 from __future__ import annotations
 
 import pytest
+from server_fixtures import live_stack_ports
 
 from engine.make_model import ModelSpec, make_model
+
+# Under xdist (`make test`: -n auto --dist loadfile) a file is one work unit: its tests run
+# on one worker, in order, and a module-scoped fixture (a server, an engine, a stack) is
+# built once. The files that take longest on two cores (`pytest --durations=0`,
+# 2026-12-02) are handed out first, so that no worker starts a long one while the others
+# are nearly done; the rest follow in collection order. (`--dist loadgroup` and
+# xdist_group marks would group by name, but pytest-xdist 3.8 marks the group in
+# `item._nodeid`, which pytest 9.2 no longer reads: the marks are silently ignored.)
+LONGEST_FIRST = (
+    "test_async_decode.py", "test_compose.py", "test_server_lifecycle.py", "test_e2e_remediation.py",
+    "test_engine_vs_hf.py", "test_openapi.py", "test_fast_path.py", "test_dashboards.py", "test_agent.py",
+    "test_server_cli.py", "test_split_merge.py", "test_server_load.py", "test_tensor_parallel.py",
+    "test_server_tracing.py", "test_engine_behaviour.py", "test_stack.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # a plain run keeps pytest's order
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+@pytest.fixture
+def live_ports():
+    """The live stack's fixed ports (8000, 9090, 9093, 9400) for one test: one live stack
+    at a time across xdist workers and test runs (server_fixtures.live_stack_ports)."""
+    with live_stack_ports():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -207,3 +208,35 @@ def child_pids(parent: int) -> list[int]:
         if int(fields[1]) == parent:
             pids.append(int(stat.parent.name))
     return pids
+
+
+# --- the live stack's fixed ports -------------------------------------------------------
+
+# One path for the whole machine on purpose: the ports are the machine's, so a second test
+# run (or xdist worker) waits here instead of finding them taken.
+LIVE_STACK_LOCK = Path(tempfile.gettempdir()) / "inferd-live-stack-ports.lock"
+
+
+@contextlib.contextmanager
+def live_stack_ports(timeout: float = 1800.0) -> Iterator[None]:
+    """Hold the live stack's fixed ports (8000, 9090, 9093, 9400) while a test or fixture
+    runs `inferd stack up` or the compose stack: an flock, so one holder at a time across
+    xdist workers and test runs, released when its process ends even if it crashes."""
+    import fcntl
+
+    fd = os.open(LIVE_STACK_LOCK, os.O_RDONLY | os.O_CREAT, 0o666)  # flock needs no write access
+    with os.fdopen(fd) as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"the live stack's ports stayed held by another test for {timeout:.0f} s ({LIVE_STACK_LOCK})")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+

@@ -298,6 +298,7 @@ class Stack:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("live_ports")  # not beside `inferd stack up` (same ports), one .out/podman-test at a time
 def test_compose_stack_serves_scrapes_and_alerts_under_podman():
     """compose.yaml brought up for real (podman's Docker API, docker-compose v1,
     compose.podman.yaml for the image sources), in a network namespace of its own: the

@@ -167,6 +167,7 @@ import urllib.parse  # noqa: E402
 import urllib.request  # noqa: E402
 
 from dashboards.promql import expand  # noqa: E402
+from server_fixtures import live_stack_ports  # noqa: E402
 
 REFERENCE = Path("/work/shared/reference")
 REPLAY = ROOT / "tests" / "fixtures" / "gpu" / "eight_h200.json"
@@ -238,44 +239,45 @@ def live_stack(tmp_path_factory):
     for module in ("agent/main.py", "engine/server"):
         if not (ROOT / module).exists():
             pytest.skip(f"{module} has not landed yet: `inferd agent` / `inferd serve` missing")
-    busy = [p for p in LIVE_PORTS if _port_busy(p)]
-    if busy:
-        pytest.skip(f"ports in use by something else: {busy}")
-    run_dir = tmp_path_factory.mktemp("stack")
-    # The two-socket eight-GPU sysfs tree, whose bus ids are the replay file's GPUs, so the
-    # PCIe panels (sysfs links joined with NVML bytes) return data too.
-    from fixture_trees import write_host
+    with live_stack_ports():  # one live stack at a time, across xdist workers and test runs
+        busy = [p for p in LIVE_PORTS if _port_busy(p)]
+        if busy:
+            pytest.skip(f"ports in use by something else: {busy}")
+        run_dir = tmp_path_factory.mktemp("stack")
+        # The two-socket eight-GPU sysfs tree, whose bus ids are the replay file's GPUs, so the
+        # PCIe panels (sysfs links joined with NVML bytes) return data too.
+        from fixture_trees import write_host
 
-    roots = write_host(tmp_path_factory.mktemp("host"))
-    cmd = [sys.executable, "-m", "agent.cli", "stack"]
-    agent_args = [
-        f"--agent-arg=--gpu-backend=replay:{REPLAY}",
-        f"--agent-arg=--sysfs-root={roots.sysfs}",
-        f"--agent-arg=--audit-log={run_dir / 'audit.jsonl'}",  # not the user's log and cooldowns
-    ]
-    up = subprocess.run(
-        [*cmd, "up", "--run-dir", str(run_dir), "--timeout", "240", *agent_args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        stop, errors = threading.Event(), []
-        workers = [threading.Thread(target=_load, args=(stop, errors)) for _ in range(4)]
-        start = time.time()
-        for w in workers:
-            w.start()
-        time.sleep(15)  # scraped a few times: the agent acts only with a baseline for its target
-        _post_alert("InferdKVCacheThrashing")
-        time.sleep(25)  # eight scrapes at 5 s in all: every rate over 30 s has samples
-        stop.set()
-        for w in workers:
-            w.join(timeout=120)
-        time.sleep(6)  # one more scrape after the load
-        assert not errors, errors[:3]
-        model = _get_json(f"{ENGINE}/v1/models")["data"][0]["id"]
-        yield {"start": start, "end": time.time(), "model": model}
-    finally:
-        subprocess.run([*cmd, "down", "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, timeout=120)
+        roots = write_host(tmp_path_factory.mktemp("host"))
+        cmd = [sys.executable, "-m", "agent.cli", "stack"]
+        agent_args = [
+            f"--agent-arg=--gpu-backend=replay:{REPLAY}",
+            f"--agent-arg=--sysfs-root={roots.sysfs}",
+            f"--agent-arg=--audit-log={run_dir / 'audit.jsonl'}",  # not the user's log and cooldowns
+        ]
+        up = subprocess.run(
+            [*cmd, "up", "--run-dir", str(run_dir), "--timeout", "240", *agent_args],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            stop, errors = threading.Event(), []
+            workers = [threading.Thread(target=_load, args=(stop, errors)) for _ in range(4)]
+            start = time.time()
+            for w in workers:
+                w.start()
+            time.sleep(15)  # scraped a few times: the agent acts only with a baseline for its target
+            _post_alert("InferdKVCacheThrashing")
+            time.sleep(25)  # eight scrapes at 5 s in all: every rate over 30 s has samples
+            stop.set()
+            for w in workers:
+                w.join(timeout=120)
+            time.sleep(6)  # one more scrape after the load
+            assert not errors, errors[:3]
+            model = _get_json(f"{ENGINE}/v1/models")["data"][0]["id"]
+            yield {"start": start, "end": time.time(), "model": model}
+        finally:
+            subprocess.run([*cmd, "down", "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, timeout=120)
 
 
 def _has_data(expr: str, window: dict) -> bool:

@@ -178,6 +178,7 @@ def get(url: str) -> tuple[int, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("live_ports")  # 8000/9090/9093/9400: one live stack at a time, across xdist workers
 def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
     live_preconditions()
     run_dir = tmp_path / "run"
