@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: setup run stop serve test test-fast
+.PHONY: setup run stop serve test test-fast lint
 
 # The suite runs on every core (pytest-xdist), a file per worker at a time, the longest
 # files first (tests/conftest.py); the tests that bring up the live stack on its fixed
@@ -24,3 +24,9 @@ test: setup
 
 test-fast:
 	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
+
+# ruff (pyproject.toml), the import contracts (.importlinter), mypy (pyproject.toml)
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/lint-imports
+	.venv/bin/mypy

@@ -24,8 +24,8 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 from urllib.parse import urlparse
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

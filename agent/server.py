@@ -16,8 +16,9 @@ a bad query parameter) or from an unexpected exception, is `{"error": "<message>
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -42,7 +43,7 @@ class AgentState:
     extra: dict[str, Any] = field(default_factory=dict)  # room for other modules' state
 
     @classmethod
-    def with_collectors(cls, collectors: CollectorSet | Iterable, **kwargs) -> "AgentState":
+    def with_collectors(cls, collectors: CollectorSet | Iterable, **kwargs) -> AgentState:
         collector_set = collectors if isinstance(collectors, CollectorSet) else CollectorSet(collectors)
         return cls(collectors=collector_set, **kwargs)
 

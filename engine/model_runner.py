@@ -19,7 +19,8 @@ back), and the step is run again on the portable path: writing K/V is idempotent
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -173,8 +174,8 @@ class ModelRunner:
         return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
 
     @torch.inference_mode()
-    def launch_greedy_decode(self, batch: list[ScheduledSeq], readback: "TokenReadback",
-                             fed_ids: torch.Tensor | None = None) -> "PendingTokens | None":
+    def launch_greedy_decode(self, batch: list[ScheduledSeq], readback: TokenReadback,
+                             fed_ids: torch.Tensor | None = None) -> PendingTokens | None:
         """Start a greedy decode step on the decode graphs and return its tokens, still
         on their way to the host (async scheduling, engine/async_decode.py). `fed_ids`:
         the rows' input tokens on the device, when the host has not read them yet. None

@@ -12,8 +12,8 @@ import logging
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families

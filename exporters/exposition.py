@@ -15,7 +15,7 @@ checks the two write the same bytes, on the agent's families and on every family
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric

@@ -24,7 +24,7 @@ crosses the link between two scrapes, so for rates use DCGM_FI_PROF_PCIE_*_BYTES
 from __future__ import annotations
 
 import argparse
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
 

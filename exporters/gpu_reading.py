@@ -96,7 +96,7 @@ class GpuReading:
                 raise ValueError(f"GpuReading.gpm has unknown keys {sorted(unknown)}")
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "GpuReading":
+    def from_json(cls, data: dict[str, Any]) -> GpuReading:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
@@ -115,7 +115,7 @@ class GpuSnapshot:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "GpuSnapshot":
+    def from_json(cls, data: dict[str, Any]) -> GpuSnapshot:
         known = {"timestamp", "hostname", "driver_version", "gpus"}
         unknown = set(data) - known
         if unknown:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import re
 import resource
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 

@@ -42,8 +42,9 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as _PromCollector

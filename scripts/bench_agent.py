@@ -56,7 +56,6 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
 
 
 def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
-    from fixture_trees import ENGINE_PID
     from prometheus_client import CollectorRegistry, generate_latest
 
     from agent.supervisor import EngineCollector
@@ -65,6 +64,8 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
     from exporters.numa import NumaCollector
     from exporters.pcie import PcieCollector
     from exporters.registry import CollectorSet
+
+    from fixture_trees import ENGINE_PID
 
     collectors = CollectorSet([
         GpuCollector(ReplayBackend(EIGHT_GPUS)),

@@ -4,9 +4,10 @@ write one checkpoint), the live stack's ports, and the order xdist hands files o
 from __future__ import annotations
 
 import pytest
-from server_fixtures import live_stack_ports
 
 from engine.make_model import ModelSpec, make_model
+
+from server_fixtures import live_stack_ports
 
 # Under xdist (`make test`: -n auto --dist loadfile) a file is one work unit: its tests run
 # on one worker, in order, and a module-scoped fixture (a server, an engine, a stack) is

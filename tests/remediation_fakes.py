@@ -169,7 +169,7 @@ def alert_payload(name: str = "InferdKVCacheThrashing", status: str = "firing", 
     all_labels = {"alertname": name, "job": "inferd-engine", "instance": "127.0.0.1:8000",
                   "severity": "warning", "remediate": "true", **labels}
     return {
-        "version": "4", "groupKey": "{}:{alertname=\"%s\"}" % name, "truncatedAlerts": 0, "status": status,
+        "version": "4", "groupKey": f'{{}}:{{alertname="{name}"}}', "truncatedAlerts": 0, "status": status,
         "receiver": "inferd-agent", "groupLabels": {"alertname": name}, "commonLabels": all_labels,
         "commonAnnotations": {}, "externalURL": "http://127.0.0.1:9093",
         "alerts": [{

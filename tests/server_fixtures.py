@@ -12,8 +12,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -44,7 +44,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, wait_ready: bool = True) -> "ServerThread":
+    def start(self, wait_ready: bool = True) -> ServerThread:
         self.thread.start()
         deadline = time.monotonic() + self.startup_timeout
         while not self.server.started:

@@ -11,6 +11,7 @@ import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.stats import FinishedRequestStats
+
 from server_fixtures import MODEL_NAME, running_server
 
 SMALL_POOL = 524288  # 64 blocks of 16 tokens for the tiny model: 1,024 tokens, below its max_model_len

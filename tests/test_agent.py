@@ -16,6 +16,7 @@ import pytest
 
 from agent.placement import best_node_for_gpus
 from agent.topology import discover
+
 from fixture_trees import promtool_check_metrics, write_host
 
 REPO = Path(__file__).resolve().parent.parent
@@ -239,7 +240,7 @@ def test_three_quick_kills_of_a_ready_engine_leave_the_agent_serving_and_remedia
         for _ in range(3):
             pid = agent.health()["engine"]["pid"]
             os.kill(pid, signal.SIGKILL)
-            assert wait_for(lambda: agent.health()["engine"]["pid"] not in (None, pid), timeout=30)
+            assert wait_for(lambda pid=pid: agent.health()["engine"]["pid"] not in (None, pid), timeout=30)
             assert wait_for(engine_ready, timeout=180), "restarted inferd serve did not come up"
             assert get(f"{agent.url}/metrics")[0] == 200
         assert agent.process.poll() is None and not agent.health()["engine"]["crash_loop"]

@@ -18,8 +18,9 @@ import subprocess
 import sys
 
 import pytest
-from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, without_volatile_values, write_host
 from test_agent import EIGHT_GPUS, REPO, Agent, free_port
+
+from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, without_volatile_values, write_host
 
 GOLDEN = FIXTURES / "agent.prom"
 

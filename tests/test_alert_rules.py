@@ -103,7 +103,9 @@ def test_time_scale_changes_only_durations(tmp_path):
     params = render.load_params()
     fast = render.render(params, time_scale=1 / 30)["rules.yml"]
     normal = render.render(params)["rules.yml"]
-    strip = lambda text: re.sub(r"\b(?:\d+(?:ms|s|m|h))+\b|^# .*$", "D", text, flags=re.M)
+    def strip(text: str) -> str:
+        return re.sub(r"\b(?:\d+(?:ms|s|m|h))+\b|^# .*$", "D", text, flags=re.M)
+
     assert strip(fast) == strip(normal)
     assert _rules_from_text(fast)["InferdKVCacheThrashing"]["for"] == "4s"
     assert "[4s]" in _rules_from_text(fast)["InferdKVCacheThrashing"]["expr"]

@@ -28,9 +28,9 @@ PROMPTS = [list(range(3, 3 + n)) for n in (21, 5, 13)]
 def fast_llm(model: str, **config) -> tuple[LLM, list]:
     """An LLM whose runner has the fused decode step (eager, no graphs) attached, and a
     list that records, per decode launch, whether its input ids came from the device."""
+    from engine.fast_path.attention import triton_paged_attention
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.attention import triton_paged_attention
 
     llm = LLM(model, block_size=8, **config)
     runner = llm.engine.runner

@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk not installed (pip install -e '.[test]')")
 
-from dashboards import generate  # noqa: E402
-from dashboards.boards import BOARDS  # noqa: E402
-from dashboards.common import PROMETHEUS_UID, REMEDIATION_ANNOTATIONS  # noqa: E402
-from dashboards.spec import REQUIREMENT_NOTES, Panel, Query, Threshold  # noqa: E402
+from dashboards import generate
+from dashboards.boards import BOARDS
+from dashboards.common import PROMETHEUS_UID, REMEDIATION_ANNOTATIONS
+from dashboards.spec import REQUIREMENT_NOTES, Panel, Query, Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "dashboards" / "generated"
@@ -167,6 +167,7 @@ import urllib.parse  # noqa: E402
 import urllib.request  # noqa: E402
 
 from dashboards.promql import expand  # noqa: E402
+
 from server_fixtures import live_stack_ports  # noqa: E402
 
 REFERENCE = Path("/work/shared/reference")
@@ -200,7 +201,7 @@ def _load(stop: threading.Event, errors: list[str]) -> None:
         body = {"model": model, "prompt": prefix + f"request {i}", "max_tokens": 8 + (i % 3) * 8, "temperature": 0}
         try:
             _get_json(f"{ENGINE}/v1/completions", _json.dumps(body).encode(), timeout=60)
-        except Exception as exc:  # noqa: BLE001 - recorded; the test reports them
+        except Exception as exc:
             errors.append(repr(exc))
         i += 1
 

@@ -145,7 +145,7 @@ def broken_links(path: Path, root: Path) -> list[str]:
     problems = []
     rel = path.relative_to(root)
     for line, target in links(text):
-        def bad(why: str) -> None:
+        def bad(why: str, line: int = line, target: str = target) -> None:
             problems.append(f"{rel}:{line}: {target}: {why}")
 
         if not target:

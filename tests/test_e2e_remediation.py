@@ -27,9 +27,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from server_fixtures import child_pids, metric_value
 
 from agent.remediation_rules import Bounds
+
+from server_fixtures import child_pids, metric_value
 
 pytestmark = pytest.mark.slow
 
@@ -215,7 +216,7 @@ class Load:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)]
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         for t in self._threads:
             t.start()
         return self

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+
 from ebpf.node_map import FrameRange, merge_ranges, parse_zoneinfo, read_cpu_nodes, read_frame_ranges
 from ebpf.probes import PROBES, bpf_permission_problem, parse_cap_eff
 from ebpf.tracefs import find_tracefs, function_tracing_problem, parse_print_symbolic
@@ -539,7 +540,7 @@ def test_watch_comm_gives_a_process_its_own_labels_and_exit_folds_it_into_other(
         samples = _samples(live)
         mine = _allocs_by(samples, child.pid)
         assert sum(mine.values()) >= 5_000, "comm match did not attribute the child's pages"
-        labels = {dict(l)["comm"] for (n, l), _ in samples.items() if n == "inferd_ebpf_page_allocs_total" and dict(l)["pid"] == str(child.pid)}
+        labels = {dict(lv)["comm"] for (n, lv), _ in samples.items() if n == "inferd_ebpf_page_allocs_total" and dict(lv)["pid"] == str(child.pid)}
         assert labels == {"inferd-touch"}
         other_before = sum(_allocs_by(samples, "").values())
     finally:

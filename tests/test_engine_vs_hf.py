@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+
 from hf_reference import hf_greedy, hf_logits, load_hf
 
 MAX_NEW = 24

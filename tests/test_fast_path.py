@@ -10,13 +10,14 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams
 from engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, has_triton, unavailable_reason
 from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
-from engine.fast_path.greedy_head import greedy_with_flag_reference
 from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
+from engine.fast_path.greedy_head import greedy_with_flag_reference
 from engine.runner_output import RunnerOutput
 from engine.runner_protocol import ModelRunnerProtocol
 
@@ -469,8 +470,7 @@ def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
     dequantizing in registers) equals the portable path's dequantize-then-attend."""
     from engine.attention import paged_attention
-    from engine.fast_path.attention import triton_paged_attention
-    from engine.fast_path.attention import cold_paged_decode_attention
+    from engine.fast_path.attention import cold_paged_decode_attention, triton_paged_attention
 
     gen = torch.Generator().manual_seed(splits)
     ctx = [1, 9, 17, 40, 70]
@@ -517,9 +517,9 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dt
     import numpy as np
 
     from engine.attention import paged_attention
+    from engine.block_pool import KIND_CODE
     from engine.fast_path.attention import cold_prefix_decode_attention, triton_paged_attention
     from engine.fast_path.cold_layout import cold_prefix_layout
-    from engine.block_pool import KIND_CODE
 
     gen = torch.Generator().manual_seed(splits + hd)
     ctx = [1, 9, 17, 40, 70, 150, 0]
@@ -567,8 +567,8 @@ def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, d
     order, so an entry or a scale used for the wrong tile would show, the output equals
     the portable path's."""
     from engine.attention import paged_attention
-    from engine.fast_path.attention import cold_prefix_decode_attention
     from engine.block_pool import KIND_CODE
+    from engine.fast_path.attention import cold_prefix_decode_attention
 
     gen = torch.Generator().manual_seed(7)
     ctx = [40, 100, 300, 0]
@@ -596,9 +596,9 @@ def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
     eagerly on CPU) and the fast path's chunked prefill and mixed steps over cold blocks
     (grouped SDPA over dequantized gathers, the cold decode kernel for decode rows)
     inside the engine equal the portable cold attention."""
+    from engine.fast_path.attention import triton_paged_attention
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.attention import triton_paged_attention
 
     config = dict(block_size=8, kv_cold_dtype=kind, kv_hot_window=16, max_num_batched_tokens=24)
     expected = LLM(tiny_model, **config)  # no Triton on CPU: the portable attention, cooling as usual
@@ -629,9 +629,9 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
     """After a run-time switch from int8 to int4 a sequence holds both kinds: the decode
     graphs decline the batch (None) and the step runs eagerly through the per-tile cold
     kernel; tokens and log-probabilities equal the portable path's with the same switch."""
+    from engine.fast_path.attention import triton_paged_attention
     from engine.fast_path.cuda_graphs import DecodeGraphs
     from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.attention import triton_paged_attention
 
     def run(llm, fast: bool):
         engine, declined = llm.engine, []
@@ -693,8 +693,8 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     """The start-up warm-up of the prefill path (fast_path/warmup.py) runs the fused step
     over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row) and
     leaves the KV pool exactly as it was: every slot is the padding slot."""
-    from engine.fast_path.fast_decoder import FastDecoder
     from engine.fast_path.attention import triton_paged_attention
+    from engine.fast_path.fast_decoder import FastDecoder
     from engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
 
     llm = LLM(tiny_model, block_size=8, kv_cold_dtype=cold)

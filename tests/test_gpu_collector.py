@@ -11,8 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import gpu_backends, gpu_nvml, gpu_reading, gpu_replay
-from exporters.registry import CollectorUnavailable, SourceAbsent
 from exporters.gpu import DCGM_LABELS, GpuCollector, WrappingCounters
+from exporters.registry import CollectorUnavailable, SourceAbsent
+
 from fixture_trees import assert_matches_golden, promtool_check_metrics, scrape
 from gpu_fake_nvml import FakeNvml
 

@@ -20,7 +20,16 @@ from exporters.numa import (
     remote_ratio,
 )
 from exporters.sysfs import format_cpulist, parse_cpulist, parse_key_value_counts
-from fixture_trees import samples, ENGINE_PID, FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
+
+from fixture_trees import (
+    ENGINE_PID,
+    FIXTURES,
+    assert_matches_golden,
+    promtool_check_metrics,
+    samples,
+    scrape,
+    write_host,
+)
 
 GOLDEN = FIXTURES / "numa.prom"
 
@@ -176,7 +185,7 @@ def test_missing_vmstat_reports_down(host):
 def test_kernel_without_numa_balancing_omits_those_families(host):
     (host.procfs / "sys/kernel/numa_balancing").unlink()
     vmstat = host.procfs / "vmstat"
-    vmstat.write_text("".join(l + "\n" for l in vmstat.read_text().splitlines() if "hint_faults" not in l and "pages_migrated" not in l))
+    vmstat.write_text("".join(line + "\n" for line in vmstat.read_text().splitlines() if "hint_faults" not in line and "pages_migrated" not in line))
     out = scrape(NumaCollector(host.sysfs, host.procfs))
     assert up_value(out) == 1.0
     assert "inferd_numa_hint_faults_total" not in out

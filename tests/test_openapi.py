@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from server_fixtures import ADMIN_TOKEN, REPO_ROOT, free_port, metric_value, running_server, scrape
 
 pytest.importorskip("schemathesis")

@@ -16,9 +16,10 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.otlp import OtlpConfig, OtlpPusher
-from exporters.gpu_replay import ReplayBackend, load_replay, write_replay
 from exporters.gpu import GpuCollector
+from exporters.gpu_replay import ReplayBackend, load_replay, write_replay
 from exporters.registry import CollectorSet
+
 from fixture_trees import write_host
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from exporters.pcie_parsers import (
     parse_link_width,
 )
 from exporters.pcie_topology import LinkState, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
-from fixture_trees import samples, FIXTURES, assert_matches_golden, promtool_check_metrics, scrape, write_host
+
+from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, samples, scrape, write_host
 
 GOLDEN = FIXTURES / "pcie.prom"
 

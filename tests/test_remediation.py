@@ -19,6 +19,7 @@ from agent.remediation import (
     judge,
 )
 from exporters.registry import CollectorSet
+
 from remediation_fakes import FakeEngine, FakePrometheus, ManualClock
 
 TOKEN = "admin-secret"

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib not installed")
 
-from agent import report  # noqa: E402
-from dashboards.boards import BOARDS  # noqa: E402
+from agent import report
+from dashboards.boards import BOARDS
 
 
 class FakePrometheus(BaseHTTPRequestHandler):

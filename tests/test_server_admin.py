@@ -5,9 +5,10 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from server_fixtures import ADMIN_TOKEN, MODEL_NAME, admin_headers, metric_value, running_server, scrape
 
 from engine.server.admin import load_admin_token
+
+from server_fixtures import ADMIN_TOKEN, MODEL_NAME, admin_headers, metric_value, running_server, scrape
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from server_fixtures import MODEL_NAME, running_server
 
 
@@ -178,7 +179,7 @@ def test_token_id_prompt_and_batch(client):
     assert [c.index for c in choices] == [0, 1]
     assert choices[0].text == text
     # A prompt given as token ids gives the same result as its text.
-    from engine.tokenizer import Tokenizer  # noqa: PLC0415
+    from engine.tokenizer import Tokenizer
 
     tok = Tokenizer(client._inferd_model_dir)
     by_ids = client.completions.create(model=MODEL_NAME, prompt=tok.encode("Hello, world!"), max_tokens=6,
@@ -189,10 +190,10 @@ def test_token_id_prompt_and_batch(client):
 def gated_engine(gate: str, config):
     """An engine whose steps wait while the file `gate` exists (built in the engine core
     process); requests that arrive meanwhile reach the scheduler together."""
-    import os  # noqa: PLC0415
-    import time  # noqa: PLC0415
+    import os
+    import time
 
-    from engine.llm_engine import LLMEngine  # noqa: PLC0415
+    from engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config)
     real_step = engine.step
@@ -230,7 +231,7 @@ def test_priority_orders_admission(tiny_model, tmp_path):
                     if name != "blocker":
                         firsts.append(name)
                     assert [line for line in chunks if line][-1] == "data: [DONE]"
-            except Exception as exc:  # noqa: BLE001 - reported below
+            except Exception as exc:
                 errors.append(f"{name}: {exc!r}")
 
         def wait_for_live(n: int) -> None:

@@ -7,9 +7,10 @@ import json
 import math
 
 import pytest
-from server_fixtures import one_torch_thread, running_server  # noqa: F401
 
 from agent.cli import main
+
+from server_fixtures import one_torch_thread, running_server  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

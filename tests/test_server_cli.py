@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from server_fixtures import OtlpReceiver, child_pids, free_port, serve, stop, wait_healthy
 
 pytestmark = pytest.mark.slow

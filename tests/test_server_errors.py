@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+
 from server_fixtures import MODEL_NAME, admin_headers, metric_value, running_server, scrape
 
 MAX_MODEL_LEN = 128

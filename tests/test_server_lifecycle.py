@@ -13,8 +13,20 @@ import time
 
 import httpx
 import pytest
-from server_fixtures import (MODEL_NAME, ServerThread, build_app, child_pids, free_port, metric_value,
-                             running_server, scrape, serve, stop, wait_healthy)
+
+from server_fixtures import (
+    MODEL_NAME,
+    ServerThread,
+    build_app,
+    child_pids,
+    free_port,
+    metric_value,
+    running_server,
+    scrape,
+    serve,
+    stop,
+    wait_healthy,
+)
 
 LONG_STREAM = {"model": MODEL_NAME, "prompt": "The engine core runs in a process of its own",
                "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True,

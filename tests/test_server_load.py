@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
-from server_fixtures import MODEL_NAME, admin_headers, metric_value, one_torch_thread, running_server, scrape  # noqa: F401
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+
+from server_fixtures import MODEL_NAME, admin_headers, metric_value, one_torch_thread, running_server, scrape  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

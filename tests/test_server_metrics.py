@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from server_fixtures import MODEL_NAME, metric_value, running_server, scrape
 
 # Every metric the two reference vLLM Grafana boards query (kept here so the test does

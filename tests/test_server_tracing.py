@@ -8,9 +8,10 @@ import threading
 
 import openai
 import pytest
-from server_fixtures import MODEL_NAME, OtlpReceiver, one_torch_thread, running_server  # noqa: F401
 
 from engine.server.tracing import otlp_traces_url
+
+from server_fixtures import MODEL_NAME, OtlpReceiver, one_torch_thread, running_server  # noqa: F401
 
 pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto is missing")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -133,6 +133,7 @@ def flaky_engine(config):
 
 def test_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_model):
     import httpx
+
     from server_fixtures import metric_value, running_server, scrape
 
     with running_server(tiny_model, engine_factory=flaky_engine, kv_cache_bytes=4 << 20) as s:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from agent.supervisor import EngineCollector, Supervisor, SupervisorConfig, bound_command, launcher_main
+
 from fixture_trees import scrape
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -101,11 +102,11 @@ def test_quick_kills_of_a_ready_engine_are_not_start_up_failures(tmp_path):
     supervisor.add_ready_listener(ready_generations.append)
     supervisor.start()
     try:
-        for n in (1, 2, 3):
+        for _ in range(3):
             assert wait_for(lambda: supervisor.is_ready)
             pid = supervisor.pid
             os.kill(pid, signal.SIGKILL)
-            assert wait_for(lambda: supervisor.pid not in (None, pid))
+            assert wait_for(lambda pid=pid: supervisor.pid not in (None, pid))
             assert not supervisor.crash_looping
         assert wait_for(lambda: supervisor.is_ready)
         assert wait_for(lambda: ready_generations == [1, 2, 3, 4])  # each new engine once
@@ -289,7 +290,7 @@ def test_engine_is_up_only_once_ready_and_loading_or_draining_never_restart(tmp_
 
         for state in ("draining", "loading"):
             engine.set(state)
-            assert wait_for(lambda: supervisor.readiness == state)
+            assert wait_for(lambda state=state: supervisor.readiness == state)
             assert not supervisor.restart(f"test: asked while {state}")
             time.sleep(1.5)
             assert supervisor.pid == first and supervisor.restarts == 0 and supervisor.stall_restarts == 0
@@ -415,7 +416,7 @@ def test_engine_that_exits_0_after_an_asked_restart_is_started_again(tmp_path):
             assert wait_for(lambda: supervisor.is_ready)
             pid = supervisor.pid
             assert wait_for(lambda: supervisor.restart("test"))  # once past the start-up window
-            assert wait_for(lambda: supervisor.pid not in (None, pid))
+            assert wait_for(lambda pid=pid: supervisor.pid not in (None, pid))
             assert engine.events(pid) == ["sigterm", "drained"]
             assert supervisor.restarts == n
         assert not supervisor.crash_looping

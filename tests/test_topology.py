@@ -17,6 +17,7 @@ from agent.placement import (
     score_all,
 )
 from agent.topology import NumaNode, connection_type, discover, node_of_cpus, parse_distances, parse_mem_total_bytes
+
 from fixture_trees import FIXTURES, assert_matches_golden, load_description, write_host
 
 GOLDEN_JSON = FIXTURES / "topo.json"

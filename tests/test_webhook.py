@@ -13,6 +13,7 @@ from agent.engine_client import EngineClient
 from agent.remediation import PolicyConfig, RemediationPolicy
 from agent.server import AgentState, create_app
 from agent.webhook import MAX_BODY_BYTES, PayloadError, make_webhook_router, parse_notification
+
 from remediation_fakes import FakeEngine, ManualClock, alert_payload
 
 ADMIN_TOKEN = "admin-secret"

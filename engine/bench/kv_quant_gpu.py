@@ -115,6 +115,14 @@ def bytes_read(kind: str, batch: int, context: int, hot_window: int, cache) -> i
     return batch * (hot_tokens * per_token_hot + cold_tokens // 16 * cold_block)
 
 
+def _copy_bandwidth(device: torch.device) -> float:
+    """Device-to-device copy rate (read + write) over 1 GiB; the buffers go with the call."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    return 2 * src.numel() / (copy_ms / 1e3)
+
+
 def main() -> int:
     import triton.testing
 
@@ -134,11 +142,7 @@ def main() -> int:
     parser.add_argument("--hot-window", type=int, default=128)
     args = parser.parse_args()
     device = torch.device("cuda")
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
-    copy_bw = 2 * src.numel() / (copy_ms / 1e3)
-    del src, dst
+    copy_bw = _copy_bandwidth(device)
     results = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": triton.__version__, "copy_bandwidth_bytes_per_s": copy_bw, "batch": args.batch,
                "context": args.context, "hot_window": args.hot_window, "kinds": {}}
@@ -200,7 +204,7 @@ def main() -> int:
             timed = {k_: v_ for k_, v_ in sweep.items() if isinstance(v_, float)}
             best = min(timed, key=timed.__getitem__)
             print(f"{kind} sweep best {best} {timed[best] * 1e3:.1f} us; default {ms * 1e3:.1f} us", flush=True)
-        del q, k, v, cold, meta, cache
+        q = k = v = cold = meta = cache = None  # frees this size's buffers before the next
         torch.cuda.empty_cache()
     # launch-parameter sweep for the general cold kernel (int8)
     q, k, v, cold, meta, cache = build_case("int8", args.batch, args.context, args.hot_window, device)
@@ -218,7 +222,7 @@ def main() -> int:
         sweep[f"splits{splits_try}"] = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
     results["int8_launch_sweep_ms"] = sweep
     print("int8 sweep (ms):", {k_: round(v_, 4) for k_, v_ in sweep.items()}, "default splits", splits)
-    del q, k, v, cold, meta, cache
+    q = k = v = cold = meta = cache = None  # frees the buffers before the next case
     base = results["kinds"]["none"]["ms"]
     for kind, r in results["kinds"].items():
         r["speedup_vs_bf16"] = base / r["ms"]

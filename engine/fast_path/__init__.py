@@ -41,9 +41,9 @@ def attach_fast_path(runner: ModelRunner, max_model_len: int, use_graphs: bool =
         log.info("fast path unavailable: %s; using the portable path", reason)
         return reason
     from ..attention import paged_attention
+    from .attention import triton_paged_attention
     from .cuda_graphs import DecodeGraphs
     from .fast_decoder import FastDecoder
-    from .attention import triton_paged_attention
 
     runner.fast_attention = triton_paged_attention
     decoder = FastDecoder(runner.model, runner.kv_layers)

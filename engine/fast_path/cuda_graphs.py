@@ -58,7 +58,7 @@ class DecodeInputs:
     block_tables: list[list[int]]
 
     @classmethod
-    def from_batch(cls, batch: list[ScheduledSeq], block_size: int) -> "DecodeInputs":
+    def from_batch(cls, batch: list[ScheduledSeq], block_size: int) -> DecodeInputs:
         ids, pos, slots, ctx, tables = [], [], [], [], []
         for item in batch:
             seq = item.seq
@@ -70,7 +70,7 @@ class DecodeInputs:
             tables.append(seq.block_table)
         return cls(ids, pos, slots, ctx, tables)
 
-    def padded(self, size: int) -> "DecodeInputs":
+    def padded(self, size: int) -> DecodeInputs:
         pad = size - len(self.input_ids)
         if pad < 0:
             raise ValueError(f"{len(self.input_ids)} rows do not fit a graph of {size}")
@@ -80,7 +80,7 @@ class DecodeInputs:
 
 
 class DecodeGraphs:
-    def __init__(self, decoder: "FastDecoder", block_size: int, max_model_len: int, device: torch.device,
+    def __init__(self, decoder: FastDecoder, block_size: int, max_model_len: int, device: torch.device,
                  pages: PageAllocator | None = None, ladder: tuple[int, ...] = GRAPH_LADDER, use_graphs: bool = True):
         if not ladder or min(ladder) < 1:
             raise ValueError(f"ladder must hold positive batch sizes, got {ladder}")

@@ -141,7 +141,7 @@ class MixedStepAttention:
             seqs, n, ctx = g.num_seqs, g.query_len, g.context_len
             qg = q.index_select(0, g.token_rows).view(seqs, n, heads, head_dim).transpose(1, 2)
 
-            def context(cache, which):  # [g, heads, ctx, D]: gathered through the tables, GQA expanded
+            def context(cache, which, g=g, seqs=seqs, ctx=ctx):  # [g, heads, ctx, D]: through the tables, GQA expanded
                 blocks = cache[g.tables]
                 if cold is not None and g.kinds is not None:
                     blocks = cold.gather(which, g.kinds, g.tables, g.slots, blocks, q.dtype)
