@@ -1,4 +1,4 @@
-"""eBPF NUMA probes: who allocates and faults on which node, per process (issue 5).
+"""eBPF NUMA probes: who allocates and faults on which node, per process.
 
 Constructor (what the agent calls):
 

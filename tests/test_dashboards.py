@@ -128,7 +128,7 @@ def test_every_metric_name_is_in_the_contract():
     contract = {base_name(n) for n in contract_names()}
     # The GPU collector's dcgm-exporter names (exporters/gpu.py), read from its source.
     dcgm = set(re.findall(r'"(DCGM_FI_[A-Z_]+)"', (ROOT / "exporters" / "gpu.py").read_text()))
-    ebpf = {"inferd_ebpf_page_allocs", "inferd_ebpf_numa_hint_faults", "inferd_ebpf_probe_up"}  # issue 5
+    ebpf = {"inferd_ebpf_page_allocs", "inferd_ebpf_numa_hint_faults", "inferd_ebpf_probe_up"}  # exporters/ebpf_numa.py
     unknown = set()
     for board in BOARDS:
         for panel in board.panels:

@@ -1,4 +1,4 @@
-"""eBPF NUMA probes (issue 5).
+"""eBPF NUMA probes.
 
 Parsers, watch lists and the collector's no-permission path run anywhere. Tests marked
 `root` load BPF programs into the running kernel: they need root, bcc (python3-bpfcc
