@@ -3,8 +3,9 @@
 
 # The suite runs on every core (pytest-xdist), a file per worker at a time, the longest
 # files first (tests/conftest.py); the tests that bring up the live stack on its fixed
-# ports take a lock (tests/server_fixtures.py). PYTEST_WORKERS=0 runs it in one process.
-PYTEST_WORKERS ?= auto
+# ports take a lock (tests/server_fixtures.py). One worker more than cores (at most 8):
+# many tests wait on child processes, sockets and timers. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 8 ? n + 1 : 8 )))
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 setup:
