@@ -240,3 +240,17 @@ def live_stack_ports(timeout: float = 1800.0) -> Iterator[None]:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
+
+def assert_error(response: httpx.Response, status: int, *fragments: str, param: str | None = None) -> dict:
+    """The response is `status` with a JSON body in the OpenAI error shape whose message holds
+    every fragment (and whose param is `param`, when given); returns the error object."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    for fragment in fragments:
+        assert fragment in error["message"], error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+

@@ -8,7 +8,15 @@ import pytest
 
 from engine.server.admin import load_admin_token
 
-from server_fixtures import ADMIN_TOKEN, MODEL_NAME, admin_headers, metric_value, running_server, scrape
+from server_fixtures import (
+    ADMIN_TOKEN,
+    MODEL_NAME,
+    admin_headers,
+    assert_error,
+    metric_value,
+    running_server,
+    scrape,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +47,6 @@ def test_token_required(server):
     assert r.status_code == 401
 
 
-def assert_admin_error(r: httpx.Response, status: int, *fragments: str, param: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/json"
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    for fragment in fragments:
-        assert fragment in error["message"], error["message"]
-    if param is not None:
-        assert error["param"] == param
-    return error
-
-
 @pytest.mark.parametrize("header", [f"Bearer {ADMIN_TOKEN}", f"bearer {ADMIN_TOKEN}", f"BEARER {ADMIN_TOKEN}",
                                     f"bEaReR   {ADMIN_TOKEN}"])
 def test_bearer_scheme_in_any_case(server, header):
@@ -62,7 +58,7 @@ def test_bearer_scheme_in_any_case(server, header):
                                     "Bearer", f"Bearer {ADMIN_TOKEN.upper()}", ""])
 def test_other_schemes_or_a_missing_scheme_refused(server, header):
     r = httpx.get(f"{server.url}/admin/config", headers={"Authorization": header})
-    assert_admin_error(r, 401, "missing or wrong admin token")
+    assert_error(r, 401, "missing or wrong admin token")
 
 
 SURROGATE = "\\ud800"  # JSON's escape of a lone surrogate: valid JSON, not Unicode text
@@ -93,7 +89,7 @@ SURROGATE = "\\ud800"  # JSON's escape of a lone surrogate: valid JSON, not Unic
 def test_malformed_admin_bodies_get_422_in_the_openai_shape(server, method, path, content, fragments, param):
     r = httpx.request(method, f"{server.url}/admin{path}", content=content, timeout=30,
                       headers={**admin_headers(), "content-type": "application/json"})
-    assert_admin_error(r, 422, *fragments, param=param)
+    assert_error(r, 422, *fragments, param=param)
 
 
 def test_admin_body_content_type_and_size(server):
@@ -101,10 +97,10 @@ def test_admin_body_content_type_and_size(server):
     # The handlers parse JSON whatever the content type says; a body that is not JSON is the 422.
     r = httpx.patch(f"{server.url}/admin/config", content=b"max_num_seqs=8", timeout=30,
                     headers={**admin_headers(), "content-type": "application/x-www-form-urlencoded"})
-    assert_admin_error(r, 422, "not valid JSON")
+    assert_error(r, 422, "not valid JSON")
     r = httpx.post(f"{server.url}/admin/mode", content=b"{\"mode\": \"" + b"f" * (2 << 20) + b"\"}", timeout=30,
                    headers={**admin_headers(), "content-type": "application/json"})
-    assert_admin_error(r, 413, "larger than the limit")
+    assert_error(r, 413, "larger than the limit")
     assert admin(server, "GET", "/config").json()["config"] == before
 
 
@@ -117,9 +113,9 @@ def test_a_whole_float_is_an_integer(server):
 
 
 def test_unknown_admin_route_and_method(server):
-    assert_admin_error(admin(server, "GET", "/nope"), 404, "no route GET /admin/nope")
+    assert_error(admin(server, "GET", "/nope"), 404, "no route GET /admin/nope")
     r = admin(server, "PUT", "/config", {})
-    assert_admin_error(r, 405, "method PUT not allowed")
+    assert_error(r, 405, "method PUT not allowed")
     assert r.headers["allow"] == "GET, PATCH"
 
 
