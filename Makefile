@@ -26,8 +26,9 @@ test: setup
 test-fast:
 	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 
-# ruff (pyproject.toml), the import contracts (.importlinter), mypy (pyproject.toml)
+# ruff lint and format (pyproject.toml), the import contracts (.importlinter), mypy (pyproject.toml)
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
 	.venv/bin/mypy

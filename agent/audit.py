@@ -10,6 +10,7 @@ its de-duplication keys and any verification still running from it.
 Records are plain dicts; every record has `ts` (Unix seconds), `time` (UTC ISO 8601)
 and `event`. A torn last line (crash mid-write) is skipped with a warning.
 """
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``. Only the chosen subcommand's module is imported, so
 `inferd topo` never pays for importing torch.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,7 @@
 The token comes from INFERD_ADMIN_TOKEN or a file (`token_from`), the same sources the
 engine reads, so an agent and the engine it supervises share one secret.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,7 +66,9 @@ class EngineClient:
         except httpx.HTTPError as exc:
             raise EngineError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
-            raise EngineError(f"{method} {path}: HTTP {response.status_code}: {_detail(response)}", response.status_code)
+            raise EngineError(
+                f"{method} {path}: HTTP {response.status_code}: {_detail(response)}", response.status_code
+            )
         try:
             return response.json()
         except ValueError as exc:

@@ -8,6 +8,7 @@ crash loop, since another restart would not help). `rebind_engine` moves the eng
 its node with migrate_pages(2) and resets every thread's CPU affinity to the node's
 CPUs.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,7 +52,9 @@ def migrate_pages(pid: int, to_node: int, nodes: list[int]) -> int:
 
 
 class SupervisorHost:
-    def __init__(self, supervisor: Any, sysfs_root: str | os.PathLike = "/sys", procfs_root: str | os.PathLike = "/proc"):
+    def __init__(
+        self, supervisor: Any, sysfs_root: str | os.PathLike = "/sys", procfs_root: str | os.PathLike = "/proc"
+    ):
         self.supervisor = supervisor
         self.sysfs_root = Path(sysfs_root)
         self.procfs_root = Path(procfs_root)

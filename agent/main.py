@@ -13,6 +13,7 @@ collector name the registry does not know). The
 agent never exits because of its engine: an engine that keeps dying is restarted with
 a growing backoff, and /healthz and the inferd_engine_* metrics say so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,12 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--procfs-root", type=Path, default=Path("/proc"))
     parser.add_argument("--engine-host", default="127.0.0.1", help="engine listen address (default 127.0.0.1)")
     parser.add_argument("--engine-port", type=int, default=8000, help="engine port (default 8000)")
-    parser.add_argument("--engine-arg", action="append", default=[], metavar="ARG",
-                        help="extra argument for `inferd serve` (repeatable)")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `inferd serve` (repeatable)",
+    )
     parser.add_argument("--engine-command", help="run this command as the engine instead of `inferd serve` (testing)")
-    parser.add_argument("--engine-ready-url", metavar="URL",
-                        help="readiness URL the supervisor probes (default: the engine's /ready; "
-                             "none with --engine-command unless given)")
+    parser.add_argument(
+        "--engine-ready-url",
+        metavar="URL",
+        help="readiness URL the supervisor probes (default: the engine's /ready; "
+        "none with --engine-command unless given)",
+    )
     parser.add_argument("--no-engine", action="store_true", help="collect and export only; do not run the engine")
     add_collector_arguments(parser, load_entries(COLLECTOR_MODULES))
     add_webhook_arguments(parser)
@@ -80,8 +89,17 @@ def engine_command(args: argparse.Namespace) -> list[str]:
     if args.engine_command:
         return shlex.split(args.engine_command)
     return [
-        sys.executable, "-m", "agent.cli", "serve", "--model", str(args.model),
-        "--host", args.engine_host, "--port", str(args.engine_port), *args.engine_arg,
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "serve",
+        "--model",
+        str(args.model),
+        "--host",
+        args.engine_host,
+        "--port",
+        str(args.engine_port),
+        *args.engine_arg,
     ]
 
 
@@ -141,16 +159,32 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return fail(str(exc))
         supervisor = Supervisor(config)
-    engine_metrics = EngineMetricsReader(EngineMetricsConfig(url=f"{engine_url}/metrics")) if not args.no_engine else None
+    engine_metrics = (
+        EngineMetricsReader(EngineMetricsConfig(url=f"{engine_url}/metrics")) if not args.no_engine else None
+    )
 
     state = AgentState.with_collectors(
-        CollectorSet(disabled={e.name for e in entries} - enabled), topology=topology, topology_error=topology_error,
-        placement={"node": node, "cpus": list(cpus) if cpus else None,
-                   "binding": supervisor.binding if supervisor else None},
-        supervisor=supervisor, engine_metrics=engine_metrics, engine_url=engine_url,
+        CollectorSet(disabled={e.name for e in entries} - enabled),
+        topology=topology,
+        topology_error=topology_error,
+        placement={
+            "node": node,
+            "cpus": list(cpus) if cpus else None,
+            "binding": supervisor.binding if supervisor else None,
+        },
+        supervisor=supervisor,
+        engine_metrics=engine_metrics,
+        engine_url=engine_url,
     )
-    context = BuildContext(args, enabled, state.collectors, supervisor=supervisor, bound_node=node,
-                           engine_metrics=engine_metrics, extra=state.extra)
+    context = BuildContext(
+        args,
+        enabled,
+        state.collectors,
+        supervisor=supervisor,
+        bound_node=node,
+        engine_metrics=engine_metrics,
+        extra=state.extra,
+    )
     built: list[Built] = []
     try:
         built += build_entries(entries, context)
@@ -177,8 +211,14 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
-    log.info("agent on http://%s:%d (engine node %s, cpus %s; collectors %s)", args.host, args.port, node, cpus,
-             ", ".join(state.collectors.names))
+    log.info(
+        "agent on http://%s:%d (engine node %s, cpus %s; collectors %s)",
+        args.host,
+        args.port,
+        node,
+        cpus,
+        ", ".join(state.collectors.names),
+    )
     try:
         if supervisor:
             supervisor.start()

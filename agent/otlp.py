@@ -17,6 +17,7 @@ without `_total` (OTLP convention; Prometheus-side exporters add it back), gauge
 untyped families become Gauges, labels become attributes. Histograms and summaries
 are not forwarded (the agent exports none; the engine's stay on its own port).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,7 +47,9 @@ class OtlpConfig:
     def __post_init__(self) -> None:
         parsed = urlparse(self.endpoint)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"--otlp-endpoint must be an http(s) URL such as http://127.0.0.1:4318, got {self.endpoint!r}")
+            raise ValueError(
+                f"--otlp-endpoint must be an http(s) URL such as http://127.0.0.1:4318, got {self.endpoint!r}"
+            )
         if not parsed.path.rstrip("/"):
             self.endpoint = self.endpoint.rstrip("/") + "/v1/metrics"
         if self.interval_s <= 0 or self.timeout_s <= 0:
@@ -188,8 +191,11 @@ class OtlpPusher:
             if ok:
                 log.info("OTLP receiver %s accepts metrics", self.config.endpoint)
             else:
-                log.warning("OTLP receiver %s does not accept metrics; dropping batches "
-                            "(inferd_otlp_dropped_total{reason=\"export_failed\"})", self.config.endpoint)
+                log.warning(
+                    "OTLP receiver %s does not accept metrics; dropping batches "
+                    '(inferd_otlp_dropped_total{reason="export_failed"})',
+                    self.config.endpoint,
+                )
         return True
 
     def _collect_loop(self) -> None:
@@ -207,7 +213,9 @@ class OtlpPusher:
 
     def collect(self) -> Iterable[Metric]:
         dropped = CounterMetricFamily(
-            "inferd_otlp_dropped", "OTLP metric batches dropped, by reason (queue_full, export_failed)", labels=["reason"]
+            "inferd_otlp_dropped",
+            "OTLP metric batches dropped, by reason (queue_full, export_failed)",
+            labels=["reason"],
         )
         for reason, count in sorted(self.dropped.items()):
             dropped.add_metric([reason], float(count))

@@ -19,6 +19,7 @@ the GPU:
 The best node for a GPU maximises its score; for a set of GPUs (the engine's), the
 node with the highest summed score.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

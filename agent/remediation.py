@@ -26,6 +26,7 @@ records that it was reverted when the engine refuses. All state (cooldowns,
 de-duplication keys, episodes, verifications, deferred alerts, pending restores, what is
 in force) is rebuilt from the audit log on start.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,6 +53,7 @@ RESULTS = ACTION_RESULTS + SKIP_RESULTS
 
 
 # ---- what crosses the boundaries ------------------------------------------------------
+
 
 @dataclass(slots=True, frozen=True)
 class Alert:
@@ -136,8 +138,15 @@ class Verification:
     noise: float | None = None  # the target's standard deviation over the window before the step
 
     def to_record(self) -> dict[str, Any]:
-        return {"query": self.query, "baseline": self.baseline, "deadline": round(self.deadline, 3),
-                "better": self.better, "reversible": self.reversible, "demand": self.demand, "noise": self.noise}
+        return {
+            "query": self.query,
+            "baseline": self.baseline,
+            "deadline": round(self.deadline, 3),
+            "better": self.better,
+            "reversible": self.reversible,
+            "demand": self.demand,
+            "noise": self.noise,
+        }
 
 
 @dataclass(slots=True)
@@ -151,8 +160,12 @@ class Episode:
     changed: dict[str, Any] = field(default_factory=dict)  # engine setting -> its value before
 
     def to_record(self) -> dict[str, Any]:
-        return {"fingerprint": self.alert.fingerprint, "steps": self.steps, "planner": self.planner,
-                "changed": self.changed}
+        return {
+            "fingerprint": self.alert.fingerprint,
+            "steps": self.steps,
+            "planner": self.planner,
+            "changed": self.changed,
+        }
 
 
 @dataclass(slots=True)
@@ -169,6 +182,7 @@ class Restore:
 
 
 # ---- the policy ----------------------------------------------------------------------
+
 
 class RemediationPolicy:
     def __init__(
@@ -213,14 +227,25 @@ class RemediationPolicy:
     def handle(self, alert: Alert) -> dict[str, Any]:
         with self._lock:
             if alert.key in self._seen:
-                log.info("alert %s %s (fingerprint %s, starts %s) already handled; ignored",
-                         alert.name, alert.status, alert.fingerprint, alert.starts_at)
+                log.info(
+                    "alert %s %s (fingerprint %s, starts %s) already handled; ignored",
+                    alert.name,
+                    alert.status,
+                    alert.fingerprint,
+                    alert.starts_at,
+                )
                 return {"alert": alert.name, "status": alert.status, "result": "duplicate"}
             self._seen.add(alert.key)
             rule = self.rules.get(alert.name)
-            self.audit.append("alert", alert=alert.name, status=alert.status, fingerprint=alert.fingerprint,
-                              starts_at=alert.starts_at, labels=alert.labels,
-                              description=alert.annotations.get("description"))
+            self.audit.append(
+                "alert",
+                alert=alert.name,
+                status=alert.status,
+                fingerprint=alert.fingerprint,
+                starts_at=alert.starts_at,
+                labels=alert.labels,
+                description=alert.annotations.get("description"),
+            )
             if rule is None:
                 log.info("no remediation rule for alert %r (%s); ignored", alert.name, alert.status)
                 return {"alert": alert.name, "status": alert.status, "result": "ignored"}
@@ -238,8 +263,11 @@ class RemediationPolicy:
     def _blocker(self, rule: Rule, now: float, episode: Episode | None) -> tuple[str, str] | None:
         """Why this rule may not act now (result, detail), or None. The cooldown holds
         back a new episode only, never the next step of a running one."""
-        busy = [v for v in self._verifying.values()
-                if v.rule_action == rule.action or (rule.kind == "config" and v.plan.kind == "config")]
+        busy = [
+            v
+            for v in self._verifying.values()
+            if v.rule_action == rule.action or (rule.kind == "config" and v.plan.kind == "config")
+        ]
         if busy:
             return "skipped_verifying", f"{busy[0].plan.action} (id {busy[0].action_id}) is being verified"
         last = self._last_applied.get(rule.action)
@@ -282,9 +310,19 @@ class RemediationPolicy:
             return self._decide(alert, rule, plan.action, "dry_run", old=plan.old, new=plan.new, baseline=baseline)
 
         action_id = uuid.uuid4().hex[:12]
-        self.audit.append("decision", id=action_id, alert=alert.name, fingerprint=alert.fingerprint,
-                          action=plan.action, rule_action=rule.action, kind=plan.kind, old=plan.old, new=plan.new,
-                          baseline=baseline, result="apply")
+        self.audit.append(
+            "decision",
+            id=action_id,
+            alert=alert.name,
+            fingerprint=alert.fingerprint,
+            action=plan.action,
+            rule_action=rule.action,
+            kind=plan.kind,
+            old=plan.old,
+            new=plan.new,
+            baseline=baseline,
+            result="apply",
+        )
         try:
             detail = self._execute(plan)
         except Exception as exc:  # the engine or the supervisor refused; record, do not crash the webhook
@@ -292,7 +330,13 @@ class RemediationPolicy:
             self._count(alert.name, plan.action, "failed")
             self._end_episode(alert.fingerprint, "failed")
             log.warning("remediation %s for %s failed: %s", plan.action, alert.name, exc)
-            return {"alert": alert.name, "status": alert.status, "action": plan.action, "result": "failed", "error": str(exc)}
+            return {
+                "alert": alert.name,
+                "status": alert.status,
+                "action": plan.action,
+                "result": "failed",
+                "error": str(exc),
+            }
 
         self._last_applied[rule.action] = now
         self.last_action_ts[plan.action] = now
@@ -309,19 +353,47 @@ class RemediationPolicy:
                 episode.changed.setdefault(name, value)
         verification = None
         if query and self.metrics:
-            verification = Verification(action_id, alert.name, rule.action, plan, query, baseline,
-                                        now + self.config.verify_window_s, rule.better, rule.reversible,
-                                        alert.fingerprint, demand, noise)
+            verification = Verification(
+                action_id,
+                alert.name,
+                rule.action,
+                plan,
+                query,
+                baseline,
+                now + self.config.verify_window_s,
+                rule.better,
+                rule.reversible,
+                alert.fingerprint,
+                demand,
+                noise,
+            )
             self._verifying[action_id] = verification
-        self.audit.append("applied", id=action_id, alert=alert.name, fingerprint=alert.fingerprint,
-                          action=plan.action, rule_action=rule.action, kind=plan.kind, old=plan.old, new=plan.new,
-                          detail=detail, verify=verification.to_record() if verification else None,
-                          episode=episode.to_record() if episode else None)
+        self.audit.append(
+            "applied",
+            id=action_id,
+            alert=alert.name,
+            fingerprint=alert.fingerprint,
+            action=plan.action,
+            rule_action=rule.action,
+            kind=plan.kind,
+            old=plan.old,
+            new=plan.new,
+            detail=detail,
+            verify=verification.to_record() if verification else None,
+            episode=episode.to_record() if episode else None,
+        )
         log.info("remediation %s for %s applied: %s -> %s", plan.action, alert.name, plan.old, plan.new)
         if verification is None:
             self._end_episode(alert.fingerprint, "unverified")
-        return {"alert": alert.name, "status": alert.status, "action": plan.action, "result": "applied",
-                "id": action_id, "old": plan.old, "new": plan.new}
+        return {
+            "alert": alert.name,
+            "status": alert.status,
+            "action": plan.action,
+            "result": "applied",
+            "id": action_id,
+            "old": plan.old,
+            "new": plan.new,
+        }
 
     def _plan(self, alert: Alert, rule: Rule, episode: Episode | None) -> Plan | dict[str, Any]:
         if rule.kind == "restart":
@@ -331,8 +403,13 @@ class RemediationPolicy:
         if self.engine is None:
             return self._decide(alert, rule, rule.action, "unsupported", detail="no engine admin API configured")
         if episode is not None and episode.steps >= self.config.max_episode_steps:
-            return self._decide(alert, rule, rule.action, "at_limit",
-                                detail=f"{episode.steps} steps taken, max_episode_steps {self.config.max_episode_steps}")
+            return self._decide(
+                alert,
+                rule,
+                rule.action,
+                "at_limit",
+                detail=f"{episode.steps} steps taken, max_episode_steps {self.config.max_episode_steps}",
+            )
         try:
             config = self.engine.get_config()
             facts = self._facts(alert) if rule.uses_facts else Facts()
@@ -398,8 +475,15 @@ class RemediationPolicy:
                 self._in_force[name] = value
 
     def _decide(self, alert: Alert, rule: Rule, action: str, result: str, **extra: Any) -> dict[str, Any]:
-        self.audit.append("decision", alert=alert.name, fingerprint=alert.fingerprint, action=action,
-                          rule_action=rule.action, result=result, **extra)
+        self.audit.append(
+            "decision",
+            alert=alert.name,
+            fingerprint=alert.fingerprint,
+            action=action,
+            rule_action=rule.action,
+            result=result,
+            **extra,
+        )
         self._count(alert.name, action, result)
         log.info("remediation for %s: %s %s %s", alert.name, action, result, extra.get("detail", ""))
         return {"alert": alert.name, "status": alert.status, "action": action, "result": result, **extra}
@@ -410,12 +494,19 @@ class RemediationPolicy:
         self._end_episode(alert.fingerprint, "resolved")
         restore = self._restores.get(rule.action)
         if restore is not None:
-            others = [a for a in self._firing.values() if self.rules.get(a.name) is not None
-                      and self.rules[a.name].action == rule.action]
+            others = [
+                a
+                for a in self._firing.values()
+                if self.rules.get(a.name) is not None and self.rules[a.name].action == rule.action
+            ]
             if restore.due is None and not others:  # the quiet period starts now
                 restore.due = self._clock() + self.config.restore_after_s
-            return {"alert": alert.name, "status": "resolved", "result": "restore_scheduled",
-                    "restore_in_s": None if restore.due is None else round(restore.due - self._clock(), 3)}
+            return {
+                "alert": alert.name,
+                "status": "resolved",
+                "result": "restore_scheduled",
+                "restore_in_s": None if restore.due is None else round(restore.due - self._clock(), 3),
+            }
         return {"alert": alert.name, "status": "resolved", "result": "noted"}
 
     def _end_episode(self, fingerprint: str, outcome: str) -> None:
@@ -433,12 +524,22 @@ class RemediationPolicy:
             due = self._clock() + self.config.restore_after_s if outcome == "resolved" else None
             restore = Restore(rule.action, episode.alert.name, merged, due)
             self._restores[rule.action] = restore
-        self.audit.append("episode_ended", alert=episode.alert.name, fingerprint=fingerprint, outcome=outcome,
-                          steps=episode.steps, rule_action=rule.action if rule else None,
-                          restore={"values": restore.values, "due": restore.due and round(restore.due, 3)}
-                          if restore else None)
-        log.info("remediation episode for %s (%s) ended after %d step(s): %s", episode.alert.name, fingerprint,
-                 episode.steps, outcome)
+        self.audit.append(
+            "episode_ended",
+            alert=episode.alert.name,
+            fingerprint=fingerprint,
+            outcome=outcome,
+            steps=episode.steps,
+            rule_action=rule.action if rule else None,
+            restore={"values": restore.values, "due": restore.due and round(restore.due, 3)} if restore else None,
+        )
+        log.info(
+            "remediation episode for %s (%s) ended after %d step(s): %s",
+            episode.alert.name,
+            fingerprint,
+            episode.steps,
+            outcome,
+        )
 
     def _still_firing(self, alert: Alert) -> bool:
         """Prometheus' ALERTS series when it answers (a lost or late notification does not
@@ -455,8 +556,10 @@ class RemediationPolicy:
         if not self.metrics:
             return Facts()
         sel = self._selector(alert)
-        return Facts(kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
-                     waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"))
+        return Facts(
+            kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
+            waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),
+        )
 
     def _selector(self, alert: Alert) -> str:
         sel = ",".join(f'{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
@@ -545,18 +648,35 @@ class RemediationPolicy:
     def _verify(self, v: Verification) -> None:
         answer = self._query(v.query) if self.metrics else None
         after = max(answer) if answer else None
-        demand = self.metrics.value(self.config.demand_query.format(engine=self.config.engine_selector)) \
-            if self.metrics else None
-        outcome = credit(judge(v.baseline, after, v.better, self.config.worse_tolerance, v.noise), v.demand, demand,
-                         self.config.demand_drop_tolerance)
+        demand = (
+            self.metrics.value(self.config.demand_query.format(engine=self.config.engine_selector))
+            if self.metrics
+            else None
+        )
+        outcome = credit(
+            judge(v.baseline, after, v.better, self.config.worse_tolerance, v.noise),
+            v.demand,
+            demand,
+            self.config.demand_drop_tolerance,
+        )
         del self._verifying[v.action_id]
         # No value after a change (Prometheus answered, empty) is no evidence it helped: roll it
         # back. A Prometheus that did not answer leaves the change as it is.
         unproven = outcome == "no_data" and answer == []
         roll_back = (outcome == "worse" or unproven) and v.reversible and v.plan.kind == "config"
-        self.audit.append("verified", id=v.action_id, alert=v.alert, action=v.plan.action, query=v.query,
-                          baseline=v.baseline, after=after, demand_before=v.demand, demand_after=demand,
-                          outcome=outcome, decision="rolled_back" if roll_back else "kept")
+        self.audit.append(
+            "verified",
+            id=v.action_id,
+            alert=v.alert,
+            action=v.plan.action,
+            query=v.query,
+            baseline=v.baseline,
+            after=after,
+            demand_before=v.demand,
+            demand_after=demand,
+            outcome=outcome,
+            decision="rolled_back" if roll_back else "kept",
+        )
         log.info("verification of %s (%s): %s -> %s, %s", v.plan.action, v.action_id, v.baseline, after, outcome)
         episode = self._episodes.get(v.fingerprint)
         if roll_back:
@@ -571,7 +691,9 @@ class RemediationPolicy:
                 self._end_episode(v.fingerprint, "resolved")
 
     def _roll_back(self, v: Verification, after: float | None) -> None:
-        self.audit.append("rollback", id=v.action_id, alert=v.alert, action=v.plan.action, old=v.plan.new, new=v.plan.old)
+        self.audit.append(
+            "rollback", id=v.action_id, alert=v.alert, action=v.plan.action, old=v.plan.new, new=v.plan.old
+        )
         try:
             self._admin.patch_config(v.plan.old)
         except Exception as exc:
@@ -592,8 +714,9 @@ class RemediationPolicy:
             return
         action = "restore_fast" if set(values) == {"mode"} else f"restore_{restore.rule_action}"
         current = {k: self._in_force[k] for k in values}
-        self.audit.append("restore", alert=restore.alert, action=action, rule_action=restore.rule_action,
-                          old=current, new=values)
+        self.audit.append(
+            "restore", alert=restore.alert, action=action, rule_action=restore.rule_action, old=current, new=values
+        )
         try:
             self._apply_values(values)
         except Exception as exc:
@@ -604,8 +727,9 @@ class RemediationPolicy:
         self._track(values, current)
         self.last_action_ts[action] = self._clock()
         self._count(restore.alert, action, "applied")
-        self.audit.append("restored", alert=restore.alert, action=action, rule_action=restore.rule_action,
-                          restored=values)
+        self.audit.append(
+            "restored", alert=restore.alert, action=action, rule_action=restore.rule_action, restored=values
+        )
         log.info("restored %s after %s stayed resolved", values, restore.alert)
 
     # -- a fresh engine --
@@ -630,8 +754,7 @@ class RemediationPolicy:
             try:
                 self._apply_values(missing)
             except Exception as exc:
-                self.audit.append("reverted", generation=generation, values=engine_values, lost=missing,
-                                  error=str(exc))
+                self.audit.append("reverted", generation=generation, values=engine_values, lost=missing, error=str(exc))
                 for name in missing:
                     self._in_force.pop(name, None)
                     self._original.pop(name, None)
@@ -702,8 +825,13 @@ class RemediationPolicy:
             if event == "alert":
                 self._seen.add(f"{r.get('fingerprint')}|{r.get('starts_at')}|{r.get('status')}")
                 if r.get("status") == "firing":
-                    alert = Alert("firing", r.get("labels") or {"alertname": r.get("alert", "")},
-                                  {"description": r.get("description") or ""}, r.get("starts_at", ""), fingerprint)
+                    alert = Alert(
+                        "firing",
+                        r.get("labels") or {"alertname": r.get("alert", "")},
+                        {"description": r.get("description") or ""},
+                        r.get("starts_at", ""),
+                        fingerprint,
+                    )
                     alerts[fingerprint] = self._firing[fingerprint] = alert
                 else:
                     self._firing.pop(fingerprint, None)
@@ -738,8 +866,9 @@ class RemediationPolicy:
                 restore = r.get("restore")
                 if restore and r.get("rule_action"):
                     due = restore.get("due")
-                    self._restores[r["rule_action"]] = Restore(r["rule_action"], r.get("alert", ""),
-                                                               restore["values"], None if due is None else float(due))
+                    self._restores[r["rule_action"]] = Restore(
+                        r["rule_action"], r.get("alert", ""), restore["values"], None if due is None else float(due)
+                    )
             elif event == "restored":
                 self._restores.pop(r.get("rule_action", ""), None)
                 self._track(r.get("restored") or {}, {})
@@ -753,8 +882,13 @@ class RemediationPolicy:
                     self._in_force.pop(name, None)
                     self._original.pop(name, None)
         if records:
-            log.info("remediation state reloaded from %s: %d records, %d verification(s) resumed, %s in force",
-                     self.audit.path, len(records), len(self._verifying), self._in_force or "nothing")
+            log.info(
+                "remediation state reloaded from %s: %d records, %d verification(s) resumed, %s in force",
+                self.audit.path,
+                len(records),
+                len(self._verifying),
+                self._in_force or "nothing",
+            )
 
     def _reload_applied(self, r: dict[str, Any], alerts: dict[str, Alert]) -> None:
         action, rule_action = r.get("action", ""), r.get("rule_action", "")
@@ -767,15 +901,30 @@ class RemediationPolicy:
             self._track(r.get("new") or {}, r.get("old") or {})
         record = r.get("episode")
         if record and fingerprint in alerts:
-            self._episodes[fingerprint] = Episode(alerts[fingerprint], r["ts"], int(record.get("steps", 1)),
-                                                  int(record.get("planner", 0)), dict(record.get("changed") or {}))
+            self._episodes[fingerprint] = Episode(
+                alerts[fingerprint],
+                r["ts"],
+                int(record.get("steps", 1)),
+                int(record.get("planner", 0)),
+                dict(record.get("changed") or {}),
+            )
         verify = r.get("verify")
         if verify:
             plan = Plan(action, kind, r.get("new") or {}, r.get("old") or {})
             self._verifying[r["id"]] = Verification(
-                r["id"], r.get("alert", ""), rule_action, plan, verify["query"], verify.get("baseline"),
-                float(verify["deadline"]), verify.get("better", "lower"), bool(verify.get("reversible", True)),
-                fingerprint, verify.get("demand"), verify.get("noise"))
+                r["id"],
+                r.get("alert", ""),
+                rule_action,
+                plan,
+                verify["query"],
+                verify.get("baseline"),
+                float(verify["deadline"]),
+                verify.get("better", "lower"),
+                bool(verify.get("reversible", True)),
+                fingerprint,
+                verify.get("demand"),
+                verify.get("noise"),
+            )
 
 
 class RemediationCollector:
@@ -790,19 +939,32 @@ class RemediationCollector:
 
     def collect(self):
         policy = self.policy
-        actions = CounterMetricFamily("inferd_remediation_actions", "Remediation changes by alert, action and result "
-                                      "(applied, dry_run, failed); restores and re-applies after an engine restart too",
-                                      labels=["alert", "action", "result"])
-        skipped = CounterMetricFamily("inferd_remediation_skipped", "Alerts the policy did not act on, by reason "
-                                      "(skipped_cooldown, skipped_verifying, at_limit, unsupported, no_data)",
-                                      labels=["alert", "reason"])
-        rollbacks = CounterMetricFamily("inferd_remediation_rollbacks", "Actions rolled back because verification saw the target worsen",
-                                        labels=["action"])
-        last = GaugeMetricFamily("inferd_remediation_last_action_timestamp_seconds",
-                                 "Unix time of the last applied change of each action", labels=["action"])
+        actions = CounterMetricFamily(
+            "inferd_remediation_actions",
+            "Remediation changes by alert, action and result "
+            "(applied, dry_run, failed); restores and re-applies after an engine restart too",
+            labels=["alert", "action", "result"],
+        )
+        skipped = CounterMetricFamily(
+            "inferd_remediation_skipped",
+            "Alerts the policy did not act on, by reason "
+            "(skipped_cooldown, skipped_verifying, at_limit, unsupported, no_data)",
+            labels=["alert", "reason"],
+        )
+        rollbacks = CounterMetricFamily(
+            "inferd_remediation_rollbacks",
+            "Actions rolled back because verification saw the target worsen",
+            labels=["action"],
+        )
+        last = GaugeMetricFamily(
+            "inferd_remediation_last_action_timestamp_seconds",
+            "Unix time of the last applied change of each action",
+            labels=["action"],
+        )
         episodes = GaugeMetricFamily("inferd_remediation_episodes", "Alerts being remediated now (one episode each)")
-        in_force = GaugeMetricFamily("inferd_remediation_in_force", "Engine settings the agent changed that are in force now",
-                                     labels=["param"])
+        in_force = GaugeMetricFamily(
+            "inferd_remediation_in_force", "Engine settings the agent changed that are in force now", labels=["param"]
+        )
         # Copies, not the policy's lock: a scrape must not wait for an engine call.
         counts = dict(policy.actions_total)
         for rule in policy.rules.values():

@@ -10,6 +10,7 @@ change with the direction that counts as better. `judge` compares the target bef
 and after; `credit` refuses to call a change an improvement when the demand on the
 engine fell by more than `demand_drop_tolerance` meanwhile.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # ---- configuration -------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class Bounds:
@@ -70,7 +72,7 @@ class PolicyConfig:
     fast path's fallback included) go back to what they were."""
     engine_selector: str = 'job="inferd-engine"'
     """PromQL matchers for the engine's series where the alert's labels do not name them."""
-    demand_query: str = ('sum(vllm:num_requests_running{{{engine}}}) + sum(vllm:num_requests_waiting{{{engine}}})')
+    demand_query: str = "sum(vllm:num_requests_running{{{engine}}}) + sum(vllm:num_requests_waiting{{{engine}}})"
     """The demand on the engine (requests running + waiting), read with each baseline and after."""
     demand_drop_tolerance: float = 0.25
     """An improvement seen while the demand fell by more than this share is not credited."""
@@ -85,8 +87,11 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be bounds (minimum, maximum, max_step), got {value!r}")
         if not 0 < self.step_fraction <= 1:
             raise ValueError(f"step_fraction must be in (0, 1], got {self.step_fraction}")
-        if isinstance(self.max_episode_steps, bool) or not isinstance(self.max_episode_steps, int) \
-                or self.max_episode_steps < 1:
+        if (
+            isinstance(self.max_episode_steps, bool)
+            or not isinstance(self.max_episode_steps, int)
+            or self.max_episode_steps < 1
+        ):
             raise ValueError(f"max_episode_steps must be an integer >= 1, got {self.max_episode_steps!r}")
         for name in ("cooldown_s", "verify_window_s", "restore_after_s", "worse_tolerance", "demand_drop_tolerance"):
             value = getattr(self, name)
@@ -174,8 +179,12 @@ def _raise_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts
     tokens = int(config["max_num_batched_tokens"])
     new = pc.max_num_batched_tokens.higher(tokens, pc.step_fraction)
     if new > tokens:
-        return Plan("raise_max_num_batched_tokens", "config", {"max_num_batched_tokens": new},
-                    {"max_num_batched_tokens": tokens})
+        return Plan(
+            "raise_max_num_batched_tokens",
+            "config",
+            {"max_num_batched_tokens": new},
+            {"max_num_batched_tokens": tokens},
+        )
     return f"max_num_batched_tokens at its maximum {pc.max_num_batched_tokens.maximum}"
 
 
@@ -218,34 +227,59 @@ _FAULTS = "sum(rate(inferd_kv_page_faults_total{{{sel}}}[{window}]))"
 _SWAP = "sum(rate(inferd_kv_swap_bytes_total{{{engine}}}[{window}]))"
 # Failures within the window; a counter series born inside it (its first failure) counts
 # whole, which increase() would miss.
-_NEW_FAILURES = ("sum(inferd_engine_fastpath_failures_total{{{sel}}})"
-                 " - sum(inferd_engine_fastpath_failures_total{{{sel}}} offset {window})"
-                 " or sum(inferd_engine_fastpath_failures_total{{{sel}}})")
+_NEW_FAILURES = (
+    "sum(inferd_engine_fastpath_failures_total{{{sel}}})"
+    " - sum(inferd_engine_fastpath_failures_total{{{sel}}} offset {window})"
+    " or sum(inferd_engine_fastpath_failures_total{{{sel}}})"
+)
 
 # The mean over the window, not a quantile interpolated inside a histogram bucket: two
 # p99s in the same bucket read the same whatever happened.
-_MEAN_TTFT = ("sum(rate(vllm:time_to_first_token_seconds_sum{{{sel}}}[{window}]))"
-              " / sum(rate(vllm:time_to_first_token_seconds_count{{{sel}}}[{window}]))")
+_MEAN_TTFT = (
+    "sum(rate(vllm:time_to_first_token_seconds_sum{{{sel}}}[{window}]))"
+    " / sum(rate(vllm:time_to_first_token_seconds_count{{{sel}}}[{window}]))"
+)
 
 DEFAULT_RULES: dict[str, Rule] = {
     r.alert: r
     for r in (
         Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", (_lower_seqs, _cold_kv), _FAULTS),
         Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _MEAN_TTFT, uses_facts=True),
-        Rule("InferdGPUUnderutilizedWithQueue", "raise_batch", "config", (_raise_batch,),
-             "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))", better="higher"),
-        Rule("InferdNUMARemoteMemoryHigh", "rebind_numa", "rebind", (),
-             "max(inferd_numa_process_remote_ratio{{{sel}}})", reversible=False),
+        Rule(
+            "InferdGPUUnderutilizedWithQueue",
+            "raise_batch",
+            "config",
+            (_raise_batch,),
+            "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))",
+            better="higher",
+        ),
+        Rule(
+            "InferdNUMARemoteMemoryHigh",
+            "rebind_numa",
+            "rebind",
+            (),
+            "max(inferd_numa_process_remote_ratio{{{sel}}})",
+            reversible=False,
+        ),
         Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", (_recompute,), _SWAP),
         Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", (_recompute,), _SWAP),
         Rule("InferdEngineFastPathFailing", "fallback", "mode", (_fallback,), _NEW_FAILURES, reversible=False),
-        Rule("InferdEngineDown", "restart_engine", "restart", (), "min(up{{{engine}}})",
-             better="higher", reversible=False),
+        Rule(
+            "InferdEngineDown",
+            "restart_engine",
+            "restart",
+            (),
+            "min(up{{{engine}}})",
+            better="higher",
+            reversible=False,
+        ),
     )
 }
 
 
-def judge(baseline: float | None, after: float | None, better: str, tolerance: float, noise: float | None = None) -> str:
+def judge(
+    baseline: float | None, after: float | None, better: str, tolerance: float, noise: float | None = None
+) -> str:
     """improved | unchanged | worse | no_data. A move counts when it exceeds both
     `tolerance` x the baseline and twice the target's own spread before the step
     (`noise`, its standard deviation): a noisy rate moving within its spread is unchanged."""

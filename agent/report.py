@@ -5,6 +5,7 @@ very expressions the boards use (dashboards/spec.py panels marked `headline`), d
 each panel with matplotlib and writes `index.html` beside the PNGs, in `--output`
 (default `./inferd-report`); it prints the page's absolute path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,14 @@ from pathlib import Path
 from dashboards.promql import expand, legend
 from dashboards.spec import Board, Panel
 
-COLORS = {"green": "#37872d", "yellow": "#e0b400", "orange": "#fa6400", "red": "#c4162a", "blue": "#1f60c4", "purple": "#8f3bb8"}
+COLORS = {
+    "green": "#37872d",
+    "yellow": "#e0b400",
+    "orange": "#fa6400",
+    "red": "#c4162a",
+    "blue": "#1f60c4",
+    "purple": "#8f3bb8",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +76,14 @@ def panel_series(config: ReportConfig, panel: Panel, start: float, end: float) -
     rate_interval = f"{max(4 * config.step_s, 20)}s"
     series = []
     for query in panel.queries:
-        expr = expand(query.expr, rate_interval=rate_interval, interval=f"{config.step_s}s", range_=f"{config.minutes}m")
+        expr = expand(
+            query.expr, rate_interval=rate_interval, interval=f"{config.step_s}s", range_=f"{config.minutes}m"
+        )
         for result in query_range(config, expr, start, end):
             points = [(float(t), float(v)) for t, v in result["values"]]
-            series.append(Series(legend(query.legend, result["metric"]), [p[0] for p in points], [p[1] for p in points]))
+            series.append(
+                Series(legend(query.legend, result["metric"]), [p[0] for p in points], [p[1] for p in points])
+            )
     return series
 
 
@@ -140,7 +152,7 @@ def write_report(config: ReportConfig, boards: tuple[Board, ...], now: float | N
 </head><body>
 <h1>inferd report</h1>
 <p>{stamp(start)} to {stamp(end)} ({config.minutes} min, step {config.step_s} s) from {html.escape(config.prometheus_url)}</p>
-{''.join(sections)}
+{"".join(sections)}
 </body></html>
 """
     index = config.out_dir / "index.html"
@@ -149,12 +161,21 @@ def write_report(config: ReportConfig, boards: tuple[Board, ...], now: float | N
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prometheus", default="http://localhost:9090", help="Prometheus base URL (default %(default)s)")
+    parser.add_argument(
+        "--prometheus", default="http://localhost:9090", help="Prometheus base URL (default %(default)s)"
+    )
     parser.add_argument("--minutes", type=int, default=60, help="how far back to look (default %(default)s)")
     parser.add_argument("--step", type=int, default=15, help="seconds between points (default %(default)s)")
-    parser.add_argument("-o", "--output", "--out", dest="out", type=Path, default=Path("inferd-report"),
-                        help="output directory, created if needed; index.html and the PNGs go there "
-                             "(default: ./%(default)s, under the directory the command runs in)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        "--out",
+        dest="out",
+        type=Path,
+        default=Path("inferd-report"),
+        help="output directory, created if needed; index.html and the PNGs go there "
+        "(default: ./%(default)s, under the directory the command runs in)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ Every error the app sends, from a route, from FastAPI (an unknown path, a wrong 
 a bad query parameter) or from an unexpected exception, is `{"error": "<message>"}`
 (`ERROR_SCHEMA`); `/openapi.json` lists each route's statuses with that shape.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
@@ -86,41 +87,73 @@ def create_app(state: AgentState, routers: Iterable[Any] = ()):
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
-        messages = {404: f"no route {request.method} {request.url.path}",
-                    405: f"method {request.method} not allowed on {request.url.path}"}
+        messages = {
+            404: f"no route {request.method} {request.url.path}",
+            405: f"method {request.method} not allowed on {request.url.path}",
+        }
         return error(exc.status_code, messages.get(exc.status_code, str(exc.detail)), exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        parts = [f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}"
-                 for e in exc.errors()[:5]]
+        parts = [
+            f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()[:5]
+        ]
         return error(422, "; ".join(parts) or "malformed request")
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception):
         return error(500, f"internal error: {type(exc).__name__}")  # Starlette still logs the traceback
 
-    @app.get("/metrics", response_class=Response,
-             responses={200: {"description": "Prometheus text exposition",
-                              "content": {CONTENT_TYPE_LATEST.split(";")[0]: _TEXT}}})
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {"description": "Prometheus text exposition", "content": {CONTENT_TYPE_LATEST.split(";")[0]: _TEXT}}
+        },
+    )
     def metrics():
         return Response(state.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
-    health = {"type": "object", "required": ["status", "engine", "collectors"], "properties": {
-        "status": {"enum": ["ok", "degraded"]}, "engine": {"anyOf": [{"type": "object"}, {"type": "null"}]},
-        "collectors": {"type": "array", "items": {"type": "string"}}}}
+    health = {
+        "type": "object",
+        "required": ["status", "engine", "collectors"],
+        "properties": {
+            "status": {"enum": ["ok", "degraded"]},
+            "engine": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+            "collectors": {"type": "array", "items": {"type": "string"}},
+        },
+    }
 
-    @app.get("/healthz", responses={200: {"description": "the agent's liveness; degraded while its engine is not ready",
-                                          "content": {"application/json": {"schema": health}}}})
+    @app.get(
+        "/healthz",
+        responses={
+            200: {
+                "description": "the agent's liveness; degraded while its engine is not ready",
+                "content": {"application/json": {"schema": health}},
+            }
+        },
+    )
     def healthz():
         return JSONResponse(state.health())
 
-    @app.get("/v1/topology", responses={
-            200: {"description": "the discovered topology and the engine's placement",
-                  "content": {"application/json": {"schema": {"type": "object", "required": ["topology", "placement"],
-                                                              "properties": {"topology": {"type": "object"},
-                                                                             "placement": {"type": "object"}}}}}},
-            503: {"description": "the topology could not be discovered (error says why)"}})
+    @app.get(
+        "/v1/topology",
+        responses={
+            200: {
+                "description": "the discovered topology and the engine's placement",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["topology", "placement"],
+                            "properties": {"topology": {"type": "object"}, "placement": {"type": "object"}},
+                        }
+                    }
+                },
+            },
+            503: {"description": "the topology could not be discovered (error says why)"},
+        },
+    )
     def topology():
         if state.topology is None:
             return error(503, state.topology_error or "topology not discovered")
@@ -131,8 +164,12 @@ def create_app(state: AgentState, routers: Iterable[Any] = ()):
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                              description="The node agent: metrics, health, topology, Alertmanager webhook, actions")
+            doc = get_openapi(
+                title=app.title,
+                version=app.version,
+                routes=app.routes,
+                description="The node agent: metrics, health, topology, Alertmanager webhook, actions",
+            )
             doc.setdefault("components", {})["securitySchemes"] = {"webhookToken": {"type": "http", "scheme": "bearer"}}
             app.openapi_schema = document_errors(doc, ERROR_SCHEMA)
         return app.openapi_schema
@@ -155,7 +192,9 @@ def document_errors(doc: dict, error_schema: dict) -> dict:
     return doc
 
 
-def load_extra_routers(state: AgentState, modules: Iterable[str] = ("agent.webhook",), log: Callable[[str], None] = print):
+def load_extra_routers(
+    state: AgentState, modules: Iterable[str] = ("agent.webhook",), log: Callable[[str], None] = print
+):
     """Routers from optional agent modules that define make_router(state).
 
     OSError and ValueError (bad configuration the user must fix) propagate; any other

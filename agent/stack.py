@@ -15,6 +15,7 @@ it. Every process started gets `INFERD_STACK_RUN_DIR` in its environment, so `do
 also finds descendants that left their process group (the engine the agent starts)
 and nothing is left behind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,7 +76,9 @@ def token_file() -> Path:
     return path if path.is_absolute() else REPO / "alerts" / path
 
 
-def ensure_token(path: Path, what: str = "the webhook token", named_in: str = " (named in alerts/alertmanager.yml)") -> None:
+def ensure_token(
+    path: Path, what: str = "the webhook token", named_in: str = " (named in alerts/alertmanager.yml)"
+) -> None:
     """Create `path` holding a fresh random token, mode 0600, unless it exists."""
     if path.exists():
         return
@@ -161,7 +164,9 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     alertmanager = find_binary("prometheus-alertmanager", "alertmanager")
     if prometheus is None or alertmanager is None:
         missing = [n for n, b in (("prometheus", prometheus), ("prometheus-alertmanager", alertmanager)) if b is None]
-        raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)")
+        raise RuntimeError(
+            f"not installed: {', '.join(missing)} (apt-get install {' '.join(missing)}; scripts/setup.sh does)"
+        )
     token, alertmanager_config = webhook_config(run)
     engine: tuple[str, ...]
     if config.model:
@@ -172,7 +177,16 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     out = [
         Component(
             "agent",
-            (sys.executable, "-m", "agent.cli", "agent", *engine, "--webhook-token-file", str(token), *config.agent_args),
+            (
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "agent",
+                *engine,
+                "--webhook-token-file",
+                str(token),
+                *config.agent_args,
+            ),
             "http://localhost:9400/healthz",
             "http://localhost:9400/metrics",
             (9400, 8000) if config.model else (9400,),
@@ -208,9 +222,13 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
     if not config.with_grafana:
         notes.append(skipped("grafana", "--no-grafana given"))
     elif grafana is None:
-        notes.append(skipped(
-            "grafana", "not installed (Grafana's own package, or `docker compose up grafana`, serves "
-            "dashboards/generated on :3000 from this Prometheus)"))
+        notes.append(
+            skipped(
+                "grafana",
+                "not installed (Grafana's own package, or `docker compose up grafana`, serves "
+                "dashboards/generated on :3000 from this Prometheus)",
+            )
+        )
     else:
         home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
         argv = [grafana] + (["server"] if Path(grafana).name == "grafana" else [])
@@ -236,9 +254,13 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
                 ),
             )
         )
-    notes.append(skipped(
-        "otel-collector", "`inferd stack` never starts it (`docker compose up otel-collector`, or "
-        "otelcol-contrib --config=otel/collector.yaml; then up with --agent-arg=--otlp-endpoint=http://localhost:4318)"))
+    notes.append(
+        skipped(
+            "otel-collector",
+            "`inferd stack` never starts it (`docker compose up otel-collector`, or "
+            "otelcol-contrib --config=otel/collector.yaml; then up with --agent-arg=--otlp-endpoint=http://localhost:4318)",
+        )
+    )
     return out, notes
 
 
@@ -343,8 +365,13 @@ def start(component: Component, run_dir: Path) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     try:
         return subprocess.Popen(
-            component.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=run_dir, env=env, start_new_session=True,  # own process group: down signals it whole
+            component.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=run_dir,
+            env=env,
+            start_new_session=True,  # own process group: down signals it whole
         )
     finally:
         log.close()
@@ -354,11 +381,15 @@ def wait_healthy(component: Component, process: subprocess.Popen, deadline: floa
     urls = (component.health_url, *component.extra_health_urls)
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{component.name} exited with code {process.returncode}\n{log_tail(run_dir, component.name)}")
+            raise RuntimeError(
+                f"{component.name} exited with code {process.returncode}\n{log_tail(run_dir, component.name)}"
+            )
         if all(answers(u) for u in urls):
             return
         time.sleep(0.25)
-    raise RuntimeError(f"{component.name} not healthy at {', '.join(urls)} in time\n{log_tail(run_dir, component.name)}")
+    raise RuntimeError(
+        f"{component.name} not healthy at {', '.join(urls)} in time\n{log_tail(run_dir, component.name)}"
+    )
 
 
 def log_tail(run_dir: Path, name: str, lines: int = 15) -> str:
@@ -402,8 +433,10 @@ def up(config: StackConfig) -> int:
         return 1
     if config.model:
         print(f"{'engine':<14} http://localhost:8000/v1 (OpenAI API, model {config.model})")
-        print(f"{'admin token':<14} {admin_token_path(run_dir)} (bearer token of /admin/* on :8000; "
-              f"`{inferd_command()} stack token` prints it)")
+        print(
+            f"{'admin token':<14} {admin_token_path(run_dir)} (bearer token of /admin/* on :8000; "
+            f"`{inferd_command()} stack token` prints it)"
+        )
     for note in notes:
         print(note)
     print(f"logs and state in {run_dir}; stop with {stop_hint(run_dir)}")
@@ -463,19 +496,29 @@ def default_model() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "action", choices=("up", "down", "status", "token", "default-model"),
+        "action",
+        choices=("up", "down", "status", "token", "default-model"),
         help="up: start and wait until healthy; down: stop everything; status: what runs; "
-             "token: print the engine's admin token (in RUN_DIR/admin-token); "
-             "default-model: write the embedded model if needed and print its directory (compose.yaml uses it)",
+        "token: print the engine's admin token (in RUN_DIR/admin-token); "
+        "default-model: write the embedded model if needed and print its directory (compose.yaml uses it)",
     )
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
-                        help="state, logs, data and the admin token (default: .out/stack in the repository)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for health, and for processes to stop")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=DEFAULT_RUN_DIR,
+        help="state, logs, data and the admin token (default: .out/stack in the repository)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds to wait for health, and for processes to stop"
+    )
     parser.add_argument("--no-grafana", action="store_true", help="do not start Grafana even where installed")
     parser.add_argument("--model", type=Path, help="engine checkpoint (default: the embedded default model)")
     parser.add_argument("--no-engine", action="store_true", help="run the agent without an engine")
     parser.add_argument(
-        "--agent-arg", action="append", default=[], metavar="ARG",
+        "--agent-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
         help="extra argument for `inferd agent` (repeat), e.g. --agent-arg=--gpu-backend=replay:PATH",
     )
 

@@ -32,6 +32,7 @@
 `EngineCollector` exports inferd_engine_up (ready), inferd_engine_ready_state,
 inferd_engine_restarts_total and inferd_engine_stall_restarts_total.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,7 +128,9 @@ def bound_command(config: SupervisorConfig) -> tuple[list[str], str]:
         # a container's cpuset can be narrower than the node's CPU list
         allowed = set(cpus) & os.sched_getaffinity(0)
         if not allowed:
-            log.warning("none of the engine node's CPUs %s is available to the agent; CPU affinity not set", format_cpus(cpus))
+            log.warning(
+                "none of the engine node's CPUs %s is available to the agent; CPU affinity not set", format_cpus(cpus)
+            )
         cpus = tuple(sorted(allowed)) or None
     numactl = shutil.which("numactl") if config.use_numactl else None
     if numactl:
@@ -291,8 +294,13 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             if process is not None:
-                log.warning("engine (pid %d) exited with %s after %.1f s: %s", process.pid, returncode, ran_for,
-                            tail or "no output")
+                log.warning(
+                    "engine (pid %d) exited with %s after %.1f s: %s",
+                    process.pid,
+                    returncode,
+                    ran_for,
+                    tail or "no output",
+                )
             # restart() refuses inside the start-up window, so an engine that exits (0, drained)
             # on a restart the supervisor asked for has always run past it: never a start-up failure
             was_ready = process is not None and self._ready_seen is process
@@ -359,11 +367,13 @@ class Supervisor:
         self.error = None  # a crash loop ends when an engine comes up
         generation = self.generation
         for listener in list(self._ready_listeners):
+
             def call(listener=listener) -> None:
                 try:
                     listener(generation)
                 except Exception:
                     log.exception("engine ready listener %r failed", listener)
+
             threading.Thread(target=call, name="engine-ready", daemon=True).start()
 
     def _spawn(self) -> subprocess.Popen:
@@ -449,7 +459,9 @@ class EngineCollector:
             "1 while the supervised engine is ready: its process runs and its last readiness probe "
             "answered ready (without a probe: while its process runs), else 0",
         )
-        restarts = CounterMetricFamily("inferd_engine_restarts", "Times the agent started the engine again after it exited")
+        restarts = CounterMetricFamily(
+            "inferd_engine_restarts", "Times the agent started the engine again after it exited"
+        )
         stall_restarts = CounterMetricFamily(
             "inferd_engine_stall_restarts",
             "Restarts the agent made because the engine's readiness probe said stalled or dead, "
@@ -464,17 +476,20 @@ class EngineCollector:
         yield stall_restarts
         if supervisor is not None and supervisor.config.ready_url is not None:
             state = GaugeMetricFamily(
-                "inferd_engine_ready_state", "1 for the engine's current readiness state, 0 for the others",
+                "inferd_engine_ready_state",
+                "1 for the engine's current readiness state, 0 for the others",
                 labels=["state"],
             )
             current = supervisor.readiness
             for name in READINESS_STATES:
                 state.add_metric([name], 1.0 if name == current else 0.0)
             yield state
-            yield GaugeMetricFamily("inferd_engine_loading_seconds",
-                                    "How long the engine has said it is loading (0 when it is not): the "
-                                    "InferdEngineDown alert waits for a load up to its timeout",
-                                    value=supervisor.loading_seconds)
+            yield GaugeMetricFamily(
+                "inferd_engine_loading_seconds",
+                "How long the engine has said it is loading (0 when it is not): the "
+                "InferdEngineDown alert waits for a load up to its timeout",
+                value=supervisor.loading_seconds,
+            )
 
 
 # -- the launcher: `python -m agent.supervisor --cpus 0,1 --membind 0 -- CMD ...` --

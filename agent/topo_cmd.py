@@ -6,6 +6,7 @@ with link generation and width on each hop), a GPU x GPU matrix in the terms of
 matrix of placement scores, and warnings for degraded hops and shared upstream links.
 With --json: the same in a stable JSON form (sorted keys, fixed order of lists).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,11 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sysfs-root", default="/sys", help="sysfs mount to read (default /sys)")
-    parser.add_argument("--procfs-root", default="/proc", help="procfs mount to read (default /proc; unused by topo today, kept for symmetry with `inferd agent`)")
+    parser.add_argument(
+        "--procfs-root",
+        default="/proc",
+        help="procfs mount to read (default /proc; unused by topo today, kept for symmetry with `inferd agent`)",
+    )
     parser.add_argument("--json", action="store_true", help="print a stable JSON form instead of text")
 
 
@@ -38,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ---- the report, shared by the JSON and text forms ----
+
 
 def degraded_hops(topology) -> list[dict]:
     found = []
@@ -129,7 +135,9 @@ def _tree_lines(topology, sysfs_root: str) -> list[str]:
             label = hop.device
             entry = level.setdefault(label, [hop, gpu.index if hop.role == "gpu" else None, {}])
             level = entry[2]
-    node_ids = [n.node for n in topology.nodes] + sorted((k for k in by_node if k not in {n.node for n in topology.nodes}), key=lambda k: (k is None, k or 0))
+    node_ids = [n.node for n in topology.nodes] + sorted(
+        (k for k in by_node if k not in {n.node for n in topology.nodes}), key=lambda k: (k is None, k or 0)
+    )
     for node_id in node_ids:
         node = topology.node(node_id) if node_id is not None else None
         if node is not None:
@@ -170,7 +178,11 @@ def _gpu_matrix_lines(topology) -> list[str]:
         rows.append(
             [f"GPU{a.index}"]
             + [connection_type(a, b) for b in topology.gpus]
-            + [format_cpulist(a.local_cpus) or "N/A", "N/A" if a.numa_node is None else str(a.numa_node), _hop_text(own)]
+            + [
+                format_cpulist(a.local_cpus) or "N/A",
+                "N/A" if a.numa_node is None else str(a.numa_node),
+                _hop_text(own),
+            ]
         )
     legend = ["", "Legend:"] + [f"  {k:<4} = {v}" for k, v in CONNECTION_LEGEND.items()]
     return _table(header, rows) + legend

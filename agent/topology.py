@@ -12,6 +12,7 @@ NUMA nodes under ``devices/system/node``, and resolves each GPU's NUMA node:
 lists in PCI bus / node order, CPU lists in the kernel's compact form, bandwidths in
 whole bytes per second.
 """
+
 from __future__ import annotations
 
 import json
@@ -161,6 +162,7 @@ def _whole(value: float | None) -> int | None:
 
 # ---- NUMA nodes ----
 
+
 def parse_mem_total_bytes(meminfo: str) -> int | None:
     match = _MEM_TOTAL.search(meminfo)
     return int(match.group(1)) * 1024 if match else None
@@ -207,6 +209,7 @@ def node_of_cpus(cpus: tuple[int, ...], nodes: tuple[NumaNode, ...]) -> int | No
 
 
 # ---- discovery ----
+
 
 def hop_role(position: int, num_hops: int) -> str:
     if position == 0:

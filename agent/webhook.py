@@ -10,6 +10,7 @@ scheme in any case, RFC 7235): 401 for a missing or wrong token, 413 for a body 
 alert goes to the policy, which is idempotent on fingerprint + startsAt + status and
 ignores alerts it has no rule for (with a log line).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,7 +77,7 @@ def parse_notification(body: Any) -> list[Alert]:
     if not isinstance(body, dict):
         raise PayloadError("body must be a JSON object")
     if body.get("version") != "4":
-        raise PayloadError(f"unsupported payload version {body.get('version')!r}; expected \"4\"")
+        raise PayloadError(f'unsupported payload version {body.get("version")!r}; expected "4"')
     alerts = body.get("alerts")
     if not isinstance(alerts, list):
         raise PayloadError("alerts must be a list")
@@ -143,30 +144,64 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
 # What parse_notification checks; Alertmanager's other fields (receiver, groupLabels,
 # endsAt, generatorURL, ...) are read by nobody here and may be anything.
-NOTIFICATION_SCHEMA = {"type": "object", "required": ["version", "alerts"], "properties": {
-    "version": {"const": "4"},
-    "alerts": {"type": "array", "items": {
-        "type": "object", "required": ["status", "labels", "startsAt", "fingerprint"], "properties": {
-            "status": {"enum": ["firing", "resolved"]},
-            "labels": {**_STRINGS, "required": ["alertname"],
-                       "properties": {"alertname": {"type": "string", "minLength": 1}}},
-            "annotations": _STRINGS, "startsAt": {"type": "string", "minLength": 1},
-            "fingerprint": {"type": "string", "minLength": 1}}}}}}
-_RESULTS = {"type": "object", "required": ["results"], "properties": {
-    "results": {"type": "array", "items": {"type": "object", "required": ["result"]}}}}
+NOTIFICATION_SCHEMA = {
+    "type": "object",
+    "required": ["version", "alerts"],
+    "properties": {
+        "version": {"const": "4"},
+        "alerts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["status", "labels", "startsAt", "fingerprint"],
+                "properties": {
+                    "status": {"enum": ["firing", "resolved"]},
+                    "labels": {
+                        **_STRINGS,
+                        "required": ["alertname"],
+                        "properties": {"alertname": {"type": "string", "minLength": 1}},
+                    },
+                    "annotations": _STRINGS,
+                    "startsAt": {"type": "string", "minLength": 1},
+                    "fingerprint": {"type": "string", "minLength": 1},
+                },
+            },
+        },
+    },
+}
+_RESULTS = {
+    "type": "object",
+    "required": ["results"],
+    "properties": {"results": {"type": "array", "items": {"type": "object", "required": ["result"]}}},
+}
 _ALERTS_DOC: dict[str, Any] = dict(  # router.post's keyword arguments
-    responses={200: {"description": "what the policy did with each alert",
-                     "content": {"application/json": {"schema": _RESULTS}}},
-               400: {"description": "the body is not JSON (or not UTF-8, or nests too deeply), or not a version-4 "
-                                    "notification, or holds a lone surrogate"},
-               401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
-               413: {"description": f"the body is over {MAX_BODY_BYTES} bytes"},
-               500: {"description": "the policy failed on an alert (the agent's log says why)"}},
-    openapi_extra={"security": [{"webhookToken": []}],
-                   "requestBody": {"required": True, "content": {"application/json": {"schema": NOTIFICATION_SCHEMA}}}})
-_ACTIONS = {"type": "object", "required": ["records", "verifying", "dry_run"], "properties": {
-    "records": {"type": "array", "items": {"type": "object"}},
-    "verifying": {"type": "array", "items": {"type": "string"}}, "dry_run": {"type": "boolean"}}}
+    responses={
+        200: {
+            "description": "what the policy did with each alert",
+            "content": {"application/json": {"schema": _RESULTS}},
+        },
+        400: {
+            "description": "the body is not JSON (or not UTF-8, or nests too deeply), or not a version-4 "
+            "notification, or holds a lone surrogate"
+        },
+        401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
+        413: {"description": f"the body is over {MAX_BODY_BYTES} bytes"},
+        500: {"description": "the policy failed on an alert (the agent's log says why)"},
+    },
+    openapi_extra={
+        "security": [{"webhookToken": []}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": NOTIFICATION_SCHEMA}}},
+    },
+)
+_ACTIONS = {
+    "type": "object",
+    "required": ["records", "verifying", "dry_run"],
+    "properties": {
+        "records": {"type": "array", "items": {"type": "object"}},
+        "verifying": {"type": "array", "items": {"type": "string"}},
+        "dry_run": {"type": "boolean"},
+    },
+}
 
 
 def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike | None) -> APIRouter:
@@ -176,14 +211,18 @@ def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike
     @router.post("/v1/alerts", **_ALERTS_DOC)
     async def receive_alerts(request: Request):
         if not token.matches(request.headers.get("authorization")):
-            log.warning("webhook call from %s with a missing or wrong token; refused",
-                        request.client.host if request.client else "?")
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+            log.warning(
+                "webhook call from %s with a missing or wrong token; refused",
+                request.client.host if request.client else "?",
+            )
+            return JSONResponse(
+                {"error": "missing or wrong bearer token"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+            )
         raw = await _read_body(request, MAX_BODY_BYTES)
         if raw is None:
-            return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413,
-                                headers={"Connection": "close"})
+            return JSONResponse(
+                {"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413, headers={"Connection": "close"}
+            )
         try:
             alerts = parse_notification(json.loads(raw))
         # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: nested too deep.
@@ -194,10 +233,14 @@ def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike
             results.append(await run_in_threadpool(policy.handle, alert))
         return JSONResponse({"results": results})
 
-    @router.get("/v1/actions", responses={
+    @router.get(
+        "/v1/actions",
+        responses={
             200: {"description": "the audit log's last records", "content": {"application/json": {"schema": _ACTIONS}}},
             422: {"description": "limit is not an integer in [0, 100000]"},
-            503: {"description": "the audit log cannot be read"}})
+            503: {"description": "the audit log cannot be read"},
+        },
+    )
     def list_actions(limit: int = Query(200, ge=0, le=100_000)):
         """The audit log, oldest first (the last `limit` records; 0 for all)."""
         try:
@@ -211,6 +254,7 @@ def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike
 
 # ---- the agent's hook ------------------------------------------------------------------
 
+
 def default_audit_path() -> Path:
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(state) / "inferd" / "audit.jsonl"
@@ -218,17 +262,33 @@ def default_audit_path() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("remediation", "Alertmanager webhook and remediation policy")
-    group.add_argument("--webhook-token-file", type=Path,
-                       help="bearer token Alertmanager sends to /v1/alerts (without it the webhook refuses every call)")
-    group.add_argument("--audit-log", type=Path, default=None,
-                       help=f"JSON-lines audit log of remediation decisions (default {default_audit_path()})")
+    group.add_argument(
+        "--webhook-token-file",
+        type=Path,
+        help="bearer token Alertmanager sends to /v1/alerts (without it the webhook refuses every call)",
+    )
+    group.add_argument(
+        "--audit-log",
+        type=Path,
+        default=None,
+        help=f"JSON-lines audit log of remediation decisions (default {default_audit_path()})",
+    )
     group.add_argument("--dry-run", action="store_true", help="record remediation decisions without acting")
-    group.add_argument("--prometheus-url", default="http://127.0.0.1:9090",
-                       help="Prometheus that verification queries (default http://127.0.0.1:9090)")
-    group.add_argument("--remediation-config", type=Path,
-                       help="YAML of remediation settings (bounds, cooldown_s, verify_window_s, ...; see agent/remediation_rules.py)")
-    group.add_argument("--admin-token-file", type=Path,
-                       help="engine admin token (else INFERD_ADMIN_TOKEN; else one is generated for the supervised engine)")
+    group.add_argument(
+        "--prometheus-url",
+        default="http://127.0.0.1:9090",
+        help="Prometheus that verification queries (default http://127.0.0.1:9090)",
+    )
+    group.add_argument(
+        "--remediation-config",
+        type=Path,
+        help="YAML of remediation settings (bounds, cooldown_s, verify_window_s, ...; see agent/remediation_rules.py)",
+    )
+    group.add_argument(
+        "--admin-token-file",
+        type=Path,
+        help="engine admin token (else INFERD_ADMIN_TOKEN; else one is generated for the supervised engine)",
+    )
 
 
 def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=None) -> RemediationPolicy:
@@ -256,8 +316,11 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
         # The supervised engine inherits the agent's environment when it is (re)started.
         os.environ[TOKEN_ENV] = token
     engine = EngineClient(engine_url, token) if engine_url and token else None
-    host = SupervisorHost(supervisor, getattr(args, "sysfs_root", "/sys"), getattr(args, "procfs_root", "/proc")) \
-        if supervisor is not None else None
+    host = (
+        SupervisorHost(supervisor, getattr(args, "sysfs_root", "/sys"), getattr(args, "procfs_root", "/proc"))
+        if supervisor is not None
+        else None
+    )
     audit = AuditLog(getattr(args, "audit_log", None) or default_audit_path())
     return RemediationPolicy(engine, audit, config, PrometheusQuery(args.prometheus_url), host=host)
 

@@ -1,4 +1,5 @@
 """The boards, in the order Grafana lists them."""
+
 from __future__ import annotations
 
 from . import engine, node, numa, remediation

@@ -1,4 +1,5 @@
 """Pieces every board shares: datasource, template variables, remediation annotations."""
+
 from __future__ import annotations
 
 from .spec import Annotation, Threshold, Variable

@@ -1,4 +1,5 @@
 """Engine board: load, latency, throughput, the KV cache and the engine's current settings."""
+
 from __future__ import annotations
 
 from .common import ANY_IS_BAD, GPU, HM, HOST, MODEL, H
@@ -171,7 +172,11 @@ kv = Row(
             "KV swap traffic",
             "Bytes per second moved between the GPU KV cache and the host swap pool (in = host to device).",
             "Bps",
-            (Query(f"sum by (direction) (rate(inferd_kv_swap_bytes_total{{{H}}}[$__rate_interval]))", "{{direction}}"),),
+            (
+                Query(
+                    f"sum by (direction) (rate(inferd_kv_swap_bytes_total{{{H}}}[$__rate_interval]))", "{{direction}}"
+                ),
+            ),
         ),
         Panel(
             "KV fragmentation",

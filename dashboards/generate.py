@@ -1,8 +1,9 @@
 """Write every board's JSON to dashboards/generated/, or with --check fail when it differs.
 
-    python -m dashboards.generate           # rewrite the committed JSON
-    python -m dashboards.generate --check   # exit 1 and name the files that drifted
+python -m dashboards.generate           # rewrite the committed JSON
+python -m dashboards.generate --check   # exit 1 and name the files that drifted
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,8 @@ def drifted(directory: Path = GENERATED_DIR) -> list[str]:
     """Names of generated files that are missing, stale, or no longer generated."""
     expected = render_all()
     problems = [
-        name for name, text in expected.items()
+        name
+        for name, text in expected.items()
         if not (directory / name).is_file() or (directory / name).read_text() != text
     ]
     problems += [p.name for p in directory.glob("*.json") if p.name not in expected]
@@ -40,12 +42,17 @@ def drifted(directory: Path = GENERATED_DIR) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the committed JSON differs")
-    parser.add_argument("--out", type=Path, default=GENERATED_DIR, help="output directory (default dashboards/generated)")
+    parser.add_argument(
+        "--out", type=Path, default=GENERATED_DIR, help="output directory (default dashboards/generated)"
+    )
     args = parser.parse_args(argv)
     if args.check:
         problems = drifted(args.out)
         for name in problems:
-            print(f"{args.out / name}: differs from what dashboards/ generates; run python -m dashboards.generate", file=sys.stderr)
+            print(
+                f"{args.out / name}: differs from what dashboards/ generates; run python -m dashboards.generate",
+                file=sys.stderr,
+            )
         return 1 if problems else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in render_all().items():

@@ -1,4 +1,5 @@
 """Node board: per GPU compute and memory activity, PCIe links, power and clocks."""
+
 from __future__ import annotations
 
 from .common import ANY_IS_BAD, GPU, HG, HOST, RATIO_BUSY, RATIO_IDLE_IS_BAD, H
@@ -80,9 +81,12 @@ compute = Row(
     ),
 )
 
+
 def _pcie_share_heatmap(direction: str, title: str, description: str) -> Panel:
     return Panel(
-        title, description, "percentunit",
+        title,
+        description,
+        "percentunit",
         (Query(_pcie_share.format(dir=direction, sel=HG), _per_gpu),),
         kind="heatmap",
         thresholds=RATIO_BUSY,
@@ -97,12 +101,14 @@ pcie = Row(
     "PCIe",
     (
         _pcie_share_heatmap(
-            "tx", "PCIe TX share of link capacity",
+            "tx",
+            "PCIe TX share of link capacity",
             "Device-to-host bytes per second over the link's capacity in that direction (current width x per-lane "
             "rate of the trained generation), one row per GPU. Near 1 the link is the bottleneck for KV swap-out.",
         ),
         _pcie_share_heatmap(
-            "rx", "PCIe RX share of link capacity",
+            "rx",
+            "PCIe RX share of link capacity",
             "Host-to-device bytes per second over the link's capacity, one row per GPU. Near 1 the link limits "
             "KV swap-in and weight loading.",
         ),
@@ -136,7 +142,9 @@ pcie = Row(
             "generations 1 to 5. Idle links may train down to save power; compare under load.",
             "short",
             (
-                Query(f'inferd_pcie_link_speed_gts{{{HG}, kind="current"}}', "GPU {{gpu}} hop {{hop}} {{device}} current"),
+                Query(
+                    f'inferd_pcie_link_speed_gts{{{HG}, kind="current"}}', "GPU {{gpu}} hop {{hop}} {{device}} current"
+                ),
                 Query(f'inferd_pcie_link_speed_gts{{{HG}, kind="max"}}', "GPU {{gpu}} hop {{hop}} {{device}} max"),
             ),
             requires="pcie-sysfs",

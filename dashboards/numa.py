@@ -1,4 +1,5 @@
 """NUMA board: where host memory is allocated and touched, per node and per process."""
+
 from __future__ import annotations
 
 from .common import GPU, HOST, H

@@ -3,6 +3,7 @@
 Used by `inferd report` and the tests to run a board's queries straight against
 Prometheus: multi-value variables set to All become `.*` (the boards' allValue).
 """
+
 from __future__ import annotations
 
 import re
@@ -10,7 +11,14 @@ import re
 _LEGEND_RE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
-def expand(expr: str, *, rate_interval: str = "1m", interval: str = "15s", range_: str = "1h", variables: dict[str, str] | None = None) -> str:
+def expand(
+    expr: str,
+    *,
+    rate_interval: str = "1m",
+    interval: str = "15s",
+    range_: str = "1h",
+    variables: dict[str, str] | None = None,
+) -> str:
     values = {"host": ".*", "gpu": ".*", "model_name": ".*", "instance": ".*", "job": ".*"}
     values.update(variables or {})
     out = expr.replace("$__rate_interval", rate_interval).replace("$__interval", interval).replace("$__range", range_)

@@ -1,4 +1,5 @@
 """Remediation board: what fired, what the agent did about it, and what it undid."""
+
 from __future__ import annotations
 
 from .common import GPU, HOST, H
@@ -12,7 +13,12 @@ alerts = Row(
             "inferd alerts firing now, by name and severity (Prometheus' ALERTS series). Routing and silences live "
             "in Alertmanager.",
             "short",
-            (Query('sum by (alertname, severity) (ALERTS{alertstate="firing", alertname=~"Inferd.*"})', "{{alertname}} ({{severity}})"),),
+            (
+                Query(
+                    'sum by (alertname, severity) (ALERTS{alertstate="firing", alertname=~"Inferd.*"})',
+                    "{{alertname}} ({{severity}})",
+                ),
+            ),
             kind="state-timeline",
             thresholds=(Threshold(None, "orange"),),
             width=24,
@@ -22,7 +28,12 @@ alerts = Row(
             "Pending alerts",
             "inferd alerts whose condition holds but whose `for:` has not elapsed yet.",
             "short",
-            (Query('sum by (alertname, severity) (ALERTS{alertstate="pending", alertname=~"Inferd.*"})', "{{alertname}} ({{severity}})"),),
+            (
+                Query(
+                    'sum by (alertname, severity) (ALERTS{alertstate="pending", alertname=~"Inferd.*"})',
+                    "{{alertname}} ({{severity}})",
+                ),
+            ),
             kind="state-timeline",
             thresholds=(Threshold(None, "yellow"),),
             width=24,
@@ -79,7 +90,11 @@ actions = Row(
             "Time since last action",
             "Seconds since the agent last applied each kind of action.",
             "s",
-            (Query(f"time() - max by (action) (inferd_remediation_last_action_timestamp_seconds{{{H}}})", "{{action}}"),),
+            (
+                Query(
+                    f"time() - max by (action) (inferd_remediation_last_action_timestamp_seconds{{{H}}})", "{{action}}"
+                ),
+            ),
             kind="stat",
             thresholds=(Threshold(None, "orange"), Threshold(600, "green")),
             requires="remediation",

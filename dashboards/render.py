@@ -1,4 +1,5 @@
 """Turn a `spec.Board` into Grafana dashboard JSON with grafana-foundation-sdk."""
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,9 @@ def _panel(panel: Panel, panel_id: int) -> Any:
         color = color.min(panel.min if panel.min is not None else 0)
         if panel.max is not None:
             color = color.max(panel.max)
-        builder = builder.calculate(False).color(color).cell_values(heatmap.CellValues().unit(panel.unit)).show_tooltip()
+        builder = (
+            builder.calculate(False).color(color).cell_values(heatmap.CellValues().unit(panel.unit)).show_tooltip()
+        )
     elif panel.kind in ("stat", "state-timeline", "bargauge"):
         builder = builder.color_scheme(dash_b.FieldColor().mode(dash_m.FieldColorModeId.THRESHOLDS))
     return builder
@@ -139,7 +142,11 @@ def build(board: Board, annotations: tuple[Annotation, ...], links: tuple[tuple[
         builder = builder.annotation(_annotation(annotation))
     for title, uid in links:
         builder = builder.link(
-            dash_b.DashboardLink(title).type(dash_m.DashboardLinkType.LINK).url(f"/d/{uid}").include_vars(True).keep_time(True)
+            dash_b.DashboardLink(title)
+            .type(dash_m.DashboardLinkType.LINK)
+            .url(f"/d/{uid}")
+            .include_vars(True)
+            .keep_time(True)
         )
     panel_id = 1
     for row in board.rows:

@@ -7,6 +7,7 @@ Selectors use the template variables `$host` and `$gpu` (and `$model_name` on th
 Engine board). `host` is a label Prometheus adds from the scrape address
 (prometheus/prometheus.yml), so the agent's and the engine's series share it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,7 +81,9 @@ class Panel:
         if not self.queries:
             raise ValueError(f"panel {self.title!r}: no queries")
         if self.requires is not None and self.requires not in REQUIREMENT_NOTES:
-            raise ValueError(f"panel {self.title!r}: requires {self.requires!r} is not one of {sorted(REQUIREMENT_NOTES)}")
+            raise ValueError(
+                f"panel {self.title!r}: requires {self.requires!r} is not one of {sorted(REQUIREMENT_NOTES)}"
+            )
         if not self.thresholds or self.thresholds[0].value is not None:
             raise ValueError(f"panel {self.title!r}: the first threshold must be the base step (value None)")
         values = [t.value for t in self.thresholds[1:]]
@@ -156,4 +159,6 @@ class Annotation:
 
     def __post_init__(self) -> None:
         if self.requires is not None and self.requires not in REQUIREMENT_NOTES:
-            raise ValueError(f"annotation {self.name!r}: requires {self.requires!r} is not one of {sorted(REQUIREMENT_NOTES)}")
+            raise ValueError(
+                f"annotation {self.name!r}: requires {self.requires!r} is not one of {sorted(REQUIREMENT_NOTES)}"
+            )

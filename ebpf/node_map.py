@@ -13,6 +13,7 @@ kernel has no memory-block sysfs (CONFIG_MEMORY_HOTPLUG off), the zone spans in
 Readers take the sysfs / procfs root so tests run them on fixture trees; parsers take
 plain strings.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,7 +51,9 @@ def merge_ranges(ranges: list[FrameRange]) -> list[FrameRange]:
     merged: list[FrameRange] = []
     for r in sorted(ranges, key=lambda r: r.start_pfn):
         if merged and r.start_pfn < merged[-1].end_pfn and r.node != merged[-1].node:
-            raise ValueError(f"frame ranges of node {merged[-1].node} and node {r.node} overlap at pfn {r.start_pfn:#x}")
+            raise ValueError(
+                f"frame ranges of node {merged[-1].node} and node {r.node} overlap at pfn {r.start_pfn:#x}"
+            )
         if merged and merged[-1].node == r.node and r.start_pfn <= merged[-1].end_pfn:
             last = merged[-1]
             merged[-1] = FrameRange(last.start_pfn, max(last.end_pfn, r.end_pfn), last.node)
@@ -124,4 +127,3 @@ def read_frame_ranges(
     if not ranges:
         raise ValueError(f"{zoneinfo} lists no populated zone")
     return ranges
-

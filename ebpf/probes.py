@@ -19,6 +19,7 @@ tgid 0 stands for every process that is not watched; the kernel counts those in 
 per-CPU array (``<table>_other``) rather than the hash, the cheaper path for the events
 that are most of them, and `read()` merges both.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,17 +84,42 @@ def _alloc_slot_key(slot: int) -> tuple[int, int]:
 PROBES: dict[str, ProbeSpec] = {
     spec.name: spec
     for spec in (
-        ProbeSpec(PAGE_ALLOCS, ("page_allocs.c",), ("kmem:mm_page_alloc",), "page_allocs",
-                  ("tgid", "node", "locality"), _alloc_slot_key),
-        ProbeSpec(NUMA_HINT_FAULTS, ("numa_hint_faults_common.h",), (), "numa_hint_faults",
-                  ("tgid", "remote"), lambda slot: (slot,)),
-        ProbeSpec(PAGE_MIGRATIONS, ("page_migrations.c",), ("migrate:mm_migrate_pages",), "page_migrations",
-                  ("reason",)),
-        ProbeSpec(TASK_NUMA_MOVES, ("task_numa_moves.c",),
-                  ("sched:sched_move_numa", "sched:sched_swap_numa", "sched:sched_stick_numa"),
-                  "task_numa_moves", ("tgid", "kind"), lambda slot: (slot,)),
-        ProbeSpec(PAGE_FAULTS, ("page_faults.c",), ("exceptions:page_fault_user",), "page_faults", ("tgid",),
-                  lambda slot: (), raw_tracepoint=True),
+        ProbeSpec(
+            PAGE_ALLOCS,
+            ("page_allocs.c",),
+            ("kmem:mm_page_alloc",),
+            "page_allocs",
+            ("tgid", "node", "locality"),
+            _alloc_slot_key,
+        ),
+        ProbeSpec(
+            NUMA_HINT_FAULTS,
+            ("numa_hint_faults_common.h",),
+            (),
+            "numa_hint_faults",
+            ("tgid", "remote"),
+            lambda slot: (slot,),
+        ),
+        ProbeSpec(
+            PAGE_MIGRATIONS, ("page_migrations.c",), ("migrate:mm_migrate_pages",), "page_migrations", ("reason",)
+        ),
+        ProbeSpec(
+            TASK_NUMA_MOVES,
+            ("task_numa_moves.c",),
+            ("sched:sched_move_numa", "sched:sched_swap_numa", "sched:sched_stick_numa"),
+            "task_numa_moves",
+            ("tgid", "kind"),
+            lambda slot: (slot,),
+        ),
+        ProbeSpec(
+            PAGE_FAULTS,
+            ("page_faults.c",),
+            ("exceptions:page_fault_user",),
+            "page_faults",
+            ("tgid",),
+            lambda slot: (),
+            raw_tracepoint=True,
+        ),
     )
 }
 
@@ -123,7 +149,9 @@ def _import_bcc():
     try:
         import bcc  # the distribution's python3-bpfcc, linked by scripts/link_bcc.sh
     except ImportError as exc:
-        raise ProbeUnavailable(f"bcc not importable ({exc}); install python3-bpfcc and run scripts/link_bcc.sh") from None
+        raise ProbeUnavailable(
+            f"bcc not importable ({exc}); install python3-bpfcc and run scripts/link_bcc.sh"
+        ) from None
     return bcc
 
 
@@ -439,7 +467,9 @@ def _load_hint_faults(bcc, spec: ProbeSpec, tracefs: Path, sysfs_root: str | Pat
         attempts.append(f"no kfunc: {not_traceable}")
     elif bcc.BPF.support_kfunc():
         try:
-            return LoadedProbe(spec, BpfObject(_compile(bcc, program_text(spec, ["numa_hint_faults_kfunc.c"]))), "kfunc")
+            return LoadedProbe(
+                spec, BpfObject(_compile(bcc, program_text(spec, ["numa_hint_faults_kfunc.c"]))), "kfunc"
+            )
         except ProbeUnavailable as exc:
             attempts.append(f"kfunc task_numa_fault failed: {exc}")
     else:

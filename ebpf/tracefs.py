@@ -4,6 +4,7 @@ Reason codes such as ``migrate:mm_migrate_pages``'s ``reason`` change between ke
 so their names are read from the event's format file (the ``__print_symbolic`` table in
 its ``print fmt``) instead of being written down here.
 """
+
 from __future__ import annotations
 
 import re

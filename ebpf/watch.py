@@ -9,6 +9,7 @@ a child forked from a watched comm exec'd into another name) keeps its kernel ma
 until we drop them; its counts then move to "other" (`DepartedProcessFolder`), so every
 exported counter stays monotonic and the labels stay those of the watch list.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """inferd's paged-KV inference engine."""
+
 from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine

@@ -24,6 +24,7 @@ runner, scheduler, block manager and the engine's current configuration given at
 construction. Out: an InflightStep (the batch, its PendingTokens, its stats), whose
 tokens the engine reads in its next step. This module does not know the engine.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -57,8 +58,9 @@ class InflightStep:
     stats: StepStats
 
 
-def continuation_rows(prev: InflightStep, running: list[Sequence],
-                      max_model_len: int) -> tuple[list[ScheduledSeq], list[int]] | None:
+def continuation_rows(
+    prev: InflightStep, running: list[Sequence], max_model_len: int
+) -> tuple[list[ScheduledSeq], list[int]] | None:
     """The rows of the step after `prev` and their positions in prev's batch, or None
     when the scheduler might choose otherwise. Sequences that finish by length with
     prev's token are left out."""
@@ -84,9 +86,16 @@ class AsyncDecode:
     owns the step in flight, reading its tokens, the rerun after a non-finite step and
     the output processing; this owns launching, with what it is given here."""
 
-    def __init__(self, runner: ModelRunnerProtocol, scheduler: Scheduler, block_manager: BlockManager,
-                 current_config: Callable[[], EngineConfig], max_model_len: int, device: torch.device,
-                 counters: EngineCounters):
+    def __init__(
+        self,
+        runner: ModelRunnerProtocol,
+        scheduler: Scheduler,
+        block_manager: BlockManager,
+        current_config: Callable[[], EngineConfig],
+        max_model_len: int,
+        device: torch.device,
+        counters: EngineCounters,
+    ):
         self.runner = runner
         self.scheduler = scheduler
         self.block_manager = block_manager
@@ -99,8 +108,12 @@ class AsyncDecode:
     def launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
         """Start a scheduled greedy decode batch on the graphs without waiting for its tokens."""
         runner = self.runner
-        if (not self.current_config().async_scheduling or runner.fast_decode is None
-                or not is_pure_decode(batch) or not all(plain_greedy(item.seq) for item in batch)):
+        if (
+            not self.current_config().async_scheduling
+            or runner.fast_decode is None
+            or not is_pure_decode(batch)
+            or not all(plain_greedy(item.seq) for item in batch)
+        ):
             return None
         pending = runner.launch_greedy_decode(batch, self._token_readback())
         return InflightStep(batch, pending, stats) if pending is not None else None

@@ -10,6 +10,7 @@ limited to the sequence's context length, and (Mistral) to a sliding window.
 The fast path (Triton kernels, CUDA graphs) plugs in behind the same
 `AttentionMetadata`; this module stays the reference and the fallback.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,7 +47,9 @@ class AttentionMetadata:
         return len(self.query_lens)
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
     """Store this step's K/V at their slots (page * block_size + offset). New tokens
     always land in hot blocks. The caches are strided views of the page arena."""
     block_size = k_cache.shape[1]
@@ -125,7 +128,9 @@ def paged_attention(
         # With cold KV a page may last have held quantized bytes: past a sequence's
         # context (table padding, the unwritten tail of its last block) they read as
         # arbitrary floats, NaN included, and 0 x NaN would leak through the softmax.
-        outside = torch.arange(meta.max_context_len, device=q.device)[None, :] >= meta.context_lens.to(q.device)[:, None]
+        outside = (
+            torch.arange(meta.max_context_len, device=q.device)[None, :] >= meta.context_lens.to(q.device)[:, None]
+        )
         k = k.masked_fill(outside[:, :, None, None], 0)
         v = v.masked_fill(outside[:, :, None, None], 0)
     k = k.transpose(1, 2).to(q.dtype)
@@ -135,5 +140,7 @@ def paged_attention(
     # enable_gqa lets each K/V head serve its group of query heads without a copy.
     out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
     return _unpad(out, meta)
+
+
 # the portable path dequantizes cold blocks itself; runners read the flag with getattr
 paged_attention.supports_cold_kv = True  # type: ignore[attr-defined]  # mypy has no function attributes

@@ -6,6 +6,7 @@ Check-then-act pairs keep the scheduler's preemption loop readable:
 New tokens always go to hot blocks; `cool_blocks` moves a sequence's full blocks that
 have left the hot window to cold (quantized) blocks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,15 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, num_host_blocks: int, block_size: int,
-                 enable_prefix_caching: bool, watermark: float, slots_per_page: dict[str, int] | None = None):
+    def __init__(
+        self,
+        num_blocks: int,
+        num_host_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        watermark: float,
+        slots_per_page: dict[str, int] | None = None,
+    ):
         self.block_size = block_size
         self.slots_per_page = slots_per_page or {}
         self.pool = BlockPool(num_blocks, self.slots_per_page)
@@ -98,7 +106,9 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_hashed_blocks:
             return
-        parent = self.pool.blocks[seq.block_table[seq.num_hashed_blocks - 1]].content_hash if seq.num_hashed_blocks else None
+        parent = (
+            self.pool.blocks[seq.block_table[seq.num_hashed_blocks - 1]].content_hash if seq.num_hashed_blocks else None
+        )
         for i in range(seq.num_hashed_blocks, num_full):
             chunk = tuple(seq.tokens(i * self.block_size, (i + 1) * self.block_size))
             h = block_hash(parent, chunk)
@@ -119,8 +129,7 @@ class BlockManager:
                 seq.num_cold_scanned = i + 1
                 continue
             block = self.pool.blocks[hot]
-            existing = (self.pool.lookup(block.content_hash, block.token_ids)
-                        if block.content_hash is not None else None)
+            existing = self.pool.lookup(block.content_hash, block.token_ids) if block.content_hash is not None else None
             if existing is not None and self.pool.is_cold(existing):
                 self.pool.touch(existing)
                 cold = existing
@@ -171,7 +180,9 @@ class BlockManager:
         reuse them."""
         kinds = self._kinds(self.host_pool, seq.host_block_table)
         device = [self.pool.take() if kind == HOT else self.pool.take_cold(kind) for kind in kinds]
-        pairs = [(self.host_pool.pages.locate(h), self.pool.pages.locate(d)) for h, d in zip(seq.host_block_table, device)]
+        pairs = [
+            (self.host_pool.pages.locate(h), self.pool.pages.locate(d)) for h, d in zip(seq.host_block_table, device)
+        ]
         self.host_pool.release(seq.host_block_table)
         seq.host_block_table = []
         seq.block_table = device

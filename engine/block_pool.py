@@ -21,6 +21,7 @@ Invariants (checked by tests/test_block_pool.py and tests/test_block_accounting.
   the free pages still holding a hashed hot block; both are kept as blocks change, so
   reading them (every metrics snapshot) never walks the pool.
 """
+
 from __future__ import annotations
 
 from collections import Counter, OrderedDict

@@ -4,6 +4,7 @@ Field names follow vLLM's where the meaning is the same. Every field has a
 documented default and bounds; a bad value or an unknown key raises a
 `ValueError` naming the field and what is allowed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,7 +114,9 @@ class EngineConfig:
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         check_range("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
         if self.load_format == "dummy" and self.tensor_parallel_size > 1:
-            raise ValueError("load_format=dummy needs tensor_parallel_size 1 (the ranks load their shards from the checkpoint)")
+            raise ValueError(
+                "load_format=dummy needs tensor_parallel_size 1 (the ranks load their shards from the checkpoint)"
+            )
         for name in TUNABLE_BOUNDS:
             validate_tunable(name, getattr(self, name))
 

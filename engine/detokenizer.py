@@ -14,6 +14,7 @@ turn the whole byte group into replacement characters), so the next window start
 clean boundary; until then the tail, replacement character included, is shown as the full
 decode shows it.
 """
+
 from __future__ import annotations
 
 from .tokenizer import Tokenizer
@@ -35,7 +36,7 @@ class IncrementalDetokenizer:
     def update(self, tokenizer: Tokenizer, ids: list[int]) -> str:
         """The text of `ids`, the ids of the previous call plus any appended since."""
         skip = self.skip_special_tokens
-        window = tokenizer.decode(ids[self._prefix_offset:], skip_special_tokens=skip)
+        window = tokenizer.decode(ids[self._prefix_offset :], skip_special_tokens=skip)
         if not window.startswith(self._prefix_text):
             # A decoder whose text is not local to its tokens: decode everything and
             # start the window over from the first token.
@@ -43,12 +44,14 @@ class IncrementalDetokenizer:
             self._stable, self._prefix_text = "", ""
             self._prefix_offset = self._read_offset = 0
             return self.text
-        tail = window[len(self._prefix_text):]
+        tail = window[len(self._prefix_text) :]
         self.text = self._stable + tail
         if tail and not window.endswith(REPLACEMENT_CHAR) and ids[-1] not in tokenizer.byte_fallback_ids:
             self._stable = self.text
             self._prefix_offset, self._read_offset = self._read_offset, len(ids)
-            self._prefix_text = (tail if tokenizer.decode_is_concatenative else
-                                 tokenizer.decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip))
+            self._prefix_text = (
+                tail
+                if tokenizer.decode_is_concatenative
+                else tokenizer.decode(ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip)
+            )
         return self.text
-

@@ -5,6 +5,7 @@ from pinned memory is queued like a kernel, so the host can keep preparing the n
 PyTorch's pinned-memory allocator holds the host block until the copy has run: callers
 need not keep it alive.
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ instead of one per token. `confine_head_to_tokenizer` zeroes those rows: their l
 exactly 0 while the others spread with a std of about LOGIT_STD, so the argmax stays
 inside the tokenizer, and every step still computes the full head.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,9 @@ from .model_config import ModelConfig
 
 
 @torch.no_grad()
-def random_model_on_device(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
-                           seed: int = 0) -> LlamaModel:
+def random_model_on_device(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> LlamaModel:
     cfg = ModelConfig.from_dir(model_dir)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -2,6 +2,7 @@
 
 A --model that is not a checkpoint, or options the engine refuses, end in one line
 on stderr and exit status 2 (as `inferd serve` does), not a traceback."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,11 @@ def run(args) -> int:
     for prompt, out in zip(args.prompts, outputs):
         c = out.outputs[0]
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}))
+            print(
+                json.dumps(
+                    {"prompt": prompt, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                )
+            )
         else:
             print(f"{prompt!r} -> {c.text!r} ({c.finish_reason})")
     return 0

@@ -14,6 +14,7 @@ allocated beside it (and logged). The host pool has the same format, so swapping
 moves cold blocks in their compact form. On CUDA the host pool is pinned and copies
 run on their own stream, which the compute stream waits on before the next forward.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,7 +67,10 @@ class KVShape:
 
     def cold_block_bytes(self, kind: str) -> int:
         """Bytes one cold block of `kind` occupies, its scales included."""
-        return self.page_bytes // self.slots_per_page()[kind] + self.scale_bytes_per_page(kind) // self.slots_per_page()[kind]
+        return (
+            self.page_bytes // self.slots_per_page()[kind]
+            + self.scale_bytes_per_page(kind) // self.slots_per_page()[kind]
+        )
 
 
 def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -76,8 +80,14 @@ def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: i
 class _Arena:
     """One pool of pages (device or host) with its typed views."""
 
-    def __init__(self, shape: KVShape, num_pages: int, device: torch.device, numa_node: int | None,
-                 cold_kinds: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        shape: KVShape,
+        num_pages: int,
+        device: torch.device,
+        numa_node: int | None,
+        cold_kinds: tuple[str, ...] = (),
+    ):
         self.shape = shape
         self.num_pages = num_pages
         self.device = device
@@ -94,10 +104,17 @@ class _Arena:
         # reader goes through the views' strides.
         tail = (2, s.num_layers, s.num_kv_heads, s.block_size)
         self.slot_bytes = {"int8": s.tokens_elems, "int4": s.tokens_elems // 2}
-        self.int8 = (self.bytes[:, : slots["int8"] * self.slot_bytes["int8"]].view(torch.int8)
-                     .view(num_pages, slots["int8"], *tail, s.head_dim).transpose(4, 5))
-        self.int4 = (self.bytes[:, : slots["int4"] * self.slot_bytes["int4"]]
-                     .view(num_pages, slots["int4"], *tail, s.head_dim // 2).transpose(4, 5))
+        self.int8 = (
+            self.bytes[:, : slots["int8"] * self.slot_bytes["int8"]]
+            .view(torch.int8)
+            .view(num_pages, slots["int8"], *tail, s.head_dim)
+            .transpose(4, 5)
+        )
+        self.int4 = (
+            self.bytes[:, : slots["int4"] * self.slot_bytes["int4"]]
+            .view(num_pages, slots["int4"], *tail, s.head_dim // 2)
+            .transpose(4, 5)
+        )
         self.scales8: torch.Tensor | None = None
         self.scales4: torch.Tensor | None = None
         for kind in cold_kinds:
@@ -110,12 +127,18 @@ class _Arena:
         """A zeroed scale table for `kind`, not yet attached (None when it has one)."""
         s, slots = self.shape, self.shape.slots_per_page()
         if kind == "int8" and self.scales8 is None:
-            return torch.zeros((self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
-                               dtype=torch.float32, device=self.device)
+            return torch.zeros(
+                (self.num_pages, slots["int8"], 2, s.num_layers, s.num_kv_heads),
+                dtype=torch.float32,
+                device=self.device,
+            )
         if kind == "int4" and self.scales4 is None:
             groups = s.head_dim // int4_group_size(s.head_dim)
-            return torch.zeros((self.num_pages, slots["int4"], 2, s.num_layers, s.num_kv_heads, s.block_size, groups),
-                               dtype=torch.float16, device=self.device).transpose(4, 5)  # head-major, as the codes
+            return torch.zeros(
+                (self.num_pages, slots["int4"], 2, s.num_layers, s.num_kv_heads, s.block_size, groups),
+                dtype=torch.float16,
+                device=self.device,
+            ).transpose(4, 5)  # head-major, as the codes
         return None
 
     def set_scales(self, kind: str, table: torch.Tensor | None) -> None:
@@ -147,13 +170,23 @@ class ColdLayer:
     scales4_k: torch.Tensor | None
     scales4_v: torch.Tensor | None
 
-    def gather(self, which: int, kind: torch.Tensor, page: torch.Tensor, slot: torch.Tensor,
-               hot: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def gather(
+        self,
+        which: int,
+        kind: torch.Tensor,
+        page: torch.Tensor,
+        slot: torch.Tensor,
+        hot: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
         """Blocks of [B, nb] entries, hot ones from `hot` ([B, nb, bs, kvh, hd]) and cold
         ones dequantized; returns [B, nb, bs, kvh, hd]."""
         out = hot
-        data8, sc8, data4, sc4 = ((self.int8_k, self.scales8_k, self.int4_k, self.scales4_k) if which == 0
-                                  else (self.int8_v, self.scales8_v, self.int4_v, self.scales4_v))
+        data8, sc8, data4, sc4 = (
+            (self.int8_k, self.scales8_k, self.int4_k, self.scales4_k)
+            if which == 0
+            else (self.int8_v, self.scales8_v, self.int4_v, self.scales4_v)
+        )
 
         def mask(code: int) -> torch.Tensor:
             return (kind == code)[..., None, None, None]
@@ -172,9 +205,19 @@ class ColdLayer:
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_blocks: int, num_host_blocks: int, block_size: int,
-                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 host_numa_node: int | None, cold_kinds: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        num_host_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        host_numa_node: int | None,
+        cold_kinds: tuple[str, ...] = (),
+    ):
         self.shape = KVShape(num_layers, block_size, num_kv_heads, head_dim, dtype)
         self.dtype = dtype
         self.device = device
@@ -203,8 +246,9 @@ class KVCache:
             device_table, host_table = self.device_pool.new_scales(kind), self.host_pool.new_scales(kind)
             self.device_pool.set_scales(kind, device_table)
             self.host_pool.set_scales(kind, host_table)
-            log.info("cold KV %s switched on at run time: %.1f MiB of scale tables beside the KV budget",
-                     kind, extra / 2**20)
+            log.info(
+                "cold KV %s switched on at run time: %.1f MiB of scale tables beside the KV budget", kind, extra / 2**20
+            )
 
     def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, ColdLayer | None]:
         d = self.device_pool
@@ -215,8 +259,16 @@ class KVCache:
         def scales(t: torch.Tensor | None, which: int) -> torch.Tensor | None:
             return None if t is None else t[:, :, which, layer]
 
-        cold = ColdLayer(d.int8[:, :, 0, layer], d.int8[:, :, 1, layer], scales(d.scales8, 0), scales(d.scales8, 1),
-                         d.int4[:, :, 0, layer], d.int4[:, :, 1, layer], scales(d.scales4, 0), scales(d.scales4, 1))
+        cold = ColdLayer(
+            d.int8[:, :, 0, layer],
+            d.int8[:, :, 1, layer],
+            scales(d.scales8, 0),
+            scales(d.scales8, 1),
+            d.int4[:, :, 0, layer],
+            d.int4[:, :, 1, layer],
+            scales(d.scales4, 0),
+            scales(d.scales4, 1),
+        )
         return k, v, cold
 
     # --- quantization ---------------------------------------------------------
@@ -229,7 +281,7 @@ class KVCache:
         for kind in COLD_KINDS:
             sel = [(h, p, s) for h, (k, p, s) in pairs if k == kind]
             for start in range(0, len(sel), QUANTIZE_CHUNK):
-                chunk = sel[start:start + QUANTIZE_CHUNK]
+                chunk = sel[start : start + QUANTIZE_CHUNK]
                 hot_ids, pages, slots = device_index(torch.tensor(chunk, dtype=torch.long).T.contiguous(), self.device)
                 hot = d.hot[hot_ids]
                 if kind == "int8":
@@ -262,7 +314,9 @@ class KVCache:
             stream.synchronize()  # host pages may be reused by the next scheduling pass
 
     @staticmethod
-    def _copy(src: _Arena, dst: _Arena, pairs: list[BlockCopy], non_blocking: bool, per_block: bool | None = None) -> None:
+    def _copy(
+        src: _Arena, dst: _Arena, pairs: list[BlockCopy], non_blocking: bool, per_block: bool | None = None
+    ) -> None:
         if per_block if per_block is not None else src.device.type != dst.device.type:
             # Host <-> device: one contiguous copy per block straight between the pinned
             # host page and the device page (an indexed gather would stage through
@@ -273,8 +327,9 @@ class KVCache:
                     continue
                 scales = "scales8" if kind == "int8" else "scales4"
                 size = src.slot_bytes[kind]  # a slot is one contiguous byte range of its page
-                dst.bytes[dp, ds * size : (ds + 1) * size].copy_(src.bytes[sp, ss * size : (ss + 1) * size],
-                                                                  non_blocking=non_blocking)
+                dst.bytes[dp, ds * size : (ds + 1) * size].copy_(
+                    src.bytes[sp, ss * size : (ss + 1) * size], non_blocking=non_blocking
+                )
                 getattr(dst, scales)[dp, ds].copy_(getattr(src, scales)[sp, ss], non_blocking=non_blocking)
             return
         for kind in (HOT, *COLD_KINDS):
@@ -289,10 +344,12 @@ class KVCache:
             src_slots = torch.tensor([s[2] for s, _ in sel], device=src.device)
             dst_slots = torch.tensor([d[2] for _, d in sel], device=dst.device)
             data, scales = ("int8", "scales8") if kind == "int8" else ("int4", "scales4")
-            getattr(dst, data)[dst_pages, dst_slots] = (getattr(src, data)[src_pages, src_slots]
-                                                        .to(dst.device, non_blocking=non_blocking))
-            getattr(dst, scales)[dst_pages, dst_slots] = (getattr(src, scales)[src_pages, src_slots]
-                                                          .to(dst.device, non_blocking=non_blocking))
+            getattr(dst, data)[dst_pages, dst_slots] = getattr(src, data)[src_pages, src_slots].to(
+                dst.device, non_blocking=non_blocking
+            )
+            getattr(dst, scales)[dst_pages, dst_slots] = getattr(src, scales)[src_pages, src_slots].to(
+                dst.device, non_blocking=non_blocking
+            )
 
     def resize_host(self, num_blocks: int, keep: dict[BlockLocation, BlockLocation]) -> None:
         """New host pool of `num_blocks` pages; `keep` maps old (kind, page, slot) -> new.

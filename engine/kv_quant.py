@@ -11,6 +11,7 @@ Both are symmetric (zero maps to zero, no offsets to store):
 Dequantization is elementwise and runs on the gathered blocks inside attention; the
 cache itself is never rewritten in full precision.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Offline API, shaped like vLLM's: `LLM(model=DIR, **config).generate(prompts, params)`."""
+
 from __future__ import annotations
 
 import itertools
@@ -18,8 +19,9 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
-                 priorities: list[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self, prompts, params: SamplingParams | list[SamplingParams] | None = None, priorities: list[int] | None = None
+    ) -> list[RequestOutput]:
         """`prompts`: a string, a list of token ids, or a list of either. One result per
         prompt, in order."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):

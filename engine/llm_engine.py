@@ -18,6 +18,7 @@ The engine's configuration is the one owner of `mode` (fast/fallback): the runne
 reads it, reconfigure changes it, and a fast-path failure reaches the engine through
 the runner's `on_fastpath_failure`, where the engine switches to fallback.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,8 +72,9 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
         self.tokenizer = Tokenizer(config.model, list(self.model_config.eos_token_ids))
         tp = config.tensor_parallel_size
-        self.model = (load_model(config.model, self.dtype, self.device, config.load_format, config.seed) if tp == 1
-                      else None)  # TP: ranks load shards
+        self.model = (
+            load_model(config.model, self.dtype, self.device, config.load_format, config.seed) if tp == 1 else None
+        )  # TP: ranks load shards
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.model_name = config.model
 
@@ -88,42 +90,85 @@ class LLMEngine:
             raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {page_cost} bytes; need at least 2")
         num_host_blocks = config.swap_space_bytes // page_cost
         self.host_numa_node = device_numa_node(self.device)
-        self.block_manager = BlockManager(num_blocks, num_host_blocks, config.block_size,
-                                          config.enable_prefix_caching, config.watermark, shape.slots_per_page())
+        self.block_manager = BlockManager(
+            num_blocks,
+            num_host_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.watermark,
+            shape.slots_per_page(),
+        )
         self.scheduler = Scheduler(config, self.block_manager)
         self._clamp_max_model_len()
         if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
             from .parallel import TPRunner
 
-            tp_runner = TPRunner(config.model, mc, self.dtype, self.device, tp, num_blocks, num_host_blocks,
-                                 config.block_size, self._current_mode, self.host_numa_node, cold_kinds,
-                                 pages=self.block_manager.pool.pages)
+            tp_runner = TPRunner(
+                config.model,
+                mc,
+                self.dtype,
+                self.device,
+                tp,
+                num_blocks,
+                num_host_blocks,
+                config.block_size,
+                self._current_mode,
+                self.host_numa_node,
+                cold_kinds,
+                pages=self.block_manager.pool.pages,
+            )
             self.model, self.kv_cache = tp_runner.model, tp_runner.kv_cache
             self.fast_path_unavailable = tp_runner.fast_path_unavailable
             self.runner: ModelRunnerProtocol = tp_runner
         else:
-            self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, num_host_blocks, config.block_size,
-                                    mc.num_key_value_heads, mc.head_dim, self.dtype, self.device, self.host_numa_node,
-                                    cold_kinds=cold_kinds)
+            self.kv_cache = KVCache(
+                mc.num_hidden_layers,
+                num_blocks,
+                num_host_blocks,
+                config.block_size,
+                mc.num_key_value_heads,
+                mc.head_dim,
+                self.dtype,
+                self.device,
+                self.host_numa_node,
+                cold_kinds=cold_kinds,
+            )
             assert self.model is not None  # loaded above when tp == 1
-            runner = ModelRunner(self.model, self.kv_cache, config.block_size, self._current_mode,
-                                 pages=self.block_manager.pool.pages)
+            runner = ModelRunner(
+                self.model, self.kv_cache, config.block_size, self._current_mode, pages=self.block_manager.pool.pages
+            )
             self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
             self.runner = runner
         self.runner.on_fastpath_failure = self._on_fastpath_failure
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)  # unseeded draws, on the logits' device
+        self.generator = torch.Generator(device=self.device).manual_seed(
+            config.seed
+        )  # unseeded draws, on the logits' device
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None
-        self.async_decode = AsyncDecode(runner=self.runner, scheduler=self.scheduler, block_manager=self.block_manager,
-                                        current_config=lambda: self.config, max_model_len=self.max_model_len,
-                                        device=self.device, counters=self.counters)
+        self.async_decode = AsyncDecode(
+            runner=self.runner,
+            scheduler=self.scheduler,
+            block_manager=self.block_manager,
+            current_config=lambda: self.config,
+            max_model_len=self.max_model_len,
+            device=self.device,
+            counters=self.counters,
+        )
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
         self.validator = RequestValidator(self.tokenizer, self.request_limits)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
-        log.info("engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
-                 self.model_name, self.device, self.dtype, num_blocks, config.block_size,
-                 num_blocks * self.block_bytes >> 20, num_host_blocks, self.host_numa_node)
+        log.info(
+            "engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
+            self.model_name,
+            self.device,
+            self.dtype,
+            num_blocks,
+            config.block_size,
+            num_blocks * self.block_bytes >> 20,
+            num_host_blocks,
+            self.host_numa_node,
+        )
 
     def _clamp_max_model_len(self) -> None:
         """Bound max_model_len by the tokens one sequence can hold (the pool less its
@@ -133,8 +178,13 @@ class LLMEngine:
         bm = self.block_manager
         pool_tokens = (bm.pool.num_blocks - bm.watermark_blocks) * self.config.block_size
         if self.max_model_len > pool_tokens:
-            log.warning("max_model_len %d clamped to %d: the KV pool holds %d blocks of %d tokens for one sequence",
-                        self.max_model_len, pool_tokens, pool_tokens // self.config.block_size, self.config.block_size)
+            log.warning(
+                "max_model_len %d clamped to %d: the KV pool holds %d blocks of %d tokens for one sequence",
+                self.max_model_len,
+                pool_tokens,
+                pool_tokens // self.config.block_size,
+                self.config.block_size,
+            )
             self.max_model_len = pool_tokens
 
     def _kv_budget(self) -> int:
@@ -155,12 +205,22 @@ class LLMEngine:
     @property
     def request_limits(self) -> RequestLimits:
         bm = self.block_manager
-        return RequestLimits(self.model_config.vocab_size, self.max_model_len, self.config.block_size,
-                             bm.pool.num_blocks - bm.watermark_blocks)
+        return RequestLimits(
+            self.model_config.vocab_size,
+            self.max_model_len,
+            self.config.block_size,
+            bm.pool.num_blocks - bm.watermark_blocks,
+        )
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    priority: int = 0, prompt_token_ids: list[int] | None = None,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        prompt_token_ids: list[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -168,9 +228,12 @@ class LLMEngine:
             raise ValueError(f"priority must be an integer, got {priority!r}")
         ids = prompt_token_ids if prompt_token_ids is not None else self.validate_request(prompt, params)
         arrival = arrival_time if arrival_time is not None else time.time()
-        seqs = [Sequence(request_id, i, ids, params, priority, arrival, self.scheduler.step_count)
-                for i in range(params.n)]
-        self.requests[request_id] = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs, arrival)
+        seqs = [
+            Sequence(request_id, i, ids, params, priority, arrival, self.scheduler.step_count) for i in range(params.n)
+        ]
+        self.requests[request_id] = Request(
+            request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs, arrival
+        )
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -248,13 +311,15 @@ class LLMEngine:
         if not finite:
             self._inflight = None  # launched from non-finite logits
             tokens = self._rerun_on_fallback(prev.batch)
-        live = [(item.seq, token) for item, token in zip(prev.batch, tokens)
-                if item.seq.status is SequenceStatus.RUNNING]
+        live = [
+            (item.seq, token) for item, token in zip(prev.batch, tokens) if item.seq.status is SequenceStatus.RUNNING
+        ]
         outputs: list[RequestOutput] = []
         if live:
             seqs, toks = [s for s, _ in live], [t for _, t in live]
-            outputs = self.output_processor.process(self.requests, seqs, toks, [None] * len(seqs), time.time(),
-                                                    prev.stats)
+            outputs = self.output_processor.process(
+                self.requests, seqs, toks, [None] * len(seqs), time.time(), prev.stats
+            )
         return self._close_step(prev.stats, start, outputs)
 
     def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
@@ -266,8 +331,12 @@ class LLMEngine:
         for item in rows:  # the engine counted these tokens already; the rerun computes them again
             item.seq.num_computed_tokens -= item.num_tokens
         try:
-            tokens, _ = sample(self.runner.execute(rows).logits, [item.seq for item in rows],
-                               self.tokenizer.eos_token_ids, self.generator)
+            tokens, _ = sample(
+                self.runner.execute(rows).logits,
+                [item.seq for item in rows],
+                self.tokenizer.eos_token_ids,
+                self.generator,
+            )
         finally:
             for item in rows:
                 item.seq.num_computed_tokens += item.num_tokens
@@ -366,13 +435,18 @@ class LLMEngine:
         num_pages = nbytes // self.block_bytes
         in_use = pool.num_blocks - pool.num_free_blocks
         if num_pages < in_use:
-            raise TunableError("swap_space_bytes", f"swap_space_bytes={nbytes} holds {num_pages} host pages; "
-                               f"{in_use} are in use by swapped-out sequences")
+            raise TunableError(
+                "swap_space_bytes",
+                f"swap_space_bytes={nbytes} holds {num_pages} host pages; {in_use} are in use by swapped-out sequences",
+            )
         available = available_host_bytes()
         needed = num_pages * self.block_bytes
         if available is not None and needed > available:
-            raise TunableError("swap_space_bytes", f"swap_space_bytes={nbytes} needs {needed / 2**30:.1f} GiB of "
-                               f"host memory; this host has {available / 2**30:.1f} GiB available (MemAvailable)")
+            raise TunableError(
+                "swap_space_bytes",
+                f"swap_space_bytes={nbytes} needs {needed / 2**30:.1f} GiB of "
+                f"host memory; this host has {available / 2**30:.1f} GiB available (MemAvailable)",
+            )
         return self.block_manager.plan_host_resize(num_pages, self.scheduler.swapped)
 
     def _current_mode(self) -> str:
@@ -405,8 +479,9 @@ class LLMEngine:
             num_host_blocks=bm.host_pool.num_blocks,
             num_host_free=bm.host_pool.num_free_blocks,
             blocks_by_dtype=by_kind,
-            bytes_saved=sum(n * (self.block_bytes - self.kv_shape.cold_block_bytes(k))
-                            for k, n in by_kind.items() if k != "hot"),
+            bytes_saved=sum(
+                n * (self.block_bytes - self.kv_shape.cold_block_bytes(k)) for k, n in by_kind.items() if k != "hot"
+            ),
         )
 
 

@@ -1,4 +1,5 @@
 """Load a Llama-family model from a local Hugging Face checkpoint directory."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def resolve_dtype(name: str, cfg: ModelConfig, device: torch.device) -> torch.dt
     return TORCH_DTYPES[name]
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
-               seed: int = 0) -> LlamaModel:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto", seed: int = 0
+) -> LlamaModel:
     """The checkpoint's weights (`auto`), or random ones drawn on the device (`dummy`)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -67,8 +69,10 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device, 
                         progress.update()
     missing = sorted(expected - set(loaded))
     if missing:
-        raise ValueError(f"checkpoint {model_dir} lacks weights: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-    state = {(n[len("model."):] if n.startswith("model.") else n): t for n, t in loaded.items()}
+        raise ValueError(
+            f"checkpoint {model_dir} lacks weights: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+        )
+    state = {(n[len("model.") :] if n.startswith("model.") else n): t for n, t in loaded.items()}
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -11,6 +11,7 @@ variance, every projection has std 1/sqrt(fan_in) (activations stay O(1) through
 layers), and the LM head is scaled so logits have a std of about 4: greedy outputs
 vary with context and top-1/top-2 gaps sit far above float32 rounding noise.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,41 @@ from pathlib import Path
 from typing import Any
 
 PRESETS: dict[str, dict] = {
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048),
-    "small": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=2048, max_position_embeddings=4096),
-    "llama3-8b-shape": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
-                            rope_theta=500000.0,
-                            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                              high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=2048,
+    ),
+    "small": dict(
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+    ),
+    "llama3-8b-shape": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    ),
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -133,7 +160,9 @@ def random_weights(config: dict, seed: int, dtype_name: str) -> dict:
     # Tied: a unit-variance embedding would dominate the residual stream and the head
     # would echo the input token back; a small embedding leaves the layers in charge.
     embed_std = 0.1 if config["tie_word_embeddings"] else 1.0
-    progress = Progress(config["num_hidden_layers"] + 2, "drawing random weights (embedding, layers, head)", unit="parts")
+    progress = Progress(
+        config["num_hidden_layers"] + 2, "drawing random weights (embedding, layers, head)", unit="parts"
+    )
     w = {"model.embed_tokens.weight": normal(v, h, std=embed_std)}
     progress.update()
     for i in range(config["num_hidden_layers"]):
@@ -222,19 +251,33 @@ def make_model(out_dir: str | Path, spec: ModelSpec) -> Path:
 
 def add_arguments(parser) -> None:
     parser.add_argument("dir", help="output directory")
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
-                        help="model shape (llama3-8b-shape: 8B parameters, 16 GB in bfloat16)")
+    parser.add_argument(
+        "--preset",
+        default="tiny",
+        choices=sorted(PRESETS),
+        help="model shape (llama3-8b-shape: 8B parameters, 16 GB in bfloat16)",
+    )
     parser.add_argument("--arch", default="llama", choices=sorted(ARCHITECTURES), help="architecture in config.json")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weight dtype")
     parser.add_argument("--tie-word-embeddings", action="store_true", help="share the embedding with the LM head")
-    parser.add_argument("--shard-bytes", type=int, default=0,
-                        help="split weights into shards of about this size in bytes; 0 writes one file")
+    parser.add_argument(
+        "--shard-bytes",
+        type=int,
+        default=0,
+        help="split weights into shards of about this size in bytes; 0 writes one file",
+    )
 
 
 def run(args) -> int:
-    spec = ModelSpec(preset=args.preset, arch=args.arch, seed=args.seed, dtype=args.dtype,
-                     tie_word_embeddings=args.tie_word_embeddings, shard_bytes=args.shard_bytes)
+    spec = ModelSpec(
+        preset=args.preset,
+        arch=args.arch,
+        seed=args.seed,
+        dtype=args.dtype,
+        tie_word_embeddings=args.tie_word_embeddings,
+        shard_bytes=args.shard_bytes,
+    )
     out = make_model(args.dir, spec)
     print(f"wrote {spec.preset} {spec.arch} checkpoint to {out}")
     return 0

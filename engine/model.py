@@ -4,6 +4,7 @@ Numerics follow Hugging Face transformers' implementation (RMSNorm in float32,
 rotate-half RoPE with inv_freq in float32, llama3 frequency scaling), so float32
 outputs match it to rounding.
 """
+
 from __future__ import annotations
 
 import math
@@ -187,8 +188,9 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def run(self, ops: LayerOps, input_ids: torch.Tensor,
-            kv_caches: list[tuple]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(
+        self, ops: LayerOps, input_ids: torch.Tensor, kv_caches: list[tuple]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The forward: every path's layer loop; returns the residual stream (x, residual)
         after the last layer, for `ops.final_norm` or `ops.logits`."""
         x, residual = ops.embed(input_ids), None

@@ -1,4 +1,5 @@
 """The subset of a Hugging Face config.json the engine's Llama-family model needs."""
+
 from __future__ import annotations
 
 import json

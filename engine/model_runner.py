@@ -16,6 +16,7 @@ which counts the reason and switches to the fallback for good (until the mode is
 back), and the step is run again on the portable path: writing K/V is idempotent
 (same slots, same values), so no request sees the failure.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,15 @@ class ModelRunner:
     ("fast" or "fallback") from its one owner, the engine's configuration: the runner
     never sets it, it reports leaving the fast path to `on_fastpath_failure`."""
 
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, block_size: int, current_mode: Callable[[], str],
-                 fast_attention: Callable | None = None, pages: PageAllocator | None = None):
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        block_size: int,
+        current_mode: Callable[[], str],
+        fast_attention: Callable | None = None,
+        pages: PageAllocator | None = None,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
@@ -167,15 +175,17 @@ class ModelRunner:
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
         if fast and fast_handles_batch:
             try:
-                return RunnerOutput(self._forward(input_ids, meta, sample_rows, self._fast_attention_checked,
-                                                  check=True))
+                return RunnerOutput(
+                    self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
+                )
             except Exception as exc:  # any fast-path failure: fall back, keep serving
                 self._switch_to_fallback(exc)
         return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
 
     @torch.inference_mode()
-    def launch_greedy_decode(self, batch: list[ScheduledSeq], readback: TokenReadback,
-                             fed_ids: torch.Tensor | None = None) -> PendingTokens | None:
+    def launch_greedy_decode(
+        self, batch: list[ScheduledSeq], readback: TokenReadback, fed_ids: torch.Tensor | None = None
+    ) -> PendingTokens | None:
         """Start a greedy decode step on the decode graphs and return its tokens, still
         on their way to the host (async scheduling, engine/async_decode.py). `fed_ids`:
         the rows' input tokens on the device, when the host has not read them yet. None

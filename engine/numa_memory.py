@@ -3,6 +3,7 @@
 Pages are placed when first touched, so the tensor is allocated and zero-filled while
 the calling thread's policy prefers the node, and the policy is restored after.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -6,6 +6,7 @@ latencies, extend the text incrementally (engine/detokenizer.py), and check, in 
 order, stop token ids, EOS, stop strings (the text is cut before the match), then
 max_tokens / max_model_len. A finished sequence leaves the scheduler at once.
 """
+
 from __future__ import annotations
 
 from .outputs import CompletionOutput, RequestOutput
@@ -22,8 +23,15 @@ class OutputProcessor:
         self.counters = counters
         self.max_model_len = max_model_len
 
-    def process(self, requests: dict[str, Request], seqs: list[Sequence], tokens: list[int],
-                logprobs: list[dict[int, float] | None], now: float, stats: StepStats) -> list[RequestOutput]:
+    def process(
+        self,
+        requests: dict[str, Request],
+        seqs: list[Sequence],
+        tokens: list[int],
+        logprobs: list[dict[int, float] | None],
+        now: float,
+        stats: StepStats,
+    ) -> list[RequestOutput]:
         """Apply one step's tokens; returns an output per request that got a token and
         drops the requests that finished from `requests`."""
         touched: dict[str, Request] = {}
@@ -42,8 +50,9 @@ class OutputProcessor:
                 del requests[req.request_id]
         return outputs
 
-    def _append(self, req: Request, seq: Sequence, token: int, logprob: dict | None, now: float,
-                stats: StepStats) -> None:
+    def _append(
+        self, req: Request, seq: Sequence, token: int, logprob: dict | None, now: float, stats: StepStats
+    ) -> None:
         seq.append_token(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
@@ -96,9 +105,17 @@ class OutputProcessor:
         for s in req.seqs:
             # A finished sequence's lists no longer grow: handed over whole.
             num_tokens = None if s.status is SequenceStatus.FINISHED else len(s.output_token_ids)
-            outs.append(CompletionOutput(s.index, s.output_text, s.output_token_ids,
-                                         s.logprobs if s.params.logprobs is not None else None,
-                                         s.finish_reason, s.stop_reason, num_tokens))
+            outs.append(
+                CompletionOutput(
+                    s.index,
+                    s.output_text,
+                    s.output_token_ids,
+                    s.logprobs if s.params.logprobs is not None else None,
+                    s.finish_reason,
+                    s.stop_reason,
+                    num_tokens,
+                )
+            )
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished)
 
     def _record_finished(self, req: Request, stats: StepStats) -> None:
@@ -107,13 +124,15 @@ class OutputProcessor:
         scheduled = t.first_scheduled or t.arrival
         first_token = t.first_token or scheduled
         finished = max(s.times.finished or first_token for s in req.seqs)
-        stats.finished.append(FinishedRequestStats(
-            finish_reason=first.finish_reason or "abort",
-            num_prompt_tokens=len(req.prompt_token_ids),
-            num_generation_tokens=sum(s.num_output_tokens for s in req.seqs),
-            e2e_latency=finished - req.arrival_time,
-            queue_time=scheduled - req.arrival_time,
-            prefill_time=first_token - scheduled,
-            decode_time=finished - first_token,
-        ))
+        stats.finished.append(
+            FinishedRequestStats(
+                finish_reason=first.finish_reason or "abort",
+                num_prompt_tokens=len(req.prompt_token_ids),
+                num_generation_tokens=sum(s.num_output_tokens for s in req.seqs),
+                e2e_latency=finished - req.arrival_time,
+                queue_time=scheduled - req.arrival_time,
+                prefill_time=first_token - scheduled,
+                decode_time=finished - first_token,
+            )
+        )
         self.counters.requests_finished[first.finish_reason or "abort"] += 1

@@ -1,4 +1,5 @@
 """What the engine returns: shaped like vLLM's RequestOutput / CompletionOutput."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,9 +17,16 @@ class CompletionOutput:
 
     __slots__ = ("index", "text", "_token_ids", "_logprobs", "_num_tokens", "finish_reason", "stop_reason")
 
-    def __init__(self, index: int, text: str, token_ids: list[int], logprobs: list[dict[int, float]] | None = None,
-                 finish_reason: str | None = None, stop_reason: str | int | None = None,
-                 num_tokens: int | None = None):
+    def __init__(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[dict[int, float]] | None = None,
+        finish_reason: str | None = None,
+        stop_reason: str | int | None = None,
+        num_tokens: int | None = None,
+    ):
         self.index = index
         self.text = text
         self._token_ids = token_ids
@@ -81,8 +89,10 @@ class CompletionOutput:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return (f"CompletionOutput(index={self.index!r}, text={self.text!r}, token_ids={self.token_ids!r}, "
-                f"logprobs={self.logprobs!r}, finish_reason={self.finish_reason!r}, stop_reason={self.stop_reason!r})")
+        return (
+            f"CompletionOutput(index={self.index!r}, text={self.text!r}, token_ids={self.token_ids!r}, "
+            f"logprobs={self.logprobs!r}, finish_reason={self.finish_reason!r}, stop_reason={self.stop_reason!r})"
+        )
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ quick work.
             ...
             progress.update()
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,16 @@ BAR_WIDTH = 24
 
 
 class Progress:
-    def __init__(self, total: int, desc: str, unit: str = "", stream: IO[str] | None = None,
-                 delay_s: float = 1.0, interval_s: float = 10.0, redraw_s: float = 0.1):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "",
+        stream: IO[str] | None = None,
+        delay_s: float = 1.0,
+        interval_s: float = 10.0,
+        redraw_s: float = 0.1,
+    ):
         if total < 0:
             raise ValueError(f"total must be >= 0, got {total}")
         self.total = total

@@ -3,6 +3,7 @@
 The limits are plain numbers (`RequestLimits`), so the API server process can check a
 request before it reaches the engine core process, with the same code the engine uses.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,10 @@ class RequestValidator:
         if not ids:
             raise ValueError("prompt is empty after tokenization")
         if len(ids) >= lim.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {lim.max_model_len} "
-                             "(prompt plus at least one generated token)")
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; max_model_len is {lim.max_model_len} "
+                "(prompt plus at least one generated token)"
+            )
         needed = cdiv(len(ids) + 1, lim.block_size)
         if needed > lim.num_usable_blocks:
             raise ValueError(f"prompt needs {needed} KV blocks; the KV pool has {lim.num_usable_blocks}")
@@ -80,6 +83,8 @@ class RequestValidator:
         needed = cdiv(num_tokens, lim.block_size)
         if needed > lim.num_usable_blocks:
             each = f" (each of the n={params.n} sequences must fit alone)" if params.n > 1 else ""
-            raise ValueError(f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) needs {needed} KV blocks "
-                             f"of {lim.block_size} tokens; the KV pool holds {lim.num_usable_blocks} for one sequence "
-                             f"({lim.num_usable_blocks * lim.block_size:,} tokens){each}")
+            raise ValueError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) needs {needed} KV blocks "
+                f"of {lim.block_size} tokens; the KV pool holds {lim.num_usable_blocks} for one sequence "
+                f"({lim.num_usable_blocks * lim.block_size:,} tokens){each}"
+            )

@@ -3,6 +3,7 @@
 The engine reads a step's results only from here: a runner keeps no per-step state
 for the engine to fetch afterwards.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ ModelRunner (one device) and TPRunner (rank 0 of a tensor-parallel group) both
 implement it; the engine holds its runner as this type and probes nothing else. A step
 is plain data: scheduled sequences in, a RunnerOutput out.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,8 +38,9 @@ class ModelRunnerProtocol(Protocol):
         """Run one scheduled batch (a fast-path failure reruns it on the portable path)."""
         ...
 
-    def launch_greedy_decode(self, batch: list[ScheduledSeq], readback: TokenReadback,
-                             fed_ids: torch.Tensor | None = None) -> PendingTokens | None:
+    def launch_greedy_decode(
+        self, batch: list[ScheduledSeq], readback: TokenReadback, fed_ids: torch.Tensor | None = None
+    ) -> PendingTokens | None:
         """Start a greedy decode step on the decode graphs without waiting for its tokens;
         None when it cannot run that way (nothing was launched then)."""
         ...

@@ -9,6 +9,7 @@ come back. A row with a seed is drawn from its own CPU generator (its probabilit
 one row, are copied over), so its output depends on neither the batch nor the device.
 Log-probabilities are those of the raw model output (as vLLM V1 returns them).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,14 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 
 def _is_plain_greedy(seq: Sequence) -> bool:
     p = seq.params
-    return (p.temperature < GREEDY_BELOW_TEMPERATURE and p.logprobs is None and p.repetition_penalty == 1.0
-            and not p.presence_penalty and not p.frequency_penalty and seq.num_output_tokens >= p.min_tokens)
+    return (
+        p.temperature < GREEDY_BELOW_TEMPERATURE
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and seq.num_output_tokens >= p.min_tokens
+    )
 
 
 def _scatter_index(rows: list[int], cols: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,8 +142,13 @@ def _read(tokens: torch.Tensor, finite: torch.Tensor | None) -> list[int]:
     return ids
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
-           generator: torch.Generator, finite: torch.Tensor | None = None) -> tuple[list[int], list[dict[int, float] | None]]:
+def sample(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    eos_token_ids: list[int],
+    generator: torch.Generator,
+    finite: torch.Tensor | None = None,
+) -> tuple[list[int], list[dict[int, float] | None]]:
     """Next token per row; `generator` (on the logits' device) draws for unseeded rows.
     `finite`: a 0-d bool tensor computed on the device (are the logits finite?), read
     with the tokens; when false, NonFiniteLogits is raised instead of returning."""
@@ -149,8 +161,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int],
     greedy = [s.params.temperature < GREEDY_BELOW_TEMPERATURE for s in seqs]
     tokens = logits.argmax(dim=-1)
     if not all(greedy):
-        temperature = torch.tensor([1.0 if g else s.params.temperature for g, s in zip(greedy, seqs)],
-                                   dtype=logits.dtype).to(logits.device, non_blocking=True)
+        temperature = torch.tensor(
+            [1.0 if g else s.params.temperature for g, s in zip(greedy, seqs)], dtype=logits.dtype
+        ).to(logits.device, non_blocking=True)
         drawn = _draw(_filter(logits / temperature[:, None], seqs), seqs, generator)
         is_greedy = torch.tensor(greedy).to(logits.device, non_blocking=True)
         tokens = torch.where(is_greedy, tokens, drawn)

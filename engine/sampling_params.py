@@ -1,4 +1,5 @@
 """Per-request sampling parameters, named as vLLM names them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,7 +41,11 @@ class SamplingParams:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
         check_range("min_p", self.min_p, 0.0, 1.0)
-        if isinstance(self.repetition_penalty, bool) or not isinstance(self.repetition_penalty, (int, float)) or self.repetition_penalty <= 0:
+        if (
+            isinstance(self.repetition_penalty, bool)
+            or not isinstance(self.repetition_penalty, (int, float))
+            or self.repetition_penalty <= 0
+        ):
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)

@@ -14,6 +14,7 @@ Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget
 Effective priority is the request's priority plus one level per
 `priority_aging_steps` steps spent waiting, so low priorities are never starved.
 """
+
 from __future__ import annotations
 
 import time
@@ -195,8 +196,7 @@ class Scheduler:
             self.running.remove(seq)
         seq.num_preemptions += 1
         out.preempted.append(seq)
-        use_swap = (self.config.preemption_mode == "swap" and self.config.swap_space_bytes > 0
-                    and bm.can_swap_out(seq))
+        use_swap = self.config.preemption_mode == "swap" and self.config.swap_space_bytes > 0 and bm.can_swap_out(seq)
         if use_swap:
             out.swap_out += bm.swap_out(seq)
             seq.status = SequenceStatus.SWAPPED

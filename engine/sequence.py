@@ -1,4 +1,5 @@
 """A request and its sequences: each sequence is one completion, with its tokens and KV block table."""
+
 from __future__ import annotations
 
 import itertools
@@ -39,8 +40,16 @@ class Sequence:
     num_computed_tokens up to num_tokens, a new token is sampled.
     """
 
-    def __init__(self, request_id: str, index: int, prompt_token_ids: list[int], params: SamplingParams,
-                 priority: int, arrival_time: float, arrival_step: int):
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        arrival_time: float,
+        arrival_step: int,
+    ):
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
         self.index = index
@@ -120,8 +129,10 @@ class Sequence:
         self.token_counts[token_id] = self.token_counts.get(token_id, 0) + 1
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id}#{self.index}, {self.status.name}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+        return (
+            f"Sequence({self.request_id}#{self.index}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
 
 
 @dataclass(slots=True)

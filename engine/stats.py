@@ -4,6 +4,7 @@ The engine fills `StepStats` once per step and keeps cumulative `EngineCounters`
 metric loggers (the server's Prometheus logger, the benchmark) consume them. No
 metric library is touched inside the step.
 """
+
 from __future__ import annotations
 
 import time

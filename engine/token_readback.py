@@ -5,6 +5,7 @@ answer on the device: the finiteness flag and the greedy tokens, packed by the s
 graph (fast_path/greedy_head.py). TokenReadback starts the copy to pinned host memory
 without waiting; PendingTokens is the step's handle on that copy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Tokenizer from a checkpoint's tokenizer.json and tokenizer_config.json."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ class Tokenizer:
         # Sentencepiece byte fallback (<0x20>, <0xE2>, ...): consecutive byte tokens decode as
         # one group, and a later invalid byte turns the whole group, earlier valid bytes
         # included, into replacement characters. Text ending in one is not final yet.
-        self.byte_fallback_ids: frozenset[int] = frozenset() if self.decode_is_concatenative else frozenset(
-            i for token, i in self._tok.get_vocab(with_added_tokens=False).items() if _BYTE_TOKEN.fullmatch(token))
+        self.byte_fallback_ids: frozenset[int] = (
+            frozenset()
+            if self.decode_is_concatenative
+            else frozenset(
+                i for token, i in self._tok.get_vocab(with_added_tokens=False).items() if _BYTE_TOKEN.fullmatch(token)
+            )
+        )
 
     @property
     def eos_token_id(self) -> int | None:

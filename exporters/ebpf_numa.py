@@ -34,6 +34,7 @@ restart, exec into another name) move there too.
 The collector stays up (``inferd_collector_up{collector="ebpf"} 1``) when probes are down:
 their state is ``inferd_ebpf_probe_up``, so one family says what each probe is doing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,10 +71,21 @@ MOVE_KIND = {0: "move", 1: "swap", 2: "stick"}
 
 def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
     """The agent's --watch-pid / --watch-comm options, for EbpfNumaCollector."""
-    parser.add_argument("--watch-pid", type=int, action="append", default=[], metavar="PID",
-                        help="give this process its own eBPF NUMA labels (repeatable)")
-    parser.add_argument("--watch-comm", action="append", default=[], metavar="COMM",
-                        help="give processes with this comm their own eBPF NUMA labels (repeatable)")
+    parser.add_argument(
+        "--watch-pid",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PID",
+        help="give this process its own eBPF NUMA labels (repeatable)",
+    )
+    parser.add_argument(
+        "--watch-comm",
+        action="append",
+        default=[],
+        metavar="COMM",
+        help="give processes with this comm their own eBPF NUMA labels (repeatable)",
+    )
 
 
 class EbpfNumaCollector:
@@ -146,8 +158,9 @@ class EbpfNumaCollector:
         if problem:
             loaded, down = {}, {name: problem for name in self.probe_names}
         else:
-            loaded, down = load_probes([PROBES[name] for name in self.probe_names], tracefs=tracefs,
-                                       sysfs_root=self.sysfs_root)
+            loaded, down = load_probes(
+                [PROBES[name] for name in self.probe_names], tracefs=tracefs, sysfs_root=self.sysfs_root
+            )
         for name in self.probe_names:
             if name in loaded:
                 self._probes[name] = loaded[name]
@@ -157,7 +170,9 @@ class EbpfNumaCollector:
                 log.warning("ebpf probe %s down: %s", name, down[name])
         if PAGE_ALLOCS in self._probes:
             try:
-                self.load_node_maps(read_frame_ranges(self.sysfs_root, self.procfs_root), read_cpu_nodes(self.sysfs_root))
+                self.load_node_maps(
+                    read_frame_ranges(self.sysfs_root, self.procfs_root), read_cpu_nodes(self.sysfs_root)
+                )
             except (OSError, ValueError) as exc:
                 self._drop(PAGE_ALLOCS, f"cannot build the node maps: {exc}")
         if PAGE_MIGRATIONS in self._probes:
@@ -206,17 +221,20 @@ class EbpfNumaCollector:
                 raise CollectorUnavailable("eBPF probes are still loading")
             self._start_lock.release()
             self.start()
-        up = GaugeMetricFamily("inferd_ebpf_probe_up", "1 if the eBPF probe is loaded, else 0 (reason in the agent log)",
-                               labels=["probe"])
+        up = GaugeMetricFamily(
+            "inferd_ebpf_probe_up", "1 if the eBPF probe is loaded, else 0 (reason in the agent log)", labels=["probe"]
+        )
         for name in self.probe_names:
             up.add_metric([name], 1.0 if name in self._probes else 0.0)
         yield up
         self.refresh_watched()
         balancing = self._numa_balancing_enabled()
         if self.export_numa_balancing and balancing is not None:
-            yield GaugeMetricFamily("inferd_numa_balancing_enabled",
-                                    "1 when automatic NUMA balancing is on (/proc/sys/kernel/numa_balancing non-zero)",
-                                    value=1.0 if balancing else 0.0)
+            yield GaugeMetricFamily(
+                "inferd_numa_balancing_enabled",
+                "1 when automatic NUMA balancing is on (/proc/sys/kernel/numa_balancing non-zero)",
+                value=1.0 if balancing else 0.0,
+            )
         if PAGE_ALLOCS in self._probes:
             yield self._page_allocs(self._rows(PAGE_ALLOCS))
         if NUMA_HINT_FAULTS in self._probes and balancing:  # with balancing off, zeros would not be facts
@@ -254,23 +272,30 @@ class EbpfNumaCollector:
             return None
 
     def _page_allocs(self, rows: dict) -> Metric:
-        family = CounterMetricFamily("inferd_ebpf_page_allocs", "Pages allocated, by page node and locality to the CPU",
-                                     labels=["pid", "comm", "node", "locality"])
+        family = CounterMetricFamily(
+            "inferd_ebpf_page_allocs",
+            "Pages allocated, by page node and locality to the CPU",
+            labels=["pid", "comm", "node", "locality"],
+        )
         for (tgid, node, locality), pages in sorted(rows.items()):
             node_label = str(node) if node >= 0 else "unknown"
             family.add_metric([*self._process_labels(tgid), node_label, LOCALITY.get(locality, "unknown")], pages)
         return family
 
     def _hint_faults(self, rows: dict) -> Metric:
-        family = CounterMetricFamily("inferd_ebpf_numa_hint_faults", "NUMA balancing hinting faults, local or remote",
-                                     labels=["pid", "comm", "locality"])
+        family = CounterMetricFamily(
+            "inferd_ebpf_numa_hint_faults",
+            "NUMA balancing hinting faults, local or remote",
+            labels=["pid", "comm", "locality"],
+        )
         for (tgid, remote), faults in sorted(rows.items()):
             family.add_metric([*self._process_labels(tgid), "remote" if remote else "local"], faults)
         return family
 
     def _migrations(self, rows: dict) -> Metric:
-        family = CounterMetricFamily("inferd_ebpf_page_migrations", "Pages migrated, by migrate reason",
-                                     labels=["reason"])
+        family = CounterMetricFamily(
+            "inferd_ebpf_page_migrations", "Pages migrated, by migrate reason", labels=["reason"]
+        )
         counts = {code: 0 for code in self._migration_reasons}
         for (code,), pages in rows.items():
             counts[code] = counts.get(code, 0) + pages
@@ -279,8 +304,9 @@ class EbpfNumaCollector:
         return family
 
     def _moves(self, rows: dict) -> Metric:
-        family = CounterMetricFamily("inferd_ebpf_task_numa_moves", "NUMA balancer task moves, swaps and sticks",
-                                     labels=["pid", "comm", "kind"])
+        family = CounterMetricFamily(
+            "inferd_ebpf_task_numa_moves", "NUMA balancer task moves, swaps and sticks", labels=["pid", "comm", "kind"]
+        )
         for (tgid, kind), moves in sorted(rows.items()):
             family.add_metric([*self._process_labels(tgid), MOVE_KIND.get(kind, str(kind))], moves)
         return family
@@ -302,9 +328,14 @@ def _release_compiler_memory() -> None:
 
 def build(context: BuildContext) -> Built:
     args = context.args
-    collector = EbpfNumaCollector(args.sysfs_root, args.procfs_root, watch_pids_fn=context.engine_pid,
-                                  watch_pids=args.watch_pid, watch_comms=args.watch_comm,
-                                  export_numa_balancing="numa" not in context.enabled)
+    collector = EbpfNumaCollector(
+        args.sysfs_root,
+        args.procfs_root,
+        watch_pids_fn=context.engine_pid,
+        watch_pids=args.watch_pid,
+        watch_comms=args.watch_comm,
+        export_numa_balancing="numa" not in context.enabled,
+    )
 
     def start() -> None:
         # loading probes compiles BPF programs; do not hold up the HTTP server for it
@@ -313,5 +344,9 @@ def build(context: BuildContext) -> Built:
     return Built(collector, start=start, close=collector.stop)
 
 
-ENTRY = CollectorEntry("ebpf", "bcc probes: page allocations, hinting faults, migrations and page faults per process",
-                       build, add_arguments=add_watch_arguments)
+ENTRY = CollectorEntry(
+    "ebpf",
+    "bcc probes: page allocations, hinting faults, migrations and page faults per process",
+    build,
+    add_arguments=add_watch_arguments,
+)

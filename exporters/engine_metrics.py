@@ -6,6 +6,7 @@ double every series in Prometheus), so `EngineMetricsReader` is *not* a collecto
 the agent's CollectorSet: it is a source for the OTLP push and for code that decides
 (remediation), and `values()` gives the latest readings by sample name.
 """
+
 from __future__ import annotations
 
 import logging

@@ -12,6 +12,7 @@ label sets through a cache (a GPU's labels repeat on every scrape); a family wit
 outside the legacy charset goes through generate_latest unchanged. tests/test_agent.py
 checks the two write the same bytes, on the agent's families and on every family type.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,16 @@ from prometheus_client.utils import floatToGoString
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-_TYPE_NAMES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary",
-               "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
+_TYPE_NAMES = {
+    "counter": "counter",
+    "gauge": "gauge",
+    "histogram": "histogram",
+    "summary": "summary",
+    "info": "gauge",
+    "stateset": "gauge",
+    "gaugehistogram": "histogram",
+    "unknown": "untyped",
+}
 _label_cache: dict[tuple, str] = {}
 _LABEL_CACHE_LIMIT = 50_000
 
@@ -37,10 +46,16 @@ def _label_string(labels: dict[str, str]) -> str:
         for name, _ in key:
             if not _LEGACY_LABEL.match(name):
                 raise ValueError(f"label name {name!r} needs UTF-8 escaping")
-        text = "{" + ",".join(
-            f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + "n").replace(chr(34), chr(92) + chr(34))}"'
-            for k, v in key
-        ) + "}" if key else ""
+        text = (
+            "{"
+            + ",".join(
+                f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + "n").replace(chr(34), chr(92) + chr(34))}"'
+                for k, v in key
+            )
+            + "}"
+            if key
+            else ""
+        )
         if len(_label_cache) >= _LABEL_CACHE_LIMIT:
             _label_cache.clear()
         _label_cache[key] = text

@@ -21,6 +21,7 @@ cumulative TX/RX byte fields (197/198) are 32-bit on the H200 and wrap every 4 G
 the collector unwraps them between scrapes; that is exact only while less than 4 GiB
 crosses the link between two scrapes, so for rates use DCGM_FI_PROF_PCIE_*_BYTES.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,10 +64,22 @@ DEV_COUNTERS: list[tuple[str, str, str]] = [
 PROF_GAUGES: list[tuple[str, str, str, float]] = [
     ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", "sm_util_pct", 0.01),
     ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.", "sm_occupancy_pct", 0.01),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", "any_tensor_util_pct", 0.01),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data.", "dram_bw_util_pct", 0.01),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        "any_tensor_util_pct",
+        0.01,
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        "dram_bw_util_pct",
+        0.01,
+    ),
 ]
-PCIE_RATE_HELP = "The rate of data {} over the PCIe bus - including both protocol headers and data payloads - in bytes per second."
+PCIE_RATE_HELP = (
+    "The rate of data {} over the PCIe bus - including both protocol headers and data payloads - in bytes per second."
+)
 MEMORY_TEMP = ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")
 
 PCIE_SCALAR_COUNTERS: list[tuple[str, str, int]] = [
@@ -116,8 +129,13 @@ class WrappingCounters:
 
 def dcgm_labels(snapshot: gr.GpuSnapshot, gpu: gr.GpuReading) -> list[str]:
     return [
-        str(gpu.index), gpu.uuid, gpu.pci_bus_id, f"nvidia{gpu.minor_number}", gpu.name,
-        snapshot.hostname, snapshot.driver_version,
+        str(gpu.index),
+        gpu.uuid,
+        gpu.pci_bus_id,
+        f"nvidia{gpu.minor_number}",
+        gpu.name,
+        snapshot.hostname,
+        snapshot.driver_version,
     ]
 
 
@@ -141,8 +159,12 @@ def snapshot_families(snapshot: gr.GpuSnapshot, byte_counters: WrappingCounters 
         yield family(name, doc, ((g, getattr(g, attr)) for g in gpus), kind=UnknownMetricFamily)
     for name, doc, key, scale in PROF_GAUGES:
         yield family(name, doc, ((g, _scaled((g.gpm or {}).get(key), scale)) for g in gpus))
-    yield family("DCGM_FI_PROF_PCIE_TX_BYTES", PCIE_RATE_HELP.format("transmitted"), ((g, _pcie_rate(g, "tx")) for g in gpus))
-    yield family("DCGM_FI_PROF_PCIE_RX_BYTES", PCIE_RATE_HELP.format("received"), ((g, _pcie_rate(g, "rx")) for g in gpus))
+    yield family(
+        "DCGM_FI_PROF_PCIE_TX_BYTES", PCIE_RATE_HELP.format("transmitted"), ((g, _pcie_rate(g, "tx")) for g in gpus)
+    )
+    yield family(
+        "DCGM_FI_PROF_PCIE_RX_BYTES", PCIE_RATE_HELP.format("received"), ((g, _pcie_rate(g, "rx")) for g in gpus)
+    )
     yield from _pcie_field_families(gpus, byte_counters or WrappingCounters(bits=32))
 
 
@@ -175,15 +197,21 @@ def _pcie_field_families(gpus: list[gr.GpuReading], byte_counters: WrappingCount
         yield metric
 
     errors = CounterMetricFamily(
-        "inferd_pcie_link_errors", "PCIe link error counters from NVML field values (173-182), by type.",
+        "inferd_pcie_link_errors",
+        "PCIe link error counters from NVML field values (173-182), by type.",
         labels=[*INFERD_LABELS, "type"],
     )
     lanes = CounterMetricFamily(
-        "inferd_pcie_lane_errors", "PCIe per-lane error counter (NVML field 183), by lane.",
+        "inferd_pcie_lane_errors",
+        "PCIe per-lane error counter (NVML field 183), by lane.",
         labels=[*INFERD_LABELS, "lane"],
     )
-    tx = CounterMetricFamily("inferd_pcie_tx_bytes", "PCIe bytes transmitted by the GPU (NVML field 197; may wrap).", labels=INFERD_LABELS)
-    rx = CounterMetricFamily("inferd_pcie_rx_bytes", "PCIe bytes received by the GPU (NVML field 198; may wrap).", labels=INFERD_LABELS)
+    tx = CounterMetricFamily(
+        "inferd_pcie_tx_bytes", "PCIe bytes transmitted by the GPU (NVML field 197; may wrap).", labels=INFERD_LABELS
+    )
+    rx = CounterMetricFamily(
+        "inferd_pcie_rx_bytes", "PCIe bytes received by the GPU (NVML field 198; may wrap).", labels=INFERD_LABELS
+    )
     lane_prefix = f"{gr.FIELD_PCIE_LANE_ERRORS}:"
     for gpu in gpus:
         for field_id, kind in gr.PCIE_ERROR_FIELDS.items():
@@ -226,6 +254,8 @@ def build(context: BuildContext) -> Built:
 
 
 ENTRY = CollectorEntry(
-    "gpu", "NVML or a recorded replay: dcgm-exporter's DCGM_FI_* families and the NVML inferd_pcie_* counters",
-    build, add_arguments=add_arguments,
+    "gpu",
+    "NVML or a recorded replay: dcgm-exporter's DCGM_FI_* families and the NVML inferd_pcie_* counters",
+    build,
+    add_arguments=add_arguments,
 )

@@ -9,6 +9,7 @@ A back end returns a `GpuSnapshot` (exporters.gpu_reading) per scrape:
 
 `open_backend("nvml")` / `open_backend("replay:PATH")` picks one from the CLI spec.
 """
+
 from __future__ import annotations
 
 import threading
@@ -36,7 +37,6 @@ def open_backend(spec: str, gpm_interval_s: float = 1.0) -> GpuBackend:
     if spec.startswith("replay:"):
         return ReplayBackend(Path(spec.removeprefix("replay:")))
     raise ValueError(f"unknown GPU back end {spec!r}: use 'nvml' or 'replay:PATH'")
-
 
 
 class LazyBackend:

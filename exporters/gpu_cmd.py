@@ -3,6 +3,7 @@
 The file is what `--gpu-backend replay:PATH` plays back. The first GPM result needs
 one full interval, so recording waits that long before the first snapshot.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     record = sub.add_parser("record", help="record NVML snapshots into a replay JSON file")
     record.add_argument("path", type=Path, help="output file (JSON)")
-    record.add_argument("--interval", type=float, default=1.0, help="seconds between snapshots and GPM window (default 1)")
+    record.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between snapshots and GPM window (default 1)"
+    )
     record.add_argument("--count", type=int, default=10, help="number of snapshots (default 10)")
     record.add_argument("--note", default="", help="free text stored in the file's meta")
 
@@ -46,7 +49,12 @@ def record(path: Path, interval_s: float, count: int, note: str = "", backend=No
     finally:
         if owned:
             backend.close()
-    meta = {"interval_s": interval_s, "note": note, "python": platform.python_version(), "recorded_by": "inferd gpu record"}
+    meta = {
+        "interval_s": interval_s,
+        "note": note,
+        "python": platform.python_version(),
+        "recorded_by": "inferd gpu record",
+    }
     write_replay(path, snapshots, meta)
     return len(snapshots)
 

@@ -1,5 +1,6 @@
 """GPM sampling (Hopper and newer): GPM metrics need two samples an interval apart, so a
 thread takes them and a scrape only reads the latest result instead of sleeping."""
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """The NVML back end: live readings through nvidia-ml-py (`pynvml`), GPM through a
 background `GpmSampler`, PCIe counters through field values (each with its own return code)."""
+
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,7 @@ Every value is in NVML's own units (bytes, mW, mJ, MiB/s, percent) so a recordin
 faithful copy of what NVML said; the collector converts to dcgm-exporter's units. The
 NVML metric and field ids the readings are keyed by live here too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,13 @@ FIELD_PCIE_LANE_ERRORS = 183  # one value per lane, lane number in scopeId
 FIELD_PCIE_TX_BYTES = 197
 FIELD_PCIE_RX_BYTES = 198
 SCALAR_FIELDS = (
-    FIELD_MEMORY_TEMP, FIELD_PCIE_REPLAY, FIELD_PCIE_REPLAY_ROLLOVER, FIELD_PCIE_L0_TO_RECOVERY,
-    *PCIE_ERROR_FIELDS, FIELD_PCIE_TX_BYTES, FIELD_PCIE_RX_BYTES,
+    FIELD_MEMORY_TEMP,
+    FIELD_PCIE_REPLAY,
+    FIELD_PCIE_REPLAY_ROLLOVER,
+    FIELD_PCIE_L0_TO_RECOVERY,
+    *PCIE_ERROR_FIELDS,
+    FIELD_PCIE_TX_BYTES,
+    FIELD_PCIE_RX_BYTES,
 )
 
 

@@ -1,5 +1,6 @@
 """The replay back end: cycles through a file recorded by `inferd gpu record`, for tests
 and for demos on machines without a GPU."""
+
 from __future__ import annotations
 
 import json

@@ -14,6 +14,7 @@ kernelpagesize_kB=2048`` is 500 huge pages); they are converted to base pages
 The engine's bound node comes from `bound_node_fn` (the supervisor knows it) or, when
 that is not given, from the process's ``Mems_allowed_list`` if it names one node.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,13 +46,17 @@ VMSTAT_COUNTERS = {
         "inferd_numa_hint_faults_local",
         "NUMA balancing hinting faults on memory local to the faulting CPU (vmstat numa_hint_faults_local)",
     ),
-    "numa_pages_migrated": ("inferd_numa_pages_migrated", "Pages migrated by NUMA balancing (vmstat numa_pages_migrated)"),
+    "numa_pages_migrated": (
+        "inferd_numa_pages_migrated",
+        "Pages migrated by NUMA balancing (vmstat numa_pages_migrated)",
+    ),
 }
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _NODE_PAGES = re.compile(r"^N(\d+)=(\d+)$")
 
 
 # ---- parsers (plain strings) ----
+
 
 def parse_numastat(text: str) -> dict[str, int]:
     """nodeN/numastat -> {stat label: pages}; unknown fields are ignored."""
@@ -102,7 +107,7 @@ def parse_status_field(text: str, field: str) -> str | None:
     prefix = field + ":"
     for line in text.splitlines():
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
     return None
 
 
@@ -114,6 +119,7 @@ def remote_ratio(pages_by_node: dict[int, int], bound_node: int) -> float | None
 
 
 # ---- I/O ----
+
 
 def node_root(sysfs_root: str | Path) -> Path:
     return Path(sysfs_root) / "devices" / "system" / "node"
@@ -138,6 +144,7 @@ def default_base_page_kib() -> int:
 
 # ---- collector ----
 
+
 class NumaCollector:
     name = "numa"
 
@@ -160,7 +167,10 @@ class NumaCollector:
     def collect(self) -> Iterable[Metric]:
         try:
             nodes = list_nodes(self.sysfs_root)
-            numastat = {node: parse_numastat(read_text(node_root(self.sysfs_root) / f"node{node}" / "numastat")) for node in nodes}
+            numastat = {
+                node: parse_numastat(read_text(node_root(self.sysfs_root) / f"node{node}" / "numastat"))
+                for node in nodes
+            }
             vmstat = parse_vmstat_numa(read_text(self.procfs_root / "vmstat"))
         except FileNotFoundError as exc:
             raise CollectorUnavailable(f"cannot read NUMA statistics: {exc}") from None
@@ -168,7 +178,9 @@ class NumaCollector:
             raise CollectorUnavailable(f"no NUMA node under {node_root(self.sysfs_root)}")
 
         stat = CounterMetricFamily(
-            "inferd_numa_stat_pages", "Pages allocated per NUMA node by outcome (sysfs nodeN/numastat)", labels=["node", "stat"]
+            "inferd_numa_stat_pages",
+            "Pages allocated per NUMA node by outcome (sysfs nodeN/numastat)",
+            labels=["node", "stat"],
         )
         for node in nodes:
             for label, value in numastat[node].items():
@@ -229,8 +241,14 @@ class NumaCollector:
 
 
 def build(context: BuildContext) -> Built:
-    return Built(NumaCollector(context.args.sysfs_root, context.args.procfs_root, engine_pid_fn=context.engine_pid,
-                               bound_node_fn=lambda: context.bound_node))
+    return Built(
+        NumaCollector(
+            context.args.sysfs_root,
+            context.args.procfs_root,
+            engine_pid_fn=context.engine_pid,
+            bound_node_fn=lambda: context.bound_node,
+        )
+    )
 
 
 ENTRY = CollectorEntry("numa", "sysfs and procfs: numastat, NUMA balancing, the engine's pages per node", build)

@@ -20,6 +20,7 @@ is not degraded); `degraded` compares the current speed and width with that ceil
 NVIDIA GPUs may lower their link speed when idle to save power, so a speed-only
 `degraded` on an idle GPU is expected; a width below the ceiling never is.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -132,7 +133,9 @@ class PcieCollector:
                         continue
                     seen.add(hop.bdf)
                     device_dir = pci_devices_dir(self.sysfs_root) / hop.bdf
-                    files = [(sev, device_dir / name) for sev, name in AER_FILES.items() if (device_dir / name).exists()]
+                    files = [
+                        (sev, device_dir / name) for sev, name in AER_FILES.items() if (device_dir / name).exists()
+                    ]
                     if files:
                         self._aer_files.append((hop.bdf, files))
         return self._aer_files
@@ -157,4 +160,6 @@ def build(context: BuildContext) -> Built:
     return Built(PcieCollector(context.args.sysfs_root))
 
 
-ENTRY = CollectorEntry("pcie", "sysfs: link speed and width of every hop from each GPU to its root port, AER counters", build)
+ENTRY = CollectorEntry(
+    "pcie", "sysfs: link speed and width of every hop from each GPU to its root port, AER counters", build
+)

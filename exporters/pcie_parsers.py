@@ -1,5 +1,6 @@
 """Parsers of PCIe sysfs values and PCI addresses, on plain strings, and the link
 arithmetic built on them (generation by rate, bytes per second after encoding)."""
+
 from __future__ import annotations
 
 import re
@@ -14,6 +15,7 @@ GENERATION_BY_SPEED = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0:
 
 
 # ---- parsers (plain strings) ----
+
 
 def parse_link_speed(text: str) -> float | None:
     """GT/s from current_link_speed / max_link_speed: "16.0 GT/s PCIe" (kernel >= 4.19),

@@ -6,6 +6,7 @@ link with the switch downstream port above it, a switch upstream port with the r
 above it, so hops pair up (0,1), (2,3), ... The ceiling of a link is the lower of the two
 ends' maxima (a Gen5 GPU in a Gen4 slot is not degraded).
 """
+
 from __future__ import annotations
 
 import os
@@ -163,7 +164,9 @@ def read_gpu_paths(layouts: list[GpuLayout], static: dict[Path, PciDevice] | Non
         return fresh[device_dir]
 
     return [
-        GpuPciPath(index, device_at(layout.gpu_dir), tuple(device_at(d) for d in layout.bridge_dirs), layout.host_bridge)
+        GpuPciPath(
+            index, device_at(layout.gpu_dir), tuple(device_at(d) for d in layout.bridge_dirs), layout.host_bridge
+        )
         for index, layout in enumerate(layouts)
     ]
 

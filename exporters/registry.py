@@ -34,6 +34,7 @@ and found nothing to read, so `up` stays 1 and `source_absent` is 1. `up` 0 thus
 always means a source that should be readable was not. Reasons are logged once per
 change, not on every scrape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,7 +99,9 @@ class CollectorSet(_PromCollector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily("inferd_collector_up", "1 if the collector read its source on this scrape, else 0", labels=["collector"])
+        up = GaugeMetricFamily(
+            "inferd_collector_up", "1 if the collector read its source on this scrape, else 0", labels=["collector"]
+        )
         duration = GaugeMetricFamily(
             "inferd_collector_duration_seconds", "Time the collector took on this scrape", labels=["collector"]
         )
@@ -214,16 +217,30 @@ def add_collector_arguments(parser: argparse.ArgumentParser, entries: list[Colle
     names = [e.name for e in entries]
     listing = "; ".join(f"{e.name}{'' if e.default_on else ' (off by default)'}: {e.description}" for e in entries)
     group = parser.add_argument_group("collectors", listing)
-    group.add_argument("--collector", action="append", default=[], choices=names, metavar="NAME",
-                       help=f"enable a collector that is off by default (repeatable; one of {', '.join(names)})")
-    group.add_argument("--no-collector", action="append", default=[], choices=names, metavar="NAME",
-                       help=f"disable a collector (repeatable; one of {', '.join(names)})")
+    group.add_argument(
+        "--collector",
+        action="append",
+        default=[],
+        choices=names,
+        metavar="NAME",
+        help=f"enable a collector that is off by default (repeatable; one of {', '.join(names)})",
+    )
+    group.add_argument(
+        "--no-collector",
+        action="append",
+        default=[],
+        choices=names,
+        metavar="NAME",
+        help=f"disable a collector (repeatable; one of {', '.join(names)})",
+    )
     for entry in entries:
         if entry.add_arguments is not None:
             entry.add_arguments(parser)
 
 
-def enabled_names(entries: list[CollectorEntry], enable: Iterable[str] = (), disable: Iterable[str] = ()) -> frozenset[str]:
+def enabled_names(
+    entries: list[CollectorEntry], enable: Iterable[str] = (), disable: Iterable[str] = ()
+) -> frozenset[str]:
     """The names to build: on by default or enabled, and not disabled (disabling wins)."""
     known = {e.name for e in entries}
     unknown = sorted((set(enable) | set(disable)) - known)

@@ -4,6 +4,7 @@ Every reader in `exporters/` and `agent/` takes a root (``/sys``, ``/proc`` or a
 fixture tree) and joins paths below it, so tests run the real code on fixture trees.
 Parsers here work on plain strings; the ``read_*`` functions do the I/O.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -13,6 +13,7 @@ Run from the repo root:  .venv/bin/python scripts/bench_agent.py [--iterations N
 
 Prints a Markdown table for BENCHMARKS.md. Timings, not assertions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,6 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 EIGHT_GPUS = REPO / "tests" / "fixtures" / "gpu" / "eight_h200.json"
 
 
-
 def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> float:
     """Poll the agent's /metrics until it answers; returns the deadline used."""
     deadline = time.monotonic() + timeout_s
@@ -45,6 +45,7 @@ def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float = 1
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError("agent did not start") from None
             time.sleep(0.2)
+
 
 def percentiles(samples: list[float]) -> tuple[float, float, float]:
     ordered = sorted(samples)
@@ -67,12 +68,14 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
 
     from fixture_trees import ENGINE_PID
 
-    collectors = CollectorSet([
-        GpuCollector(ReplayBackend(EIGHT_GPUS)),
-        PcieCollector(roots.sysfs),
-        NumaCollector(roots.sysfs, roots.procfs, engine_pid_fn=lambda: ENGINE_PID, bound_node_fn=lambda: 0),
-        EngineCollector(None),
-    ])
+    collectors = CollectorSet(
+        [
+            GpuCollector(ReplayBackend(EIGHT_GPUS)),
+            PcieCollector(roots.sysfs),
+            NumaCollector(roots.sysfs, roots.procfs, engine_pid_fn=lambda: ENGINE_PID, bound_node_fn=lambda: 0),
+            EngineCollector(None),
+        ]
+    )
     from exporters.exposition import render_exposition
 
     families = list(collectors.collect())
@@ -98,9 +101,12 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
         t = time.perf_counter()
         generate_latest(registry)
         reference.append(time.perf_counter() - t)
-    return {"collection cycle": percentiles(cycle), "render": percentiles(render),
-            "generate_latest": percentiles(reference),
-            "_series": len([line for line in text.decode().splitlines() if line and not line.startswith("#")])}
+    return {
+        "collection cycle": percentiles(cycle),
+        "render": percentiles(render),
+        "generate_latest": percentiles(reference),
+        "_series": len([line for line in text.decode().splitlines() if line and not line.startswith("#")]),
+    }
 
 
 def free_port() -> int:
@@ -111,9 +117,21 @@ def free_port() -> int:
 
 def agent_process(roots, requests: int, ebpf: bool) -> tuple[tuple[float, float, float], int]:
     port = free_port()
-    command = [sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--port", str(port),
-               "--gpu-backend", f"replay:{EIGHT_GPUS}", "--sysfs-root", str(roots.sysfs),
-               "--procfs-root", str(roots.procfs)]
+    command = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "agent",
+        "--no-engine",
+        "--port",
+        str(port),
+        "--gpu-backend",
+        f"replay:{EIGHT_GPUS}",
+        "--sysfs-root",
+        str(roots.sysfs),
+        "--procfs-root",
+        str(roots.procfs),
+    ]
     if not ebpf:
         command += ["--no-collector", "ebpf"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -159,10 +177,30 @@ def agent_cpu_share(roots, seconds: float) -> float:
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--port", str(port),
-         "--gpu-backend", f"replay:{EIGHT_GPUS}", "--sysfs-root", str(roots.sysfs), "--procfs-root", str(roots.procfs),
-         "--no-collector", "ebpf", "--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}", "--otlp-interval", "1"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--no-engine",
+            "--port",
+            str(port),
+            "--gpu-backend",
+            f"replay:{EIGHT_GPUS}",
+            "--sysfs-root",
+            str(roots.sysfs),
+            "--procfs-root",
+            str(roots.procfs),
+            "--no-collector",
+            "ebpf",
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{sink.server_address[1]}",
+            "--otlp-interval",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}/metrics"
     tick = os.sysconf("SC_CLK_TCK")
@@ -212,19 +250,31 @@ def main() -> int:
                 print(f"eBPF run skipped: {exc}", file=sys.stderr)
 
     ms = lambda p: " / ".join(f"{x * 1000:.2f}" for x in p)  # noqa: E731
-    print(f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"{results['_series']} series per scrape")
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{results['_series']} series per scrape"
+    )
     print("| measure | p50 / p99 / max (ms) |\n|---|---|")
     print(f"| collection cycle, in process ({args.iterations}x) | {ms(results['collection cycle'])} |")
-    print(f"| /metrics render (agent.server.render_exposition), in process ({args.iterations}x) | {ms(results['render'])} |")
-    print(f"| same render with client_python generate_latest ({max(1, args.iterations // 4)}x) | {ms(results['generate_latest'])} |")
+    print(
+        f"| /metrics render (agent.server.render_exposition), in process ({args.iterations}x) | {ms(results['render'])} |"
+    )
+    print(
+        f"| same render with client_python generate_latest ({max(1, args.iterations // 4)}x) | {ms(results['generate_latest'])} |"
+    )
     print(f"| GET /metrics over HTTP, eBPF off ({args.requests}x) | {ms(http_plain)} |")
     if ebpf_result:
-        print(f"| GET /metrics over HTTP, eBPF on, real /sys and /proc of this host ({args.requests}x) | {ms(ebpf_result[0])} |")
-    print(f"\nagent RSS after the requests: {rss_plain / 1024:.1f} MiB with eBPF off"
-          + (f", {ebpf_result[1] / 1024:.1f} MiB with eBPF on" if ebpf_result else ""))
-    print(f"agent CPU while scraped every 1 s and pushing OTLP every 1 s: {cpu_share * 100:.2f}% of one core "
-          f"({args.cpu_seconds:.0f} s)")
+        print(
+            f"| GET /metrics over HTTP, eBPF on, real /sys and /proc of this host ({args.requests}x) | {ms(ebpf_result[0])} |"
+        )
+    print(
+        f"\nagent RSS after the requests: {rss_plain / 1024:.1f} MiB with eBPF off"
+        + (f", {ebpf_result[1] / 1024:.1f} MiB with eBPF on" if ebpf_result else "")
+    )
+    print(
+        f"agent CPU while scraped every 1 s and pushing OTLP every 1 s: {cpu_share * 100:.2f}% of one core "
+        f"({args.cpu_seconds:.0f} s)"
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ the replay GPU back end, eBPF probes off so it runs unprivileged) whose /metrics
 once a second, so both conditions see the same machine drift. Prints per-run tokens/s and
 the median slowdown. Usage: python scripts/bench_agent_overhead.py --model DIR [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,24 @@ def main() -> int:
     without, with_agent = [], []
     for _ in range(args.rounds):
         without.append(bench_engine(args.model, prompts, 64))
-        agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--port", str(args.port),
-                                  "--gpu-backend", f"replay:{REPO}/tests/fixtures/gpu/eight_h200.json",
-                                  "--no-collector", "ebpf", "--log-level", "WARNING"], cwd=REPO)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "agent",
+                "--no-engine",
+                "--port",
+                str(args.port),
+                "--gpu-backend",
+                f"replay:{REPO}/tests/fixtures/gpu/eight_h200.json",
+                "--no-collector",
+                "ebpf",
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=REPO,
+        )
         url = f"http://127.0.0.1:{args.port}/metrics"
         for _ in range(100):
             try:

@@ -18,6 +18,7 @@ kernel headers.
     sudo .venv/bin/python scripts/bench_ebpf.py [--workload touch|numpy] [--unwatched]
         [--mib 128] [--loops 2] [--rounds 20] [--cpu N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -133,7 +134,9 @@ def _program_fds(collector: EbpfNumaCollector) -> dict[str, int]:
 
 
 def _run_stats(fd: int) -> tuple[int, int]:
-    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":\t" in line)
+    fields = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":\t" in line
+    )
     return int(fields.get("run_time_ns", 0)), int(fields.get("run_cnt", 0))
 
 
@@ -153,10 +156,15 @@ def main() -> int:
     parser.add_argument("--loops", type=int, default=2, help="map/fill/unmap loops per timed run")
     parser.add_argument("--rounds", type=int, default=20, help="rounds, each timing every side")
     parser.add_argument("--collections", type=int, default=200, help="collections to time")
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="touch",
-                        help="touch: map+memset+unmap (worst case); numpy: random arrays allocated and reduced")
-    parser.add_argument("--unwatched", action="store_true",
-                        help="do not watch the workload (the 'other' path most processes take)")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="touch",
+        help="touch: map+memset+unmap (worst case); numpy: random arrays allocated and reduced",
+    )
+    parser.add_argument(
+        "--unwatched", action="store_true", help="do not watch the workload (the 'other' path most processes take)"
+    )
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU to pin the workload to")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -181,7 +189,7 @@ def main() -> int:
         workload = WORKLOADS[args.workload]
         workload(num_bytes, 1)  # warm the allocator's per-CPU lists
         for round_index in range(args.rounds):
-            order = list(toggles)[round_index % 3:] + list(toggles)[: round_index % 3]
+            order = list(toggles)[round_index % 3 :] + list(toggles)[: round_index % 3]
             for side in order:
                 empty.set_attached(False)
                 set_attached(collector, False)

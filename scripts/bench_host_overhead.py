@@ -14,6 +14,7 @@ Cases:
 
     .venv/bin/python scripts/bench_host_overhead.py [--json out.json] [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,19 @@ CASES = {
 DEFAULT_CASES = "decode256,long8"
 
 
-def run_case(model_dir: str, name: str, num_requests: int, prompt_len: int, max_tokens: int,
-             profile: bool, top: int) -> dict:
-    config = EngineConfig(model=model_dir, device="cpu", dtype="float32", max_num_seqs=max(num_requests, 1),
-                          max_num_batched_tokens=16384, max_model_len=prompt_len + max_tokens + 16,
-                          kv_cache_bytes=512 << 20, swap_space_bytes=0)
+def run_case(
+    model_dir: str, name: str, num_requests: int, prompt_len: int, max_tokens: int, profile: bool, top: int
+) -> dict:
+    config = EngineConfig(
+        model=model_dir,
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=max(num_requests, 1),
+        max_num_batched_tokens=16384,
+        max_model_len=prompt_len + max_tokens + 16,
+        kv_cache_bytes=512 << 20,
+        swap_space_bytes=0,
+    )
     engine = LLMEngine(config)
     rng = random.Random(0)
     vocab = engine.tokenizer.vocab_size
@@ -90,8 +99,12 @@ def run_case(model_dir: str, name: str, num_requests: int, prompt_len: int, max_
         host_ms.append((wall - model_time) * 1e3)
         num_tokens += len(outputs)
     result = {
-        "case": name, "num_requests": num_requests, "prompt_len": prompt_len, "max_tokens": max_tokens,
-        "num_steps": len(host_ms), "num_outputs": num_tokens,
+        "case": name,
+        "num_requests": num_requests,
+        "prompt_len": prompt_len,
+        "max_tokens": max_tokens,
+        "num_steps": len(host_ms),
+        "num_outputs": num_tokens,
         "host_ms_per_step_median": round(statistics.median(host_ms), 3),
         "host_ms_per_step_mean": round(statistics.fmean(host_ms), 3),
         "host_ms_per_step_max": round(max(host_ms), 3),
@@ -119,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
             if name not in CASES:
                 parser.error(f"unknown case {name!r}; known: {', '.join(CASES)}")
             r = run_case(tmp, name, **CASES[name], profile=args.profile, top=args.top)
-            print(f"{name}: {r['num_steps']} steps, host work per step median {r['host_ms_per_step_median']:.2f} ms, "
-                  f"mean {r['host_ms_per_step_mean']:.2f} ms, max {r['host_ms_per_step_max']:.2f} ms")
+            print(
+                f"{name}: {r['num_steps']} steps, host work per step median {r['host_ms_per_step_median']:.2f} ms, "
+                f"mean {r['host_ms_per_step_mean']:.2f} ms, max {r['host_ms_per_step_max']:.2f} ms"
+            )
             results.append(r)
     import tokenizers
 
-    meta = {"python": sys.version.split()[0], "torch": torch.__version__, "tokenizers": tokenizers.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    meta = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "tokenizers": tokenizers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     return 0

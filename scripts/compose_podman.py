@@ -28,6 +28,7 @@ podman's settings go in a containers.conf of this script's own (no rlimits set i
 sandbox, runc as the runtime): CONTAINERS_CONF points at it unless already set. State,
 logs and the API socket live in .out/podman (INFERD_PODMAN_DIR).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,12 +68,16 @@ def log(message: str) -> None:
 
 def check_host() -> None:
     if os.geteuid() != 0:
-        raise Unavailable("podman runs containers here only as root (rootless podman needs subuids and "
-                          "user namespaces this host does not offer)")
+        raise Unavailable(
+            "podman runs containers here only as root (rootless podman needs subuids and "
+            "user namespaces this host does not offer)"
+        )
     missing = [b for b in NEEDED if shutil.which(b) is None]
     if missing:
-        raise Unavailable(f"not installed: {', '.join(missing)} (scripts/setup.sh installs podman, mmdebstrap, "
-                          "docker-compose as root)")
+        raise Unavailable(
+            f"not installed: {', '.join(missing)} (scripts/setup.sh installs podman, mmdebstrap, "
+            "docker-compose as root)"
+        )
 
 
 def podman_env() -> dict[str, str]:
@@ -89,9 +94,13 @@ def podman_env() -> dict[str, str]:
 
 
 def sh(*argv: str, env: dict | None = None, capture: bool = False, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, env=env or podman_env(), text=True,
-                            stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.PIPE if capture else None)
+    result = subprocess.run(
+        argv,
+        env=env or podman_env(),
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
     if check and result.returncode != 0:
         detail = f"\n{result.stderr}" if capture else ""
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {result.returncode}{detail}")
@@ -118,6 +127,7 @@ def digest(*parts: str | bytes) -> str:
 
 
 # ---- images -----------------------------------------------------------------------------
+
 
 def host_suite() -> str:
     text = Path("/etc/os-release").read_text()
@@ -160,8 +170,16 @@ def wheel_requirements() -> list[str]:
 
 
 def base_python(base: str) -> str:
-    out = sh("podman", "run", "--rm", base, "python3", "-c",
-             "import sys; print('%d.%d' % sys.version_info[:2])", capture=True).stdout
+    out = sh(
+        "podman",
+        "run",
+        "--rm",
+        base,
+        "python3",
+        "-c",
+        "import sys; print('%d.%d' % sys.version_info[:2])",
+        capture=True,
+    ).stdout
     return out.strip()
 
 
@@ -176,7 +194,17 @@ def ensure_wheels(base: str) -> Path:
         cache_root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".tmp-"))
         try:
-            argv = [sys.executable, "-m", "pip", "download", "--quiet", "--quiet", "--only-binary=:all:", "--dest", str(tmp)]
+            argv = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--quiet",
+                "--only-binary=:all:",
+                "--dest",
+                str(tmp),
+            ]
             if python != "{}.{}".format(*sys.version_info[:2]):
                 argv.append(f"--python-version={python}")
             sh(*argv, *requirements, env=dict(os.environ))
@@ -214,8 +242,22 @@ def agent_image(base: str) -> str:
         return AGENT_IMAGE
     ensure_wheels(base)
     log(f"building {AGENT_IMAGE} (Dockerfile, target cpu, from {base}, wheels from .whl/)")
-    sh("podman", "build", "--quiet", "--target", "cpu", "--build-arg", f"BASE_IMAGE={base}",
-       "--build-arg", "WHEELS=.whl", "--label", f"{HASH_LABEL}={want}", "--tag", AGENT_IMAGE, str(REPO))
+    sh(
+        "podman",
+        "build",
+        "--quiet",
+        "--target",
+        "cpu",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "--build-arg",
+        "WHEELS=.whl",
+        "--label",
+        f"{HASH_LABEL}={want}",
+        "--tag",
+        AGENT_IMAGE,
+        str(REPO),
+    )
     return AGENT_IMAGE
 
 
@@ -227,16 +269,31 @@ def monitoring_image(base: str) -> str:
         return MONITORING_IMAGE
     log(f"building {MONITORING_IMAGE} (Dockerfile.monitoring: Debian's prometheus and prometheus-alertmanager)")
     with tempfile.TemporaryDirectory() as empty:  # it copies nothing: an empty context
-        sh("podman", "build", "--quiet", "--file", str(dockerfile), "--build-arg", f"BASE_IMAGE={base}",
-           "--label", f"{HASH_LABEL}={want}", "--tag", MONITORING_IMAGE, empty)
+        sh(
+            "podman",
+            "build",
+            "--quiet",
+            "--file",
+            str(dockerfile),
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "--label",
+            f"{HASH_LABEL}={want}",
+            "--tag",
+            MONITORING_IMAGE,
+            empty,
+        )
     return MONITORING_IMAGE
 
 
 def images() -> dict[str, str]:
     check_host()
     base = base_image()
-    built = {"INFERD_BASE_IMAGE": base, "INFERD_AGENT_IMAGE": agent_image(base),
-             "INFERD_MONITORING_IMAGE": monitoring_image(base)}
+    built = {
+        "INFERD_BASE_IMAGE": base,
+        "INFERD_AGENT_IMAGE": agent_image(base),
+        "INFERD_MONITORING_IMAGE": monitoring_image(base),
+    }
     for image in built.values():
         size = int(sh("podman", "image", "inspect", "--format", "{{.Size}}", image, capture=True).stdout)
         log(f"{image:<45} {size / 1e6:,.0f} MB")
@@ -244,6 +301,7 @@ def images() -> dict[str, str]:
 
 
 # ---- the stack ----------------------------------------------------------------------------
+
 
 def service_pid() -> int | None:
     try:
@@ -260,10 +318,18 @@ def start_service(private_net: bool) -> None:
     sock = STATE / "podman.sock"
     sock.unlink(missing_ok=True)
     serve = f"exec podman system service --time=0 unix://{sock}"
-    argv = ["unshare", "--net", "--", "sh", "-c", f"ip link set lo up && {serve}"] if private_net else ["sh", "-c", serve]
+    argv = (
+        ["unshare", "--net", "--", "sh", "-c", f"ip link set lo up && {serve}"] if private_net else ["sh", "-c", serve]
+    )
     with open(STATE / "service.log", "ab") as out:
-        process = subprocess.Popen(argv, env=podman_env(), stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            env=podman_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     (STATE / "service.pid").write_text(f"{process.pid}\n")
     deadline = time.monotonic() + 30
     while not sock.exists():
@@ -284,13 +350,25 @@ def stop_service() -> None:
 
 def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**podman_env(), **(env or {}), "DOCKER_HOST": f"unix://{STATE / 'podman.sock'}"}
-    return sh("docker-compose", "--project-name", PROJECT, "--project-directory", str(REPO),
-              "--file", str(REPO / "compose.yaml"), "--file", str(REPO / "compose.podman.yaml"), *args, env=env)
+    return sh(
+        "docker-compose",
+        "--project-name",
+        PROJECT,
+        "--project-directory",
+        str(REPO),
+        "--file",
+        str(REPO / "compose.yaml"),
+        "--file",
+        str(REPO / "compose.podman.yaml"),
+        *args,
+        env=env,
+    )
 
 
 def project_containers() -> list[str]:
-    out = sh("podman", "ps", "--all", "--quiet", "--filter", f"label=com.docker.compose.project={PROJECT}",
-             capture=True).stdout
+    out = sh(
+        "podman", "ps", "--all", "--quiet", "--filter", f"label=com.docker.compose.project={PROJECT}", capture=True
+    ).stdout
     return out.split()
 
 
@@ -302,9 +380,15 @@ def up(private_net: bool) -> None:
     start_service(private_net)
     (STATE / "images.json").write_text(json.dumps(built, indent=2) + "\n")
     compose("up", "--detach", "--no-build", env=built)
-    where = "in the stack's network namespace (`scripts/compose_podman.py exec curl ...`)" if private_net else "on this host"
-    log(f"up {where}: engine http://localhost:8000/v1, agent :9400, Prometheus :9090, Alertmanager :9093; "
-        "stop with `scripts/compose_podman.py down`")
+    where = (
+        "in the stack's network namespace (`scripts/compose_podman.py exec curl ...`)"
+        if private_net
+        else "on this host"
+    )
+    log(
+        f"up {where}: engine http://localhost:8000/v1, agent :9400, Prometheus :9090, Alertmanager :9093; "
+        "stop with `scripts/compose_podman.py down`"
+    )
 
 
 def down() -> None:
@@ -344,8 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("images", help="build the local images, or reuse them")
     p_up = sub.add_parser("up", help="images, then the stack")
-    p_up.add_argument("--private-net", action="store_true",
-                      help="run the stack in a network namespace of its own (its ports are not the host's)")
+    p_up.add_argument(
+        "--private-net",
+        action="store_true",
+        help="run the stack in a network namespace of its own (its ports are not the host's)",
+    )
     sub.add_parser("logs", help="the last lines of each container's log")
     sub.add_parser("down", help="stop the stack; remove its containers and volumes")
     p_exec = sub.add_parser("exec", help="run a command in the stack's network namespace")

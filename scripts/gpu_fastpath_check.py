@@ -18,6 +18,7 @@ compares the fast path's logit error with the portable path's (both about 2.4 % 
 transformers on a random 8B-shape checkpoint, which flips greedy tokens in either); in
 fp16 it also demands 32/32 greedy agreement wherever the portable path has it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,11 @@ def check_attention_kernel() -> None:
             out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, dim**-0.5, splits, window)
             torch.cuda.synchronize()
             per_ctx = {int(c): rel(out[i], ref[i]) for i, c in enumerate(ctx.tolist()) if c}
-            ok = (torch.isfinite(out).all().item() and max(per_ctx.values()) < BF16_REL_TOL
-                  and out[-1].abs().max().item() == 0)
+            ok = (
+                torch.isfinite(out).all().item()
+                and max(per_ctx.values()) < BF16_REL_TOL
+                and out[-1].abs().max().item() == 0
+            )
             check(f"attention_kernel_splits{splits}_window{window}", ok, rel_err=per_ctx)
 
 
@@ -108,8 +112,12 @@ def check_fused_ops() -> None:
     r1, r2 = res.clone(), res.clone()
     o1, _ = ops.add_rms_norm(x, r1, w, 1e-5)
     o2, _ = ops.add_rms_norm_reference(x, r2, w, 1e-5)
-    check("fused_add_rms_norm", rel(o1, o2) < 1e-2 and torch.equal(r1, r2), rel_err=rel(o1, o2),
-          max_abs=float((o1.float() - o2.float()).abs().max()))
+    check(
+        "fused_add_rms_norm",
+        rel(o1, o2) < 1e-2 and torch.equal(r1, r2),
+        rel_err=rel(o1, o2),
+        max_abs=float((o1.float() - o2.float()).abs().max()),
+    )
     gu = torch.randn(64, 2 * 14336, device="cuda", dtype=dt, generator=gen)
     a, b = ops.silu_and_mul(gu), ops.silu_and_mul_reference(gu)
     check("fused_silu_and_mul", rel(a, b) < 1e-2, rel_err=rel(a, b))
@@ -123,8 +131,7 @@ def check_fused_ops() -> None:
     from engine.model import rope_inv_freq
     from engine.model_config import ModelConfig
 
-    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "head_dim": dim,
-                                 **PRESETS["llama3-8b-shape"]})
+    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "head_dim": dim, **PRESETS["llama3-8b-shape"]})
     inv = rope_inv_freq(cfg).cuda()
     slots = torch.randperm(64 * 16, device="cuda", generator=gen)[:tokens]
     slots[::7] = -1
@@ -133,9 +140,13 @@ def check_fused_ops() -> None:
     q1, q2 = q.clone(), q.clone()
     ops.rope_and_cache(q1, k, v, pos, inv, arena1[:, 0, 1], arena1[:, 1, 1], slots)
     ops.rope_and_cache_reference(q2, k, v, pos, inv, arena2[:, 0, 1], arena2[:, 1, 1], slots)
-    check("fused_rope_and_cache", rel(q1, q2) < 1e-2 and rel(arena1, arena2) < 1e-2,
-          q_rel_err=rel(q1, q2), cache_rel_err=rel(arena1, arena2),
-          q_mismatch_share=float((q1 != q2).float().mean()))
+    check(
+        "fused_rope_and_cache",
+        rel(q1, q2) < 1e-2 and rel(arena1, arena2) < 1e-2,
+        q_rel_err=rel(q1, q2),
+        cache_rel_err=rel(arena1, arena2),
+        q_mismatch_share=float((q1 != q2).float().mean()),
+    )
 
 
 # --- 3. model ------------------------------------------------------------------------------
@@ -188,17 +199,32 @@ def check_model() -> None:
     vocab = model.config.vocab_size
     log(f"{PRESET} model built on {DEVICE}")
     # Synchronous steps: record_logits sees every step's logits (async steps keep them on the device).
-    common = dict(kv_gib=20 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=2048, enable_prefix_caching=False,
-                  async_scheduling=False)
+    common = dict(
+        kv_gib=20 if DEVICE == "cuda" else 0.02,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+        async_scheduling=False,
+    )
     fast = new_engine(model_dir, model, "fast", **common)
     slow = new_engine(model_dir, model, "fallback", **common)
-    check("fast_path_attached", fast.fast_path_unavailable is None and fast.runner.fast_decode is not None,
-          reason=fast.fast_path_unavailable)
+    check(
+        "fast_path_attached",
+        fast.fast_path_unavailable is None and fast.runner.fast_decode is not None,
+        reason=fast.fast_path_unavailable,
+    )
     fast_logits, slow_logits = record_logits(fast), record_logits(slow)
     hf = hf_model_sharing_weights(model_dir, model)
 
-    ctx = dict(fast=fast, slow=slow, hf=hf, vocab=vocab, model=model, model_dir=model_dir, fast_logits=fast_logits,
-               slow_logits=slow_logits)
+    ctx = dict(
+        fast=fast,
+        slow=slow,
+        hf=hf,
+        vocab=vocab,
+        model=model,
+        model_dir=model_dir,
+        fast_logits=fast_logits,
+        slow_logits=slow_logits,
+    )
     for section in MODEL_SECTIONS:
         try:
             section(**ctx)
@@ -221,8 +247,14 @@ def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
     for i, p in enumerate(ps):
         ids = torch.tensor([p], device=DEVICE)
         with torch.inference_mode():
-            h_tok = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tok, min_new_tokens=n_tok,
-                                do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+            h_tok = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n_tok,
+                min_new_tokens=n_tok,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
             # teacher-forced transformers logits over each engine's own continuation
             ref_f = hf(torch.tensor([p + f_tok[i][:-1]], device=DEVICE)).logits[0, len(p) - 1 :].float().cpu()
             ref_s = hf(torch.tensor([p + s_tok[i][:-1]], device=DEVICE)).logits[0, len(p) - 1 :].float().cpu()
@@ -233,14 +265,24 @@ def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
         # Pass: as close to transformers as the portable path is (bf16 noise sets both), and
         # greedy agreement with transformers whenever the portable path itself agrees fully.
         portable_agrees = agree(s_tok[i], h_tok) == n_tok
-        check(f"greedy32_prompt{lens[i]}", err_f <= NOISE_RATIO * err_s + 1e-6
-              and (agree(f_tok[i], h_tok) == n_tok or not portable_agrees or DTYPE_NAME == "bfloat16"),
-              fast_vs_hf_agree=agree(f_tok[i], h_tok), fast_vs_fallback_agree=n_same,
-              fallback_vs_hf_agree=agree(s_tok[i], h_tok), logit_rel_err_fast_vs_hf=err_f,
-              logit_rel_err_fallback_vs_hf=err_s, logit_rel_err_fast_vs_fallback=err_fs)
+        check(
+            f"greedy32_prompt{lens[i]}",
+            err_f <= NOISE_RATIO * err_s + 1e-6
+            and (agree(f_tok[i], h_tok) == n_tok or not portable_agrees or DTYPE_NAME == "bfloat16"),
+            fast_vs_hf_agree=agree(f_tok[i], h_tok),
+            fast_vs_fallback_agree=n_same,
+            fallback_vs_hf_agree=agree(s_tok[i], h_tok),
+            logit_rel_err_fast_vs_hf=err_f,
+            logit_rel_err_fallback_vs_hf=err_s,
+            logit_rel_err_fast_vs_fallback=err_fs,
+        )
     graphs = fast.runner.fast_decode
-    check("decode_ran_in_graphs", (graphs.num_replays > 0 or DEVICE == "cpu") and fast.runner.mode == "fast",
-          replays=graphs.num_replays, graphs=sorted(graphs.graphs))
+    check(
+        "decode_ran_in_graphs",
+        (graphs.num_replays > 0 or DEVICE == "cpu") and fast.runner.mode == "fast",
+        replays=graphs.num_replays,
+        graphs=sorted(graphs.graphs),
+    )
 
 
 def check_batch_invariance(fast, vocab, fast_logits, **_):
@@ -261,8 +303,14 @@ def check_batch_invariance(fast, vocab, fast_logits, **_):
     # chunks, so its first decodes run in mixed eager steps). bf16 gave b8 exactly equal,
     # fp16 a 0.3 % difference; pass when the logits stay within the model's noise level
     # until the first flipped token.
-    check("batch_invariance", e8 < MODEL_REL_TOL and e40 < MODEL_REL_TOL,
-          logit_rel_diff_b8=e8, logit_rel_diff_b40_until_first_flip=e40, agree_b8=a8, agree_b40=a40)
+    check(
+        "batch_invariance",
+        e8 < MODEL_REL_TOL and e40 < MODEL_REL_TOL,
+        logit_rel_diff_b8=e8,
+        logit_rel_diff_b40_until_first_flip=e40,
+        agree_b8=a8,
+        agree_b40=a40,
+    )
 
     # c. graphs against eager fast decode (same kernels, no capture)
     graphs.use_graphs = False
@@ -270,7 +318,6 @@ def check_batch_invariance(fast, vocab, fast_logits, **_):
     graphs.use_graphs = DEVICE == "cuda"
     e = max(rel(a, b) for a, b in zip(fast_logits[eager_ids[0]], fast_logits[alone_ids[0]]))
     check("graphs_match_eager", eager[0] == alone[0] and e < 1e-3, logit_rel_diff=e)
-
 
 
 def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
@@ -286,7 +333,6 @@ def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
         check(f"context_{n}", max(errs) < MODEL_REL_TOL, agree=same, logit_rel_err_until_first_flip=errs)
 
 
-
 def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
@@ -296,10 +342,15 @@ def check_cold_kv(model_dir, model, vocab, **_):
     lens = (600, 2000) if DEVICE == "cuda" else (40, 70)
     ps = [prompts(vocab, 1, n, seed=2000 + n)[0] for n in lens]
     for kind in ("int8", "int4"):
-        common = dict(kv_gib=8 if DEVICE == "cuda" else 0.02, max_num_batched_tokens=512, kv_cold_dtype=kind,
-                      kv_hot_window=64 if DEVICE == "cuda" else 16, enable_prefix_caching=False,
-                      max_model_len=4096 if DEVICE == "cuda" else 256,
-                      async_scheduling=False)  # record_logits sees every decode step's logits
+        common = dict(
+            kv_gib=8 if DEVICE == "cuda" else 0.02,
+            max_num_batched_tokens=512,
+            kv_cold_dtype=kind,
+            kv_hot_window=64 if DEVICE == "cuda" else 16,
+            enable_prefix_caching=False,
+            max_model_len=4096 if DEVICE == "cuda" else 256,
+            async_scheduling=False,
+        )  # record_logits sees every decode step's logits
         fast = new_engine(model_dir, model, "fast", **common)
         ref = new_engine(model_dir, model, "fast", **common)
         ref.runner.fast_decode, ref.runner.fast_attention = None, paged_attention  # cooling on, portable attention
@@ -311,10 +362,19 @@ def check_cold_kv(model_dir, model, vocab, **_):
         for i, n in enumerate(lens):
             same = agree(f_tok[i], r_tok[i])
             errs = [rel(a, b) for a, b in zip(f_logits[f_ids[i]][: same + 1], r_logits[r_ids[i]])]
-            check(f"cold_{kind}_prompt{n}", max(errs) < MODEL_REL_TOL and fast.runner.mode == "fast", agree=same,
-                  logit_rel_err_until_first_flip=errs, quantized_blocks=fast.counters.quantized_blocks[kind])
-        check(f"cold_{kind}_decode_in_graphs", DEVICE == "cpu" or (graphs.num_replays > 0 and bool(cold_graphs)),
-              replays=graphs.num_replays if graphs is not None else 0, cold_graphs=len(cold_graphs))
+            check(
+                f"cold_{kind}_prompt{n}",
+                max(errs) < MODEL_REL_TOL and fast.runner.mode == "fast",
+                agree=same,
+                logit_rel_err_until_first_flip=errs,
+                quantized_blocks=fast.counters.quantized_blocks[kind],
+            )
+        check(
+            f"cold_{kind}_decode_in_graphs",
+            DEVICE == "cpu" or (graphs.num_replays > 0 and bool(cold_graphs)),
+            replays=graphs.num_replays if graphs is not None else 0,
+            cold_graphs=len(cold_graphs),
+        )
         del fast, ref
         free_dropped_engines()
 
@@ -330,9 +390,21 @@ def check_sampling(fast, vocab, fast_logits, **_):
     from engine.bench.gpu_decode import prompts
 
     ps = prompts(vocab, 6, 40, seed=77)
-    seeded = [SamplingParams(temperature=0.8, top_p=0.9, top_k=50, min_p=0.02, repetition_penalty=1.1,
-                             presence_penalty=0.2, max_tokens=16, seed=100 + i, logprobs=2, ignore_eos=True)
-              for i in range(3)]
+    seeded = [
+        SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            top_k=50,
+            min_p=0.02,
+            repetition_penalty=1.1,
+            presence_penalty=0.2,
+            max_tokens=16,
+            seed=100 + i,
+            logprobs=2,
+            ignore_eos=True,
+        )
+        for i in range(3)
+    ]
     unseeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
 
     def run(tag, batch):
@@ -362,10 +434,16 @@ def check_sampling(fast, vocab, fast_logits, **_):
             continue
         la, lb = fast_logits[f"sample-a-{i}"], fast_logits[f"sample-b-{i}"]
         explained.append(max(rel(x, y) for x, y in zip(la[: n + 1], lb[: n + 1])))
-    check("sampling_on_device", all(same_batch) and ok_logprobs and in_vocab and fast.runner.mode == "fast",
-          same_batch_repeats=same_batch, logprobs=ok_logprobs, in_vocab=in_vocab, mode=fast.runner.mode,
-          alone_vs_mixed_agree=[agree(a.token_ids, b.token_ids) for a, b in zip(first[:3], alone)],
-          logit_rel_diff_until_first_difference=explained)
+    check(
+        "sampling_on_device",
+        all(same_batch) and ok_logprobs and in_vocab and fast.runner.mode == "fast",
+        same_batch_repeats=same_batch,
+        logprobs=ok_logprobs,
+        in_vocab=in_vocab,
+        mode=fast.runner.mode,
+        alone_vs_mixed_agree=[agree(a.token_ids, b.token_ids) for a, b in zip(first[:3], alone)],
+        logit_rel_diff_until_first_difference=explained,
+    )
 
 
 def check_async_scheduling(fast, vocab, model_dir, model, **_):
@@ -375,25 +453,40 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
     from engine import SamplingParams
     from engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
 
-    ahead = new_engine(model_dir, model, "fast", kv_gib=20 if DEVICE == "cuda" else 0.02,
-                       max_num_batched_tokens=2048, enable_prefix_caching=False)
+    ahead = new_engine(
+        model_dir,
+        model,
+        "fast",
+        kv_gib=20 if DEVICE == "cuda" else 0.02,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=False,
+    )
     fed = []
     launch = ahead.runner.launch_greedy_decode
-    ahead.runner.launch_greedy_decode = lambda batch, rb, fed_ids=None: (fed.append(fed_ids is not None),
-                                                                         launch(batch, rb, fed_ids=fed_ids))[1]
+    ahead.runner.launch_greedy_decode = lambda batch, rb, fed_ids=None: (
+        fed.append(fed_ids is not None),
+        launch(batch, rb, fed_ids=fed_ids),
+    )[1]
     ps = [p[: 5 + 37 * i] for i, p in enumerate(prompts(vocab, 8, 300, seed=55))]
     got, want = [], []
     for engine, out in ((ahead, got), (fast, want)):
         for i, p in enumerate(ps):
-            engine.add_request(f"async-{id(engine)}-{i}", p,
-                               SamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True))
+            engine.add_request(
+                f"async-{id(engine)}-{i}", p, SamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True)
+            )
         done = {}
         while engine.has_unfinished():
             done.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
         out.extend(done[f"async-{id(engine)}-{i}"] for i in range(len(ps)))
-    check("async_scheduling_same_tokens", got == want and sum(fed) > 0 and ahead.runner.mode == "fast",
-          identical_requests=sum(a == b for a, b in zip(got, want)), requests=len(ps),
-          launches_fed_from_device=sum(fed), launches=len(fed), mode=ahead.runner.mode)
+    check(
+        "async_scheduling_same_tokens",
+        got == want and sum(fed) > 0 and ahead.runner.mode == "fast",
+        identical_requests=sum(a == b for a, b in zip(got, want)),
+        requests=len(ps),
+        launches_fed_from_device=sum(fed),
+        launches=len(fed),
+        mode=ahead.runner.mode,
+    )
     del ahead
     free_dropped_engines()
 
@@ -415,10 +508,15 @@ def check_injected_failure(fast, slow, vocab, **_):
         got.update((o.request_id, o.outputs[0].token_ids) for o in fast.step() if o.finished)
     # Tokens before the switch come from the fast path, so bf16 noise may flip one; the
     # switch itself must lose nothing: every request completes, on the portable path.
-    check("injected_failure_falls_back", all(len(got[f"inject-{i}"]) == 12 for i in range(2))
-          and fast.runner.mode == "fallback" and fast.counters.fastpath_failures["injected"] == 1,
-          mode=fast.runner.mode, failures=dict(fast.counters.fastpath_failures),
-          agree_with_fallback=[agree(got[f"inject-{i}"], want[i]) for i in range(2)])
+    check(
+        "injected_failure_falls_back",
+        all(len(got[f"inject-{i}"]) == 12 for i in range(2))
+        and fast.runner.mode == "fallback"
+        and fast.counters.fastpath_failures["injected"] == 1,
+        mode=fast.runner.mode,
+        failures=dict(fast.counters.fastpath_failures),
+        agree_with_fallback=[agree(got[f"inject-{i}"], want[i]) for i in range(2)],
+    )
     fast.reconfigure({"mode": "fast"})  # the runner reads the mode from the engine's config
 
 
@@ -436,10 +534,14 @@ def quick_timing(fast, slow, vocab, model, **_):
     per_token_bytes = cost.weight_bytes_read + 576 * cost.kv_bytes_per_token
     slow_b1 = bench_engine_decode(slow, p512, 32)
     results["timing"]["decode_b1"] = {
-        "fast_engine_tok_s": b1["decode_tok_s"], "fast_engine_mbu": b1["decode_tok_s"] * per_token_bytes
-        / ceil["copy_bytes_per_s"], "graph_replay_ms": replay * 1e3,
-        "graph_mbu": per_token_bytes / replay / ceil["copy_bytes_per_s"], "fallback_tok_s": slow_b1["decode_tok_s"],
-        "copy_bytes_per_s": ceil["copy_bytes_per_s"], "matmul_flops_per_s": ceil["matmul_flops_per_s"]}
+        "fast_engine_tok_s": b1["decode_tok_s"],
+        "fast_engine_mbu": b1["decode_tok_s"] * per_token_bytes / ceil["copy_bytes_per_s"],
+        "graph_replay_ms": replay * 1e3,
+        "graph_mbu": per_token_bytes / replay / ceil["copy_bytes_per_s"],
+        "fallback_tok_s": slow_b1["decode_tok_s"],
+        "copy_bytes_per_s": ceil["copy_bytes_per_s"],
+        "matmul_flops_per_s": ceil["matmul_flops_per_s"],
+    }
     results["timing"]["replay_b256_ctx576_ms"] = bench_graph_replay(fast, 256, 576) * 1e3
     log(f"timing {json.dumps(results['timing'])}")
 
@@ -460,11 +562,16 @@ def time_fused_ops() -> None:
         compiled_norm = torch.compile(ops.add_rms_norm_reference)
         compiled_silu = torch.compile(ops.silu_and_mul_reference)
         cases = {
-            "add_rms_norm": {"triton": lambda: ops.add_rms_norm(x, res, w, 1e-5),
-                             "compile": lambda: compiled_norm(x, res, w, 1e-5),
-                             "eager": lambda: ops.add_rms_norm_reference(x, res, w, 1e-5)},
-            "silu_and_mul": {"triton": lambda: ops.silu_and_mul(gu), "compile": lambda: compiled_silu(gu),
-                             "eager": lambda: ops.silu_and_mul_reference(gu)},
+            "add_rms_norm": {
+                "triton": lambda: ops.add_rms_norm(x, res, w, 1e-5),
+                "compile": lambda: compiled_norm(x, res, w, 1e-5),
+                "eager": lambda: ops.add_rms_norm_reference(x, res, w, 1e-5),
+            },
+            "silu_and_mul": {
+                "triton": lambda: ops.silu_and_mul(gu),
+                "compile": lambda: compiled_silu(gu),
+                "eager": lambda: ops.silu_and_mul_reference(gu),
+            },
         }
         for op, variants in cases.items():
             for name, fn in variants.items():
@@ -476,8 +583,16 @@ def time_fused_ops() -> None:
     log(f"fused ops {json.dumps(out)}")
 
 
-MODEL_SECTIONS = [check_greedy, check_batch_invariance, check_contexts, check_cold_kv, check_sampling,
-                  check_async_scheduling, check_injected_failure, quick_timing]
+MODEL_SECTIONS = [
+    check_greedy,
+    check_batch_invariance,
+    check_contexts,
+    check_cold_kv,
+    check_sampling,
+    check_async_scheduling,
+    check_injected_failure,
+    quick_timing,
+]
 
 
 def main() -> int:
@@ -485,8 +600,11 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny preset: exercise the Python code only")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--model-sections", help="comma-separated subset of the model sections, e.g. "
-                        "check_greedy,check_batch_invariance (kernel checks and op timing then skipped)")
+    parser.add_argument(
+        "--model-sections",
+        help="comma-separated subset of the model sections, e.g. "
+        "check_greedy,check_batch_invariance (kernel checks and op timing then skipped)",
+    )
     args = parser.parse_args()
     global DEVICE, PRESET, DTYPE_NAME, MODEL_SECTIONS
     DTYPE_NAME = args.dtype
@@ -507,8 +625,11 @@ def main() -> int:
 
         results["env"] = environment()
         log(json.dumps(results["env"]))
-        steps = ((check_model,) if args.model_sections
-                 else (check_attention_kernel, check_fused_ops, check_model, time_fused_ops))
+        steps = (
+            (check_model,)
+            if args.model_sections
+            else (check_attention_kernel, check_fused_ops, check_model, time_fused_ops)
+        )
     for step in steps:
         try:
             step()

@@ -20,6 +20,7 @@ with what the workload did:
 Writes DIR/groundtruth.json (all numbers) and DIR/groundtruth_snapshots.json (every
 snapshot, replay format, phases in meta); prints a Markdown table. Target: within 5%.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,14 +62,23 @@ def workload(device_index: int, seconds: float, results: mp.Queue) -> None:
             if duty < 1.0:
                 time.sleep((time.time() - t) * (1.0 - duty) / duty)
         end = time.time()
-        results.put({
-            "name": name, "start": start, "end": end, "steps": steps, "busy_s": busy,
-            "bytes": steps * per_step_bytes, "flops": steps * per_step_flops,
-        })
+        results.put(
+            {
+                "name": name,
+                "start": start,
+                "end": end,
+                "steps": steps,
+                "busy_s": busy,
+                "bytes": steps * per_step_bytes,
+                "flops": steps * per_step_flops,
+            }
+        )
 
     start = time.time()
     time.sleep(seconds)
-    results.put({"name": "idle", "start": start, "end": time.time(), "steps": 0, "busy_s": 0.0, "bytes": 0.0, "flops": 0.0})
+    results.put(
+        {"name": "idle", "start": start, "end": time.time(), "steps": 0, "busy_s": 0.0, "bytes": 0.0, "flops": 0.0}
+    )
 
     n = 8192
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
@@ -196,14 +206,23 @@ def main() -> int:
         span = [(t, v) for t, v in scrapes if phase["start"] <= t <= phase["end"]]
         seconds = phase["end"] - phase["start"]
         entry = {
-            "seconds": seconds, "scrapes": len(inside),
+            "seconds": seconds,
+            "scrapes": len(inside),
             "workload_bytes_per_s": phase["bytes"] / seconds if seconds else 0.0,
             "workload_tflops": phase["flops"] / seconds / 1e12 if seconds else 0.0,
             "busy_share": phase["busy_s"] / seconds if seconds else 0.0,
         }
-        for key in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-                    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
-                    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK"):
+        for key in (
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "DCGM_FI_DEV_GPU_UTIL",
+            "DCGM_FI_DEV_POWER_USAGE",
+            "DCGM_FI_DEV_SM_CLOCK",
+        ):
             entry[key] = mean([v[key] for v in inside if key in v])
         if len(span) >= 2:
             (t_a, first), (t_b, last) = span[0], span[-1]
@@ -219,23 +238,51 @@ def main() -> int:
             checks.append({"check": what, "measured": measured, "expected": expected, "error": None, "ok": False})
             return
         error = measured - expected if absolute else rel_err(measured, expected)
-        checks.append({"check": what, "measured": measured, "expected": expected, "error": error,
-                       "ok": error is not None and abs(error) <= tolerance, "absolute": absolute})
+        checks.append(
+            {
+                "check": what,
+                "measured": measured,
+                "expected": expected,
+                "error": error,
+                "ok": error is not None and abs(error) <= tolerance,
+                "absolute": absolute,
+            }
+        )
 
     get = lambda phase, key: report.get(phase, {}).get(key)  # noqa: E731
     check("SM active, idle (absolute)", get("idle", "DCGM_FI_PROF_SM_ACTIVE"), 0.0, absolute=True)
     check("SM active, matmul (absolute)", get("matmul", "DCGM_FI_PROF_SM_ACTIVE"), 1.0, absolute=True)
     for phase in ("copy_d2d", "copy_d2d_half"):
         bw = get(phase, "workload_bytes_per_s")
-        check(f"DRAM active, {phase} vs achieved/peak", get(phase, "DCGM_FI_PROF_DRAM_ACTIVE"), bw / dram_peak if bw else None)
+        check(
+            f"DRAM active, {phase} vs achieved/peak",
+            get(phase, "DCGM_FI_PROF_DRAM_ACTIVE"),
+            bw / dram_peak if bw else None,
+        )
     full, half = get("copy_d2d", "DCGM_FI_PROF_DRAM_ACTIVE"), get("copy_d2d_half", "DCGM_FI_PROF_DRAM_ACTIVE")
     bw_full, bw_half = get("copy_d2d", "workload_bytes_per_s"), get("copy_d2d_half", "workload_bytes_per_s")
     if full and half and bw_full and bw_half:
         check("DRAM active half/full vs bandwidth half/full", half / full, bw_half / bw_full)
-    check("PCIe RX bytes/s (GPM), h2d", get("copy_h2d", "DCGM_FI_PROF_PCIE_RX_BYTES"), get("copy_h2d", "workload_bytes_per_s"))
-    check("PCIe TX bytes/s (GPM), d2h", get("copy_d2h", "DCGM_FI_PROF_PCIE_TX_BYTES"), get("copy_d2h", "workload_bytes_per_s"))
-    check("PCIe RX bytes/s (field 198, 32-bit, wraps every 4 GiB), h2d", get("copy_h2d", "inferd_pcie_rx_bytes_total_per_s"), get("copy_h2d", "workload_bytes_per_s"))
-    check("PCIe TX bytes/s (field 197, 32-bit, wraps every 4 GiB), d2h", get("copy_d2h", "inferd_pcie_tx_bytes_total_per_s"), get("copy_d2h", "workload_bytes_per_s"))
+    check(
+        "PCIe RX bytes/s (GPM), h2d",
+        get("copy_h2d", "DCGM_FI_PROF_PCIE_RX_BYTES"),
+        get("copy_h2d", "workload_bytes_per_s"),
+    )
+    check(
+        "PCIe TX bytes/s (GPM), d2h",
+        get("copy_d2h", "DCGM_FI_PROF_PCIE_TX_BYTES"),
+        get("copy_d2h", "workload_bytes_per_s"),
+    )
+    check(
+        "PCIe RX bytes/s (field 198, 32-bit, wraps every 4 GiB), h2d",
+        get("copy_h2d", "inferd_pcie_rx_bytes_total_per_s"),
+        get("copy_h2d", "workload_bytes_per_s"),
+    )
+    check(
+        "PCIe TX bytes/s (field 197, 32-bit, wraps every 4 GiB), d2h",
+        get("copy_d2h", "inferd_pcie_tx_bytes_total_per_s"),
+        get("copy_d2h", "workload_bytes_per_s"),
+    )
 
     sorted_durations = sorted(durations)
     first = snapshots[0].gpus[args.gpu] if snapshots else None
@@ -244,11 +291,15 @@ def main() -> int:
         "gpu": first.name if first else None,
         "driver": snapshots[0].driver_version if snapshots else None,
         "python": platform.python_version(),
-        "dram_peak_bytes_per_s": dram_peak, "bus_width_bits": bus_width_bits, "max_mem_clock_mhz": max_mem_clock_mhz,
-        "gpm_interval_s": args.gpm_interval, "phase_seconds": args.phase_seconds,
+        "dram_peak_bytes_per_s": dram_peak,
+        "bus_width_bits": bus_width_bits,
+        "max_mem_clock_mhz": max_mem_clock_mhz,
+        "gpm_interval_s": args.gpm_interval,
+        "phase_seconds": args.phase_seconds,
         "scrape_seconds_p50": sorted_durations[len(durations) // 2] if durations else None,
         "scrape_seconds_p99": sorted_durations[int(len(durations) * 0.99)] if durations else None,
-        "phases": report, "checks": checks,
+        "phases": report,
+        "checks": checks,
     }
     try:
         import torch
@@ -257,14 +308,20 @@ def main() -> int:
     except ImportError:
         pass
     (args.out / "groundtruth.json").write_text(json.dumps(summary, indent=1) + "\n")
-    write_replay(args.out / "groundtruth_snapshots.json", snapshots, {"phases": phases, "recorded_by": "scripts/gpu_groundtruth.py"})
+    write_replay(
+        args.out / "groundtruth_snapshots.json",
+        snapshots,
+        {"phases": phases, "recorded_by": "scripts/gpu_groundtruth.py"},
+    )
 
     print("| check | collector | workload | error | within 5% |\n|---|---|---|---|---|")
     for c in checks:
         err = c["error"]
         err_text = "n/a" if err is None else (f"{err:+.3f} abs" if c.get("absolute") else f"{err:+.1%}")
         fmt = lambda x: "n/a" if x is None else f"{x:.4g}"  # noqa: E731
-        print(f"| {c['check']} | {fmt(c['measured'])} | {fmt(c['expected'])} | {err_text} | {'yes' if c['ok'] else 'no'} |")
+        print(
+            f"| {c['check']} | {fmt(c['measured'])} | {fmt(c['expected'])} | {err_text} | {'yes' if c['ok'] else 'no'} |"
+        )
     print(json.dumps({k: {kk: vv for kk, vv in v.items()} for k, v in report.items()}, indent=1))
     return 0
 

@@ -10,6 +10,7 @@ GPU utilisation, framebuffer use and PCIe byte rates seen while the child ran: t
 agent's view of every GPU of a tensor-parallel engine. Writes DIR/observed.json (the
 summary and every scrape) and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,14 @@ from exporters.gpu import snapshot_families
 from exporters.gpu_nvml import NvmlBackend
 from exporters.gpu_reading import GpuSnapshot
 
-WATCHED = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED",
-           "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_DRAM_ACTIVE")
+WATCHED = (
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+)
 
 
 def per_gpu(snapshot: GpuSnapshot) -> dict[str, dict[str, float]]:
@@ -59,8 +66,10 @@ def main() -> int:
     bench_args = [a for a in args.bench_args if a != "--"]
 
     backend = NvmlBackend(gpm_interval_s=args.scrape_interval)
-    child = subprocess.Popen([sys.executable, "-m", "engine.bench.tp_decode", "--out", str(args.out / "bench"),
-                              *bench_args], env=dict(os.environ))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "engine.bench.tp_decode", "--out", str(args.out / "bench"), *bench_args],
+        env=dict(os.environ),
+    )
     scrapes: list[dict] = []
     start = time.monotonic()
     while child.poll() is None:
@@ -68,9 +77,15 @@ def main() -> int:
         scrapes.append({"t": time.monotonic() - start, "gpus": per_gpu(snapshot)})
         time.sleep(args.scrape_interval)
     busy = [s for s in scrapes if any(v.get("DCGM_FI_PROF_SM_ACTIVE", 0) > 0.05 for v in s["gpus"].values())]
-    result = {"child_returncode": child.returncode, "seconds": time.monotonic() - start,
-              "scrapes": len(scrapes), "busy_scrapes": len(busy),
-              "while_busy": summarise(busy), "whole_run": summarise(scrapes), "all": scrapes}
+    result = {
+        "child_returncode": child.returncode,
+        "seconds": time.monotonic() - start,
+        "scrapes": len(scrapes),
+        "busy_scrapes": len(busy),
+        "while_busy": summarise(busy),
+        "whole_run": summarise(scrapes),
+        "all": scrapes,
+    }
     (args.out / "observed.json").write_text(json.dumps(result, indent=1))
     print(f"{'gpu':<5}{'SM active mean/max':>22}{'util mean':>11}{'FB used MiB max':>17}{'PCIe tx/rx MB/s max':>22}")
     for gpu, values in result["while_busy"].items():
@@ -79,8 +94,10 @@ def main() -> int:
         fb = values.get("DCGM_FI_DEV_FB_USED", {})
         tx = values.get("DCGM_FI_PROF_PCIE_TX_BYTES", {}).get("max", 0) / 1e6
         rx = values.get("DCGM_FI_PROF_PCIE_RX_BYTES", {}).get("max", 0) / 1e6
-        print(f"{gpu:<5}{sm.get('mean', 0):>11.2f}/{sm.get('max', 0):<10.2f}{util.get('mean', 0):>11.1f}"
-              f"{fb.get('max', 0):>17.0f}{tx:>11.1f}/{rx:<10.1f}")
+        print(
+            f"{gpu:<5}{sm.get('mean', 0):>11.2f}/{sm.get('max', 0):<10.2f}{util.get('mean', 0):>11.1f}"
+            f"{fb.get('max', 0):>17.0f}{tx:>11.1f}/{rx:<10.1f}"
+        )
     return child.returncode
 
 

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random checkpoints written once per test session (per xdist
 worker: each worker has its own tmp_path_factory base directory, so no two processes
 write one checkpoint), the live stack's ports, and the order xdist hands files out in."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,10 +18,22 @@ from server_fixtures import live_stack_ports
 # xdist_group marks would group by name, but pytest-xdist 3.8 marks the group in
 # `item._nodeid`, which pytest 9.2 no longer reads: the marks are silently ignored.)
 LONGEST_FIRST = (
-    "test_async_decode.py", "test_compose.py", "test_server_lifecycle.py", "test_e2e_remediation.py",
-    "test_engine_vs_hf.py", "test_openapi.py", "test_fast_path.py", "test_dashboards.py", "test_agent.py",
-    "test_server_cli.py", "test_split_merge.py", "test_server_load.py", "test_tensor_parallel.py",
-    "test_server_tracing.py", "test_engine_behaviour.py", "test_stack.py",
+    "test_async_decode.py",
+    "test_compose.py",
+    "test_server_lifecycle.py",
+    "test_e2e_remediation.py",
+    "test_engine_vs_hf.py",
+    "test_openapi.py",
+    "test_fast_path.py",
+    "test_dashboards.py",
+    "test_agent.py",
+    "test_server_cli.py",
+    "test_split_merge.py",
+    "test_server_load.py",
+    "test_tensor_parallel.py",
+    "test_server_tracing.py",
+    "test_engine_behaviour.py",
+    "test_stack.py",
 )
 
 

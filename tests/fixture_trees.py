@@ -9,6 +9,7 @@ temporary directory, the way node_exporter unpacks its text archive before its t
     <root>/sys/devices/system/node/node0/{cpulist,numastat,meminfo,distance}
     <root>/proc/{vmstat,sys/kernel/numa_balancing,4242/{comm,status,numa_maps}}
 """
+
 from __future__ import annotations
 
 import difflib
@@ -157,5 +158,7 @@ def promtool_check_metrics(exposition: str) -> str:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package prometheus)")
-    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60
+    )
     return (result.stdout + result.stderr).strip()

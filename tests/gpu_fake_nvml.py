@@ -4,6 +4,7 @@ Structures and constants are the real ones from nvidia-ml-py, so the back end's
 ctypes handling is exercised; only the C calls are replaced. `unsupported_fields`
 lists field ids whose per-value return code is NOT_SUPPORTED.
 """
+
 from __future__ import annotations
 
 import itertools

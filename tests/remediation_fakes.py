@@ -3,6 +3,7 @@
 Used by tests/test_remediation.py and tests/test_webhook.py. They run on loopback in a
 thread, so the code under test talks real HTTP through its real clients.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,11 @@ from pathlib import Path
 from typing import Any
 
 BOUNDS = {"max_num_seqs": (1, 1024), "max_num_batched_tokens": (16, 1 << 20)}
-CHOICES = {"kv_cold_dtype": ("none", "int8", "int4"), "preemption_mode": ("swap", "recompute"), "mode": ("fast", "fallback")}
+CHOICES = {
+    "kv_cold_dtype": ("none", "int8", "int4"),
+    "preemption_mode": ("swap", "recompute"),
+    "mode": ("fast", "fallback"),
+}
 
 
 class _Server:
@@ -41,9 +46,16 @@ class FakeEngine(_Server):
     def __init__(self, token: str, audit_path: Path | None = None, **config: Any):
         self.token = token
         self.audit_path = audit_path
-        self.config: dict[str, Any] = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cold_dtype": "none",
-                                       "kv_hot_window": 128, "swap_space_bytes": 1 << 26, "preemption_mode": "swap",
-                                       "mode": "fast", **config}
+        self.config: dict[str, Any] = {
+            "max_num_seqs": 64,
+            "max_num_batched_tokens": 2048,
+            "kv_cold_dtype": "none",
+            "kv_hot_window": 128,
+            "swap_space_bytes": 1 << 26,
+            "preemption_mode": "swap",
+            "mode": "fast",
+            **config,
+        }
         self.changes: list[dict[str, Any]] = []
         self.fail_next: int | None = None
         super().__init__(_EngineHandler)
@@ -137,8 +149,13 @@ class _PrometheusHandler(BaseHTTPRequestHandler):
         prom.queries.append(query)
         result = []
         # the spread of a target is answered from "stddev" alone, so it takes no value of the target's list
-        series = {"stddev": prom.series["stddev"]} if query.startswith("stddev_over_time(") and "stddev" in prom.series \
-            else {} if query.startswith("stddev_over_time(") else prom.series
+        series = (
+            {"stddev": prom.series["stddev"]}
+            if query.startswith("stddev_over_time(") and "stddev" in prom.series
+            else {}
+            if query.startswith("stddev_over_time(")
+            else prom.series
+        )
         for key, values in series.items():
             if key in query:
                 value = values.pop(0) if len(values) > 1 else values[0]
@@ -163,19 +180,41 @@ class ManualClock:
         self.now += seconds
 
 
-def alert_payload(name: str = "InferdKVCacheThrashing", status: str = "firing", fingerprint: str = "f00d",
-                  starts_at: str = "2026-11-29T10:00:00Z", **labels: str) -> dict[str, Any]:
+def alert_payload(
+    name: str = "InferdKVCacheThrashing",
+    status: str = "firing",
+    fingerprint: str = "f00d",
+    starts_at: str = "2026-11-29T10:00:00Z",
+    **labels: str,
+) -> dict[str, Any]:
     """An Alertmanager version-4 notification with one alert."""
-    all_labels = {"alertname": name, "job": "inferd-engine", "instance": "127.0.0.1:8000",
-                  "severity": "warning", "remediate": "true", **labels}
+    all_labels = {
+        "alertname": name,
+        "job": "inferd-engine",
+        "instance": "127.0.0.1:8000",
+        "severity": "warning",
+        "remediate": "true",
+        **labels,
+    }
     return {
-        "version": "4", "groupKey": f'{{}}:{{alertname="{name}"}}', "truncatedAlerts": 0, "status": status,
-        "receiver": "inferd-agent", "groupLabels": {"alertname": name}, "commonLabels": all_labels,
-        "commonAnnotations": {}, "externalURL": "http://127.0.0.1:9093",
-        "alerts": [{
-            "status": status, "labels": all_labels,
-            "annotations": {"summary": "s", "description": "12 KV page faults per second"},
-            "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-29T10:05:00Z",
-            "generatorURL": "http://127.0.0.1:9090/graph", "fingerprint": fingerprint,
-        }],
+        "version": "4",
+        "groupKey": f'{{}}:{{alertname="{name}"}}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "inferd-agent",
+        "groupLabels": {"alertname": name},
+        "commonLabels": all_labels,
+        "commonAnnotations": {},
+        "externalURL": "http://127.0.0.1:9093",
+        "alerts": [
+            {
+                "status": status,
+                "labels": all_labels,
+                "annotations": {"summary": "s", "description": "12 KV page faults per second"},
+                "startsAt": starts_at,
+                "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-29T10:05:00Z",
+                "generatorURL": "http://127.0.0.1:9090/graph",
+                "fingerprint": fingerprint,
+            }
+        ],
     }

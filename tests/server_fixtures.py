@@ -1,6 +1,7 @@
 """Helpers to run the engine server for tests: a real uvicorn on a loopback port, in a
 background thread, with the app built from a model directory and engine options; the
 engine core runs in its own process, as under `inferd serve`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -64,14 +65,32 @@ class ServerThread:
         self.sock.close()
 
 
-def build_app(model_dir: str, admin_token: str | None = ADMIN_TOKEN, enable_fault_injection: bool = False,
-              max_body_bytes: int = 1 << 20, otlp_endpoint: str | None = None, engine_factory=None,
-              stall_timeout_s: float = 10.0, shutdown_timeout_s: float = 30.0, **engine_options):
-    client = EngineCoreClient(EngineConfig(model=model_dir, **engine_options), otlp_endpoint=otlp_endpoint,
-                              engine_factory=engine_factory, stall_timeout_s=stall_timeout_s,
-                              heartbeat_s=min(1.0, stall_timeout_s / 4), torch_num_threads=1)
-    settings = ServerSettings(served_model_name=MODEL_NAME, admin_token=admin_token, max_body_bytes=max_body_bytes,
-                              enable_fault_injection=enable_fault_injection, shutdown_timeout_s=shutdown_timeout_s)
+def build_app(
+    model_dir: str,
+    admin_token: str | None = ADMIN_TOKEN,
+    enable_fault_injection: bool = False,
+    max_body_bytes: int = 1 << 20,
+    otlp_endpoint: str | None = None,
+    engine_factory=None,
+    stall_timeout_s: float = 10.0,
+    shutdown_timeout_s: float = 30.0,
+    **engine_options,
+):
+    client = EngineCoreClient(
+        EngineConfig(model=model_dir, **engine_options),
+        otlp_endpoint=otlp_endpoint,
+        engine_factory=engine_factory,
+        stall_timeout_s=stall_timeout_s,
+        heartbeat_s=min(1.0, stall_timeout_s / 4),
+        torch_num_threads=1,
+    )
+    settings = ServerSettings(
+        served_model_name=MODEL_NAME,
+        admin_token=admin_token,
+        max_body_bytes=max_body_bytes,
+        enable_fault_injection=enable_fault_injection,
+        shutdown_timeout_s=shutdown_timeout_s,
+    )
     return create_app(client, settings)
 
 
@@ -170,8 +189,14 @@ def free_port() -> int:
 
 
 def serve(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--log-level", "WARNING", *args], cwd=REPO_ROOT,
-                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "serve", "--log-level", "WARNING", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
@@ -233,7 +258,9 @@ def live_stack_ports(timeout: float = 1800.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    pytest.skip(f"the live stack's ports stayed held by another test for {timeout:.0f} s ({LIVE_STACK_LOCK})")
+                    pytest.skip(
+                        f"the live stack's ports stayed held by another test for {timeout:.0f} s ({LIVE_STACK_LOCK})"
+                    )
                 time.sleep(0.5)
         try:
             yield
@@ -253,4 +280,3 @@ def assert_error(response: httpx.Response, status: int, *fragments: str, param: 
     if param is not None:
         assert error["param"] == param
     return error
-

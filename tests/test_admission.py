@@ -1,6 +1,7 @@
 """Requests that can never fit the KV pool are refused; max_model_len is bounded by the
 pool; a request at the limit completes in both preemption modes; the prefill phase of
 the request metrics starts when the sequence is scheduled, not after its step."""
+
 from __future__ import annotations
 
 import logging
@@ -44,7 +45,8 @@ def test_request_that_cannot_fit_is_refused(tiny_model):
     needed = -(-1900 // lim.block_size)
     assert str(err.value) == (
         f"prompt (900 tokens) + max_tokens (1000) needs {needed} KV blocks of {lim.block_size} tokens; "
-        f"the KV pool holds {lim.num_usable_blocks} for one sequence ({pool_tokens(engine):,} tokens)")
+        f"the KV pool holds {lim.num_usable_blocks} for one sequence ({pool_tokens(engine):,} tokens)"
+    )
     assert not engine.has_unfinished()
     with pytest.raises(ValueError, match="each of the n=2 sequences must fit alone"):
         engine.validate_request([5] * 900, SamplingParams(n=2, max_tokens=1000))
@@ -74,8 +76,7 @@ def test_max_model_len_that_fits_is_kept(tiny_model, caplog):
 def test_request_at_the_limit_completes(tiny_model, mode):
     # Two requests at the limit cannot both hold their blocks: one preempts the other,
     # or itself, and both still finish.
-    engine = small_engine(tiny_model, preemption_mode=mode, swap_space_bytes=SMALL_POOL,
-                          max_num_batched_tokens=256)
+    engine = small_engine(tiny_model, preemption_mode=mode, swap_space_bytes=SMALL_POOL, max_num_batched_tokens=256)
     limit = pool_tokens(engine)
     params = SamplingParams(max_tokens=limit - 600, ignore_eos=True, temperature=0.0)
     engine.add_request("a", [5] * 600, params)
@@ -91,23 +92,31 @@ def test_request_at_the_limit_completes(tiny_model, mode):
 
 def test_server_refuses_what_cannot_fit_and_serves_the_next(tiny_model):
     with running_server(tiny_model, kv_cache_bytes=SMALL_POOL) as s:
-        big = httpx.post(f"{s.url}/v1/completions", timeout=30, json={
-            "model": MODEL_NAME, "prompt": [5] * 900, "max_tokens": 1000, "ignore_eos": True, "temperature": 0})
+        big = httpx.post(
+            f"{s.url}/v1/completions",
+            timeout=30,
+            json={"model": MODEL_NAME, "prompt": [5] * 900, "max_tokens": 1000, "ignore_eos": True, "temperature": 0},
+        )
         assert big.status_code == 400, big.text
         assert big.json()["error"]["code"] == "context_length_exceeded"
         assert "KV" in big.json()["error"]["message"]
-        small = httpx.post(f"{s.url}/v1/completions", timeout=30, json={
-            "model": MODEL_NAME, "prompt": [5] * 10, "max_tokens": 5, "ignore_eos": True, "temperature": 0})
+        small = httpx.post(
+            f"{s.url}/v1/completions",
+            timeout=30,
+            json={"model": MODEL_NAME, "prompt": [5] * 10, "max_tokens": 5, "ignore_eos": True, "temperature": 0},
+        )
         assert small.status_code == 200, small.text
         assert small.json()["usage"]["completion_tokens"] == 5
         # Without max_tokens the prompt and the context decide it, and that fits.
-        open_ended = httpx.post(f"{s.url}/v1/completions", timeout=60, json={
-            "model": MODEL_NAME, "prompt": [5] * 10, "temperature": 0})
+        open_ended = httpx.post(
+            f"{s.url}/v1/completions", timeout=60, json={"model": MODEL_NAME, "prompt": [5] * 10, "temperature": 0}
+        )
         assert open_ended.status_code == 200, open_ended.text
         # The API server takes the engine core's clamped context length.
         assert httpx.get(f"{s.url}/v1/models").json()["data"][0]["max_model_len"] == 1024
-        too_long = httpx.post(f"{s.url}/v1/completions", timeout=30, json={
-            "model": MODEL_NAME, "prompt": [5] * 10, "max_tokens": 1500})
+        too_long = httpx.post(
+            f"{s.url}/v1/completions", timeout=30, json={"model": MODEL_NAME, "prompt": [5] * 10, "max_tokens": 1500}
+        )
         assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
         assert "1024" in too_long.json()["error"]["message"]
 

@@ -1,4 +1,5 @@
 """`inferd agent` as users run it: a real process, real HTTP, fixture hosts, a supervised engine."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,10 @@ class Agent:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "agent", "--port", str(self.port), "--no-collector", "ebpf", *args],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     def wait_ready(self) -> None:
@@ -85,8 +89,15 @@ def fixture_host(tmp_path):
 
 
 def test_agent_scrape_passes_promtool_and_serves_topology(fixture_host):
-    agent = Agent("--no-engine", "--gpu-backend", f"replay:{EIGHT_GPUS}",
-                  "--sysfs-root", str(fixture_host.sysfs), "--procfs-root", str(fixture_host.procfs))
+    agent = Agent(
+        "--no-engine",
+        "--gpu-backend",
+        f"replay:{EIGHT_GPUS}",
+        "--sysfs-root",
+        str(fixture_host.sysfs),
+        "--procfs-root",
+        str(fixture_host.procfs),
+    )
     try:
         agent.wait_ready()
         text = agent.metrics()
@@ -98,7 +109,7 @@ def test_agent_scrape_passes_promtool_and_serves_topology(fixture_host):
     assert [line for line in problems.splitlines() if line.startswith("inferd_")] == []
     for collector in ("gpu", "pcie", "numa", "engine"):
         assert f'inferd_collector_up{{collector="{collector}"}} 1.0' in text
-    assert text.count('DCGM_FI_PROF_SM_ACTIVE{') == 8
+    assert text.count("DCGM_FI_PROF_SM_ACTIVE{") == 8
     assert "inferd_engine_up 0.0" in text
 
     topology = discover(fixture_host.sysfs)
@@ -120,21 +131,27 @@ def test_bad_model_path_is_a_clear_error_not_a_restart_loop(tmp_path, make, mess
     model = make(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "agent.cli", "agent", "--model", str(model), "--port", str(free_port())],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert f"inferd agent: --model: {model} {message}" in result.stderr
 
 
 def test_engine_dying_at_startup_with_the_same_error_leaves_the_agent_serving():
-    crash = f'{sys.executable} -c "import sys; sys.exit(\'error: cannot load weights\')"'
+    crash = f"{sys.executable} -c \"import sys; sys.exit('error: cannot load weights')\""
     agent = Agent("--engine-command", crash, "--gpu-backend", f"replay:{EIGHT_GPUS}")
     try:
         agent.wait_ready()
         health = wait_for(lambda: (h := agent.health())["engine"]["crash_loop"] and h, timeout=60)
         assert health, "the agent did not report the crash loop"
         assert health["status"] == "degraded"
-        assert "engine exited during start-up 3 times in a row with: error: cannot load weights" in health["engine"]["error"]
+        assert (
+            "engine exited during start-up 3 times in a row with: error: cannot load weights"
+            in health["engine"]["error"]
+        )
         assert "inferd_engine_up 0.0" in agent.metrics()
         assert agent.process.poll() is None  # still serving /metrics and the webhook
     finally:
@@ -161,8 +178,12 @@ def test_killed_engine_is_restarted_and_stopping_the_agent_stops_the_engine():
 
 
 def test_sigint_stops_agent_and_engine():
-    agent = Agent("--engine-command", f'{sys.executable} -c "import time; time.sleep(600)"',
-                  "--gpu-backend", f"replay:{EIGHT_GPUS}")
+    agent = Agent(
+        "--engine-command",
+        f'{sys.executable} -c "import time; time.sleep(600)"',
+        "--gpu-backend",
+        f"replay:{EIGHT_GPUS}",
+    )
     try:
         agent.wait_ready()
         engine = wait_for(lambda: agent.health()["engine"]["pid"])
@@ -208,10 +229,22 @@ def test_three_quick_kills_of_a_ready_engine_leave_the_agent_serving_and_remedia
     engine_port = free_port()
     (tmp_path / "webhook.token").write_text("hook-secret")
     (tmp_path / "admin.token").write_text("admin-secret")
-    agent = Agent("--model", tiny_model, "--engine-port", str(engine_port), "--gpu-backend", f"replay:{EIGHT_GPUS}",
-                  "--webhook-token-file", str(tmp_path / "webhook.token"),
-                  "--admin-token-file", str(tmp_path / "admin.token"),
-                  "--audit-log", str(tmp_path / "audit.jsonl"), "--prometheus-url", f"http://127.0.0.1:{free_port()}")
+    agent = Agent(
+        "--model",
+        tiny_model,
+        "--engine-port",
+        str(engine_port),
+        "--gpu-backend",
+        f"replay:{EIGHT_GPUS}",
+        "--webhook-token-file",
+        str(tmp_path / "webhook.token"),
+        "--admin-token-file",
+        str(tmp_path / "admin.token"),
+        "--audit-log",
+        str(tmp_path / "audit.jsonl"),
+        "--prometheus-url",
+        f"http://127.0.0.1:{free_port()}",
+    )
     engine_url = f"http://127.0.0.1:{engine_port}"
 
     def engine_ready():
@@ -226,9 +259,11 @@ def test_three_quick_kills_of_a_ready_engine_leave_the_agent_serving_and_remedia
             return json.loads(response.read())["config"]
 
     def post_alert():
-        request = urllib.request.Request(f"{agent.url}/v1/alerts", data=json.dumps(alert_payload()).encode(),
-                                         headers={"Authorization": "Bearer hook-secret",
-                                                  "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{agent.url}/v1/alerts",
+            data=json.dumps(alert_payload()).encode(),
+            headers={"Authorization": "Bearer hook-secret", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())["results"][0]
 
@@ -245,6 +280,7 @@ def test_three_quick_kills_of_a_ready_engine_leave_the_agent_serving_and_remedia
             assert get(f"{agent.url}/metrics")[0] == 200
         assert agent.process.poll() is None and not agent.health()["engine"]["crash_loop"]
         assert wait_for(lambda: engine_config()["max_num_seqs"] == 48, timeout=30), "the change was not re-applied"
+
         def reapplied():
             records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
             return [r["new"] for r in records if r["event"] == "reapplied"]
@@ -268,12 +304,15 @@ def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
 
     families = [
         f
-        for c in (GpuCollector(ReplayBackend(EIGHT_GPUS)), PcieCollector(fixture_host.sysfs),
-                  NumaCollector(fixture_host.sysfs, fixture_host.procfs))
+        for c in (
+            GpuCollector(ReplayBackend(EIGHT_GPUS)),
+            PcieCollector(fixture_host.sysfs),
+            NumaCollector(fixture_host.sysfs, fixture_host.procfs),
+        )
         for f in c.collect()
     ]
     registry = CollectorRegistry()
-    Counter("odd", 'help with \\ and\nnewline', ["a"], registry=registry).labels('v"\\\n').inc()
+    Counter("odd", "help with \\ and\nnewline", ["a"], registry=registry).labels('v"\\\n').inc()
     Histogram("latency_seconds", "doc", registry=registry).observe(0.3)
     Summary("size_bytes", "doc", registry=registry).observe(2)
     Info("build", "doc", registry=registry).info({"version": "1"})
@@ -335,8 +374,10 @@ def test_build_entries_in_phases_and_a_disabled_name_is_never_added(tmp_path):
         def collect(self):
             return []
 
-    entries = [CollectorEntry(n, n, lambda context, n=n: Built(Named(n)), late=n == "late")
-               for n in ("early", "none", "off", "late")]
+    entries = [
+        CollectorEntry(n, n, lambda context, n=n: Built(Named(n)), late=n == "late")
+        for n in ("early", "none", "off", "late")
+    ]
     entries[1] = CollectorEntry("none", "builds nothing", lambda context: None)
     collectors = CollectorSet(disabled={"off"})
     context = BuildContext(argparse.Namespace(), frozenset({"early", "none", "late"}), collectors)

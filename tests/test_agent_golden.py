@@ -12,6 +12,7 @@ the golden file with
 
     INFERD_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_agent_golden.py
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -31,9 +32,19 @@ def fixture_host(tmp_path):
 
 
 def test_whole_agent_scrape_matches_golden(fixture_host, tmp_path):
-    agent = Agent("--no-engine", "--gpu-backend", f"replay:{EIGHT_GPUS}",
-                  "--sysfs-root", str(fixture_host.sysfs), "--procfs-root", str(fixture_host.procfs),
-                  "--audit-log", str(tmp_path / "audit.jsonl"), "--prometheus-url", f"http://127.0.0.1:{free_port()}")
+    agent = Agent(
+        "--no-engine",
+        "--gpu-backend",
+        f"replay:{EIGHT_GPUS}",
+        "--sysfs-root",
+        str(fixture_host.sysfs),
+        "--procfs-root",
+        str(fixture_host.procfs),
+        "--audit-log",
+        str(tmp_path / "audit.jsonl"),
+        "--prometheus-url",
+        f"http://127.0.0.1:{free_port()}",
+    )
     try:
         agent.wait_ready()
         text = agent.metrics()
@@ -51,7 +62,10 @@ def test_golden_passes_promtool():
 def test_unknown_collector_name_is_an_error_naming_the_known_ones():
     result = subprocess.run(
         [sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--no-collector", "pcei"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "argument --no-collector: invalid choice: 'pcei'" in result.stderr

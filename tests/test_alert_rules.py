@@ -1,4 +1,5 @@
 """Alert rules and Alertmanager config: promtool / amtool checks, unit tests, drift."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,7 +29,9 @@ render = _load_render()
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if not path:
-        pytest.skip(f"{name} not installed (Debian package {'prometheus' if name == 'promtool' else 'prometheus-alertmanager'})")
+        pytest.skip(
+            f"{name} not installed (Debian package {'prometheus' if name == 'promtool' else 'prometheus-alertmanager'})"
+        )
     return path
 
 
@@ -44,13 +47,17 @@ def test_committed_files_match_the_templates():
 
 
 def test_promtool_check_rules():
-    result = subprocess.run([_tool("promtool"), "check", "rules", str(ALERTS / "rules.yml")], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("promtool"), "check", "rules", str(ALERTS / "rules.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 11 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
-    result = subprocess.run([_tool("promtool"), "test", "rules", str(ALERTS / "tests.yml")], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("promtool"), "test", "rules", str(ALERTS / "tests.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -58,7 +65,9 @@ def test_unit_tests_catch_a_changed_threshold(tmp_path):
     params = render.apply_overrides(render.load_params(), ["thresholds.kv_page_fault_rate=50"])
     render.write(tmp_path, params)
     shutil.copy(ALERTS / "tests.yml", tmp_path / "tests.yml")
-    result = subprocess.run([_tool("promtool"), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("promtool"), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True
+    )
     assert result.returncode != 0
     assert "InferdKVCacheThrashing" in result.stdout + result.stderr
 
@@ -66,10 +75,17 @@ def test_unit_tests_catch_a_changed_threshold(tmp_path):
 def test_every_alert_is_complete():
     rules = _rules()
     assert set(rules) == {
-        "InferdKVCacheThrashing", "InferdKVFragmentationHigh", "InferdTTFTSLOBreach",
-        "InferdGPUUnderutilizedWithQueue", "InferdGPUMemoryBandwidthSaturated", "InferdNUMARemoteMemoryHigh",
-        "InferdPCIeLinkDegraded", "InferdPCIeBandwidthSaturated", "InferdEngineFastPathFailing",
-        "InferdEngineDown", "InferdCollectorDown",
+        "InferdKVCacheThrashing",
+        "InferdKVFragmentationHigh",
+        "InferdTTFTSLOBreach",
+        "InferdGPUUnderutilizedWithQueue",
+        "InferdGPUMemoryBandwidthSaturated",
+        "InferdNUMARemoteMemoryHigh",
+        "InferdPCIeLinkDegraded",
+        "InferdPCIeBandwidthSaturated",
+        "InferdEngineFastPathFailing",
+        "InferdEngineDown",
+        "InferdCollectorDown",
     }
     for name, rule in rules.items():
         assert render.parse_duration(rule["for"]) > 0, name
@@ -103,6 +119,7 @@ def test_time_scale_changes_only_durations(tmp_path):
     params = render.load_params()
     fast = render.render(params, time_scale=1 / 30)["rules.yml"]
     normal = render.render(params)["rules.yml"]
+
     def strip(text: str) -> str:
         return re.sub(r"\b(?:\d+(?:ms|s|m|h))+\b|^# .*$", "D", text, flags=re.M)
 
@@ -110,7 +127,9 @@ def test_time_scale_changes_only_durations(tmp_path):
     assert _rules_from_text(fast)["InferdKVCacheThrashing"]["for"] == "4s"
     assert "[4s]" in _rules_from_text(fast)["InferdKVCacheThrashing"]["expr"]
     (tmp_path / "rules.yml").write_text(fast)
-    result = subprocess.run([_tool("promtool"), "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("promtool"), "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -143,7 +162,9 @@ def test_override_rejects_unknown_parameter():
 
 
 def test_amtool_check_config():
-    result = subprocess.run([_tool("amtool"), "check-config", str(ALERTS / "alertmanager.yml")], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool("amtool"), "check-config", str(ALERTS / "alertmanager.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -158,7 +179,8 @@ def test_amtool_check_config():
 def test_alertmanager_routes(labels, receiver):
     result = subprocess.run(
         [_tool("amtool"), "config", "routes", "test", f"--config.file={ALERTS / 'alertmanager.yml'}", *labels],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == receiver
@@ -188,17 +210,34 @@ def test_every_metric_in_the_rules_is_in_the_contract():
                 assert name in dcgm, f"{name} is not exported by the GPU collector (fixture {dcgm_fixture.name})"
             continue
         base = re.sub(r"_bucket$", "", name)
-        assert f"`{base}`" in contract or f"`{base.removesuffix('_total')}`" in contract, f"{name} is not in docs/METRICS.md"
+        assert f"`{base}`" in contract or f"`{base.removesuffix('_total')}`" in contract, (
+            f"{name} is not in docs/METRICS.md"
+        )
 
 
 def test_policy_target_queries_are_valid_promql(tmp_path):
     from agent.remediation import DEFAULT_RULES
 
-    targets = [r.target.format(sel='job="inferd-engine",instance="h:8000"', engine='job="inferd-engine"', window="120s")
-               for r in DEFAULT_RULES.values() if r.target]
+    targets = [
+        r.target.format(sel='job="inferd-engine",instance="h:8000"', engine='job="inferd-engine"', window="120s")
+        for r in DEFAULT_RULES.values()
+        if r.target
+    ]
     assert len(targets) == len(DEFAULT_RULES)
     path = tmp_path / "targets.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "targets", "rules": [
-        {"record": f"inferd:remediation_target:{i}", "expr": expr} for i, expr in enumerate(targets)]}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "targets",
+                        "rules": [
+                            {"record": f"inferd:remediation_target:{i}", "expr": expr} for i, expr in enumerate(targets)
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     result = subprocess.run([_tool("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

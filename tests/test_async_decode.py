@@ -5,6 +5,7 @@ stops mid-batch, length limits, arrivals, aborts, cold KV and a non-finite step.
 The fast decode step runs eagerly on CPU (Triton's interpreter, float32), the same
 code the CUDA graphs capture; the synchronous reference is the same engine with
 `async_scheduling=False`."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,10 @@ from engine import LLM, SamplingParams
 from engine.fast_path import has_triton
 
 pytestmark = [
-    pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
-                       reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter"),
+    pytest.mark.skipif(
+        not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+        reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+    ),
     pytest.mark.slow,
 ]
 
@@ -34,8 +37,9 @@ def fast_llm(model: str, **config) -> tuple[LLM, list]:
 
     llm = LLM(model, block_size=8, **config)
     runner = llm.engine.runner
-    graphs = DecodeGraphs(FastDecoder(runner.model, runner.kv_layers), 8, 256, runner.device,
-                          pages=runner.pages, use_graphs=False)
+    graphs = DecodeGraphs(
+        FastDecoder(runner.model, runner.kv_layers), 8, 256, runner.device, pages=runner.pages, use_graphs=False
+    )
     fed = []
     execute = graphs.execute
 
@@ -76,6 +80,7 @@ def test_async_steps_equal_synchronous_steps_with_stops_and_length_limits(tiny_m
 def test_arrivals_and_aborts_between_async_steps(tiny_model):
     """A request added while a step is in flight is scheduled after it; one aborted while
     in flight is dropped; the rest equal a synchronous engine driven the same way."""
+
     def drive(llm) -> dict[str, list[int]]:
         engine, done = llm.engine, {}
         params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

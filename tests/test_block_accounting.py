@@ -1,4 +1,5 @@
 """Property-based: random add/step/abort sequences never break block accounting."""
+
 from __future__ import annotations
 
 import collections
@@ -16,10 +17,21 @@ def engine_factory(tiny_model):
     probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=1 << 20))
 
     def build(mode: str, caching: bool, cold: str) -> LLMEngine:
-        return LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=20 * probe.block_bytes,
-                                      swap_space_bytes=12 * probe.block_bytes, preemption_mode=mode,
-                                      enable_prefix_caching=caching, max_num_batched_tokens=32, watermark=0.0,
-                                      kv_cold_dtype=cold, kv_hot_window=8))
+        return LLMEngine(
+            EngineConfig(
+                model=tiny_model,
+                block_size=8,
+                kv_cache_bytes=20 * probe.block_bytes,
+                swap_space_bytes=12 * probe.block_bytes,
+                preemption_mode=mode,
+                enable_prefix_caching=caching,
+                max_num_batched_tokens=32,
+                watermark=0.0,
+                kv_cold_dtype=cold,
+                kv_hot_window=8,
+            )
+        )
+
     return build
 
 
@@ -71,11 +83,19 @@ action = st.one_of(
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(actions=st.lists(action, min_size=5, max_size=40), mode=st.sampled_from(["swap", "recompute"]),
-       caching=st.booleans(), cold=st.sampled_from(["none", "int8", "int4"]))
+@given(
+    actions=st.lists(action, min_size=5, max_size=40),
+    mode=st.sampled_from(["swap", "recompute"]),
+    caching=st.booleans(),
+    cold=st.sampled_from(["none", "int8", "int4"]),
+)
 # Found by hypothesis: swapped-out int4 blocks share host pages (the invariant once counted blocks).
-@example(actions=[("add", 1, 1, 0, 1)] * 6 + [("add", 1, 9, 0, 1)] + [("add", 1, 9, 0, 2)] * 3 + [("add", 10, 9, 0, 2)],
-         mode="swap", caching=False, cold="int4")
+@example(
+    actions=[("add", 1, 1, 0, 1)] * 6 + [("add", 1, 9, 0, 1)] + [("add", 1, 9, 0, 2)] * 3 + [("add", 10, 9, 0, 2)],
+    mode="swap",
+    caching=False,
+    cold="int4",
+)
 def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, caching, cold):
     engine = engine_factory(mode, caching, cold)
     ids = []
@@ -84,7 +104,9 @@ def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, 
             _, length, max_tokens, prio, n = act
             rid = f"r{len(ids)}"
             prompt = [(7 * i + len(ids) % 3) % 400 + 5 for i in range(length)]  # shared prefixes across requests
-            engine.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, n=n, ignore_eos=True), priority=prio)
+            engine.add_request(
+                rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, n=n, ignore_eos=True), priority=prio
+            )
             ids.append(rid)
         elif act[0] == "step":
             for _ in range(act[1]):
@@ -107,8 +129,16 @@ def test_fragmentation_is_the_unfilled_tails_not_a_full_pool(tiny_model):
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
-    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=12 * probe.block_bytes,
-                                    watermark=0.0, swap_space_bytes=0, preemption_mode="recompute"))
+    engine = LLMEngine(
+        EngineConfig(
+            model=tiny_model,
+            block_size=8,
+            kv_cache_bytes=12 * probe.block_bytes,
+            watermark=0.0,
+            swap_space_bytes=0,
+            preemption_mode="recompute",
+        )
+    )
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     engine.add_request("long", [5] * 75, params)  # 10 blocks: 76 of 80 slots once it has decoded one token
     engine.step()

@@ -1,4 +1,5 @@
 """The block pool on a tiny pool: exact block ids and free-queue order, as vLLM tests it."""
+
 from __future__ import annotations
 
 import pytest
@@ -89,8 +90,14 @@ def test_swap_out_and_in_round_trip_ids():
 
 
 def test_cold_slots_share_a_page_and_return_it_when_empty():
-    bm = BlockManager(num_blocks=6, num_host_blocks=4, block_size=4, enable_prefix_caching=True, watermark=0.0,
-                      slots_per_page={"int8": 2, "int4": 4})
+    bm = BlockManager(
+        num_blocks=6,
+        num_host_blocks=4,
+        block_size=4,
+        enable_prefix_caching=True,
+        watermark=0.0,
+        slots_per_page={"int8": 2, "int4": 4},
+    )
     s = seq(list(range(17)))
     admit(bm, s)
     assert s.block_table == [0, 1, 2, 3, 4]

@@ -3,6 +3,7 @@ command exists in the table; `--help` works for each, and lists every subcommand
 table names, which are exactly the command's subcommands; the top-level help names them
 too; every option's help shows its default. Parsed from README.md, so the test fails
 when the two drift."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,12 @@ def readme_cli_table(text: str) -> dict[str, list[str]]:
 
 
 def test_the_table_parser_reads_commands_and_subcommands():
-    text = ("intro\n## CLI\n\n| command | what |\n|---|---|\n"
-            "| `inferd make-model DIR --preset tiny\\|small` | x |\n"
-            "| `inferd bench serve\\|burst` | y |\n| `inferd gpu record PATH` | z |\n## Metrics\n"
-            "| `inferd ignored` | below the section |\n")
+    text = (
+        "intro\n## CLI\n\n| command | what |\n|---|---|\n"
+        "| `inferd make-model DIR --preset tiny\\|small` | x |\n"
+        "| `inferd bench serve\\|burst` | y |\n| `inferd gpu record PATH` | z |\n## Metrics\n"
+        "| `inferd ignored` | below the section |\n"
+    )
     assert readme_cli_table(text) == {"make-model": [], "bench": ["serve", "burst"], "gpu": ["record"]}
 
 
@@ -119,8 +122,9 @@ def test_every_option_shows_its_default(monkeypatch):
 
 
 def test_the_installed_entry_point_prints_the_same_top_level_help():
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "--help"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and result.stdout.strip() == _top_help()
     for name in COMMANDS:
         assert f"  {name} " in result.stdout
@@ -128,8 +132,13 @@ def test_the_installed_entry_point_prints_the_same_top_level_help():
 
 @pytest.mark.parametrize("model", ["/nonexistent", "README.md"])
 def test_generate_with_a_bad_model_is_one_line_and_exit_2(model):
-    result = subprocess.run([sys.executable, "-m", "agent.cli", "generate", "--model", model, "hi"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "generate", "--model", model, "hi"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]

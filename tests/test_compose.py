@@ -1,6 +1,7 @@
 """The stack: its static configuration (compose.yaml, Dockerfile, Prometheus, Alertmanager,
 OpenTelemetry Collector and Grafana provisioning, checked with the distributions' tools),
 and, in the slow test at the end, compose.yaml brought up for real under podman."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,9 @@ def test_docker_compose_config_accepts_compose_yaml():
         result = run(binary, "-f", str(COMPOSE), "config", env={**os.environ, "COMPOSE_PROFILES": profile})
         assert result.returncode == 0, result.stderr
     rendered = yaml.safe_load(result.stdout)
-    assert {"agent", "agent-cpu", "prometheus", "alertmanager", "grafana", "otel-collector"} <= set(rendered["services"])
+    assert {"agent", "agent-cpu", "prometheus", "alertmanager", "grafana", "otel-collector"} <= set(
+        rendered["services"]
+    )
 
 
 def test_every_file_compose_mounts_exists_in_the_repository():
@@ -178,8 +181,11 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
     packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert copied == packages
     # the context is what the Dockerfile copies, and the wheels folder for offline builds
-    lines = [s for s in (line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines())
-             if s and not s.startswith("#")]
+    lines = [
+        s
+        for s in (line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines())
+        if s and not s.startswith("#")
+    ]
     assert lines[0] == "*", "everything is left out unless named"
     assert {"!pyproject.toml", "!.whl", *(f"!{p}" for p in packages)} <= set(lines)
     assert not {"!.git", "!.venv", "!.out", "!tests"} & set(lines)
@@ -271,13 +277,21 @@ class Stack:
         self.env = {**os.environ, "COMPOSE_PROJECT_NAME": "inferd-test", "INFERD_PODMAN_DIR": str(state)}
 
     def script(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(PODMAN_SCRIPT), *args], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, str(PODMAN_SCRIPT), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def http(self, method: str, url: str, body: object = None, headers: dict | None = None) -> tuple[int, object]:
         data = "" if body is None else json.dumps(body)
         headers = {"content-type": "application/json", **(headers or {})}
-        result = self.script("exec", sys.executable, "-c", HTTP_SNIPPET, method, url, data, json.dumps(headers), timeout=60)
+        result = self.script(
+            "exec", sys.executable, "-c", HTTP_SNIPPET, method, url, data, json.dumps(headers), timeout=60
+        )
         status, _, text = result.stdout.partition("\n")
         try:
             return int(status or 0), json.loads(text) if text.strip() else None
@@ -294,7 +308,9 @@ class Stack:
                 return last
             time.sleep(every)
         logs = self.script("logs", timeout=60)
-        pytest.fail(f"{what} not seen in {timeout:.0f} s; last answer {last!r}\n{logs.stdout[-6000:]}{logs.stderr[-2000:]}")
+        pytest.fail(
+            f"{what} not seen in {timeout:.0f} s; last answer {last!r}\n{logs.stdout[-6000:]}{logs.stderr[-2000:]}"
+        )
 
 
 @pytest.mark.slow
@@ -305,8 +321,10 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
     engine answers a completion, Prometheus scrapes both targets and has the rules, and an
     alert posted to Alertmanager reaches the agent's webhook and its audit log."""
     if os.geteuid() != 0:
-        pytest.skip("podman runs containers on this host only as root (rootless podman needs subuids and "
-                    "user namespaces it does not offer)")
+        pytest.skip(
+            "podman runs containers on this host only as root (rootless podman needs subuids and "
+            "user namespaces it does not offer)"
+        )
     for binary in ("podman", "mmdebstrap", "docker-compose", "unshare", "nsenter", "ip"):
         assert shutil.which(binary), f"{binary} not installed; scripts/setup.sh installs it as root"
     stack = Stack(ROOT / ".out" / "podman-test")
@@ -317,10 +335,13 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
         built = time.monotonic()
 
         # Alertmanager first: its route waits group_wait (30 s) before the first notification.
-        stack.wait("Alertmanager ready", lambda: (stack.http("GET", "http://localhost:9093/-/ready")[0] == 200,), 120, 1)
-        alert = {"labels": {"alertname": SMOKE_ALERT, "remediate": "true", "instance": "localhost:8000",
-                            "severity": "info"},
-                 "annotations": {"summary": "tests/test_compose.py: an alert through Alertmanager to the agent"}}
+        stack.wait(
+            "Alertmanager ready", lambda: (stack.http("GET", "http://localhost:9093/-/ready")[0] == 200,), 120, 1
+        )
+        alert = {
+            "labels": {"alertname": SMOKE_ALERT, "remediate": "true", "instance": "localhost:8000", "severity": "info"},
+            "annotations": {"summary": "tests/test_compose.py: an alert through Alertmanager to the agent"},
+        }
         status, body = stack.http("POST", "http://localhost:9093/api/v2/alerts", [alert])
         assert status == 200, body
 
@@ -329,8 +350,11 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
         status, models = stack.http("GET", "http://localhost:8000/v1/models")
         assert status == 200, models
         model = models["data"][0]["id"]
-        status, completion = stack.http("POST", "http://localhost:8000/v1/completions",
-                                        {"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0})
+        status, completion = stack.http(
+            "POST",
+            "http://localhost:8000/v1/completions",
+            {"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0},
+        )
         assert status == 200, completion
         assert completion["usage"]["completion_tokens"] >= 1 and isinstance(completion["choices"][0]["text"], str)
 
@@ -341,12 +365,17 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
                 return False, body
             health = {t["labels"]["job"]: t["health"] for t in body["data"]["activeTargets"]}
             return health.get("inferd-agent") == "up" and health.get("inferd-engine") == "up", health
+
         stack.wait("Prometheus targets inferd-agent and inferd-engine up", targets_up, 120)
         status, rules = stack.http("GET", "http://localhost:9090/api/v1/rules")
         assert status == 200, rules
         loaded = {r["name"] for g in rules["data"]["groups"] for r in g["rules"]}
-        wanted = {r["alert"] for g in yaml.safe_load((ROOT / "alerts/rules.yml").read_text())["groups"]
-                  for r in g["rules"] if "alert" in r}
+        wanted = {
+            r["alert"]
+            for g in yaml.safe_load((ROOT / "alerts/rules.yml").read_text())["groups"]
+            for r in g["rules"]
+            if "alert" in r
+        }
         assert wanted and wanted <= loaded, f"rules not loaded: {wanted - loaded}"
 
         # The alert: Alertmanager -> webhook (bearer token from the shared volume) -> audit log.
@@ -354,11 +383,16 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
             status, body = stack.http("GET", "http://localhost:9400/v1/actions?limit=0")
             records = body.get("records", []) if isinstance(body, dict) else []
             return any(r.get("event") == "alert" and r.get("alert") == SMOKE_ALERT for r in records), status
+
         stack.wait(f"{SMOKE_ALERT} in the agent's /v1/actions", alert_recorded, 150)
         print(f"images {built - started:.0f} s, checks {time.monotonic() - built:.0f} s")
     finally:
         down = stack.script("down", timeout=300)
-        left = subprocess.run(["podman", "ps", "--all", "--quiet", "--filter", "label=com.docker.compose.project=inferd-test"],
-                              capture_output=True, text=True, env=stack.env)
+        left = subprocess.run(
+            ["podman", "ps", "--all", "--quiet", "--filter", "label=com.docker.compose.project=inferd-test"],
+            capture_output=True,
+            text=True,
+            env=stack.env,
+        )
         assert down.returncode == 0, down.stderr[-4000:]
         assert left.stdout.strip() == "", f"containers left behind: {left.stdout}"

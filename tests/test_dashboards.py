@@ -3,6 +3,7 @@
 The live check (every expression returns data from a real Prometheus scraping a real
 agent and engine) is in tests/test_dashboards_live.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -216,16 +217,30 @@ def _post_alert(name: str) -> None:
     now = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
     labels = {"alertname": name, "severity": "warning", "remediate": "true", "job": "inferd-engine"}
     payload = {
-        "version": "4", "groupKey": f'{{}}:{{alertname="{name}"}}', "truncatedAlerts": 0, "status": "firing",
-        "receiver": "inferd-agent", "groupLabels": {"alertname": name}, "commonLabels": labels,
-        "commonAnnotations": {}, "externalURL": "http://localhost:9093",
-        "alerts": [{
-            "status": "firing", "labels": labels, "annotations": {"description": "test"}, "startsAt": now,
-            "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": uuid.uuid4().hex[:16],
-        }],
+        "version": "4",
+        "groupKey": f'{{}}:{{alertname="{name}"}}',
+        "truncatedAlerts": 0,
+        "status": "firing",
+        "receiver": "inferd-agent",
+        "groupLabels": {"alertname": name},
+        "commonLabels": labels,
+        "commonAnnotations": {},
+        "externalURL": "http://localhost:9093",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": labels,
+                "annotations": {"description": "test"},
+                "startsAt": now,
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": uuid.uuid4().hex[:16],
+            }
+        ],
     }
     request = urllib.request.Request(
-        "http://localhost:9400/v1/alerts", data=_json.dumps(payload).encode(),
+        "http://localhost:9400/v1/alerts",
+        data=_json.dumps(payload).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token_file().read_text().strip()}"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -258,7 +273,10 @@ def live_stack(tmp_path_factory):
         ]
         up = subprocess.run(
             [*cmd, "up", "--run-dir", str(run_dir), "--timeout", "240", *agent_args],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         try:
             assert up.returncode == 0, up.stdout + up.stderr
@@ -315,14 +333,24 @@ def _board_expressions() -> list[tuple[str, str, str | None]]:
     annotation_requires = {a.name: a.requires for a in REMEDIATION_ANNOTATIONS}
     for name, board in load_boards().items():
         for panel in data_panels(board):
-            requirement = next((key for sentence, key in notes.items() if panel["description"].endswith(sentence)), None)
+            requirement = next(
+                (key for sentence, key in notes.items() if panel["description"].endswith(sentence)), None
+            )
             for target in panel["targets"]:
                 out.append((f"{name} / {panel['title']}", target["expr"], requirement))
         for annotation in board["annotations"]["list"]:
-            out.append((f"{name} / annotation {annotation['name']}", annotation["expr"], annotation_requires[annotation["name"]]))
+            out.append(
+                (
+                    f"{name} / annotation {annotation['name']}",
+                    annotation["expr"],
+                    annotation_requires[annotation["name"]],
+                )
+            )
         for variable in board["templating"]["list"]:
             inner = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"])
-            out.append((f"{name} / variable {variable['name']}", inner.group(1), "gpu" if variable["name"] == "gpu" else None))
+            out.append(
+                (f"{name} / variable {variable['name']}", inner.group(1), "gpu" if variable["name"] == "gpu" else None)
+            )
     return out
 
 
@@ -370,7 +398,10 @@ NOT_APPLICABLE = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["vllm/dashboard_queries.txt", "vllm/dashboard_queries_overview.txt", "dcgm-exporter/dashboard_queries.txt"])
+@pytest.mark.parametrize(
+    "source",
+    ["vllm/dashboard_queries.txt", "vllm/dashboard_queries_overview.txt", "dcgm-exporter/dashboard_queries.txt"],
+)
 def test_reference_dashboards_queries_return_data(live_stack, source):
     path = REFERENCE / source
     if not path.exists():

@@ -1,4 +1,5 @@
 """Incremental detokenisation equals decoding the whole output, after every token."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,9 @@ def llama2_style_tokenizer(directory) -> Tokenizer:
 
     hf = HFTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     hf.pre_tokenizer = pre_tokenizers.Metaspace()
-    hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                    decoders.Strip(" ", 1, 0)])
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"] + byte_tokens)
     hf.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 20 + TEXTS, trainer)
@@ -93,8 +95,10 @@ def test_a_valid_byte_later_grouped_with_an_invalid_one_is_not_committed(tmp_pat
     byte-fallback group, to two replacement characters; the space shown one step
     earlier must not stay in the text."""
     tok = _sp_tokenizer(tmp_path_factory)
-    ids = tok.encode("Hello, world!", add_special_tokens=False) + [tok._tok.token_to_id("<0x20>"),
-                                                                    tok._tok.token_to_id("<0x80>")]
+    ids = tok.encode("Hello, world!", add_special_tokens=False) + [
+        tok._tok.token_to_id("<0x20>"),
+        tok._tok.token_to_id("<0x80>"),
+    ]
     assert tok.decode(ids, skip_special_tokens=False).endswith("!\ufffd\ufffd")  # the byte tokens are specials here
     assert_matches_full_decode(tok, ids, skip_special_tokens=False)
     assert len(tok.byte_fallback_ids) == 256

@@ -5,6 +5,7 @@ checked for form only, never fetched.
 The checkers are plain functions over text and paths, unit-tested on tmp_path trees
 below, so each check is seen to fail on a broken input before it passes on the repo.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,6 +31,7 @@ HISTORY_PATTERNS = {
 
 
 # --- helpers ---------------------------------------------------------------------------
+
 
 def tracked_markdown(root: Path = ROOT) -> list[Path]:
     out = subprocess.run(["git", "ls-files", "-z", "--", "*.md"], cwd=root, capture_output=True, check=True)
@@ -92,7 +94,13 @@ def anchors(text: str) -> set[str]:
     for i, line in enumerate(lines):
         m = _HEADING.match(line)
         heading = m.group(2) if m else None
-        if heading is None and i > 0 and lines[i - 1].strip() and _SETEXT.match(line) and not _HEADING.match(lines[i - 1]):
+        if (
+            heading is None
+            and i > 0
+            and lines[i - 1].strip()
+            and _SETEXT.match(line)
+            and not _HEADING.match(lines[i - 1])
+        ):
             if not lines[i - 1].lstrip().startswith(("|", "-", "*", ">")):
                 heading = lines[i - 1].strip()
         if heading is None:
@@ -126,7 +134,7 @@ def _target(inner: str) -> str:
     "title"; anything else after a space is kept, so the checker reports it."""
     inner = inner.strip()
     if inner.startswith("<") and ">" in inner:
-        return inner[1:inner.index(">")]
+        return inner[1 : inner.index(">")]
     m = re.fullmatch(r"(\S*)\s+(\"[^\"]*\"|'[^']*')", inner)
     return m.group(1) if m else inner
 
@@ -134,9 +142,14 @@ def _target(inner: str) -> str:
 def is_well_formed_url(url: str) -> bool:
     parts = urlsplit(url)
     host = parts.hostname or ""
-    return (parts.scheme in ("http", "https") and bool(host) and not re.search(r"\s", url)
-            and re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None and ".." not in host
-            and (host == "localhost" or "." in host))
+    return (
+        parts.scheme in ("http", "https")
+        and bool(host)
+        and not re.search(r"\s", url)
+        and re.fullmatch(r"[A-Za-z0-9.-]+", host) is not None
+        and ".." not in host
+        and (host == "localhost" or "." in host)
+    )
 
 
 def broken_links(path: Path, root: Path) -> list[str]:
@@ -145,6 +158,7 @@ def broken_links(path: Path, root: Path) -> list[str]:
     problems = []
     rel = path.relative_to(root)
     for line, target in links(text):
+
         def bad(why: str, line: int = line, target: str = target) -> None:
             problems.append(f"{rel}:{line}: {target}: {why}")
 
@@ -180,13 +194,16 @@ def broken_links(path: Path, root: Path) -> list[str]:
         if anchor:
             if dest.is_file() and dest.suffix.lower() == ".md":
                 if unquote(anchor).lower() not in anchors(dest.read_text(encoding="utf-8")):
-                    bad(f"no heading for #{anchor} in {dest.relative_to(root.resolve()) if dest != path else 'this file'}")
+                    bad(
+                        f"no heading for #{anchor} in {dest.relative_to(root.resolve()) if dest != path else 'this file'}"
+                    )
             elif not dest.is_file() or dest.suffix.lower() != ".md":
                 pass  # anchors into code files (GitHub line anchors like #L10) are not checked
     return problems
 
 
 # --- the repository ----------------------------------------------------------------------
+
 
 def too_long(path: Path, max_lines: int = BENCHMARKS_MAX_LINES) -> str | None:
     n = len(path.read_text(encoding="utf-8").splitlines())
@@ -199,8 +216,11 @@ def test_benchmarks_md_is_short():
 
 
 def test_markdown_has_no_history_words():
-    problems = [f"{p.relative_to(ROOT)}:{line}: {word!r} ({name})"
-                for p in tracked_markdown() for line, name, word in history_words(p.read_text(encoding="utf-8"))]
+    problems = [
+        f"{p.relative_to(ROOT)}:{line}: {word!r} ({name})"
+        for p in tracked_markdown()
+        for line, name, word in history_words(p.read_text(encoding="utf-8"))
+    ]
     assert not problems, "history belongs in git, not in the documents:\n" + "\n".join(problems)
 
 
@@ -215,6 +235,7 @@ def test_there_is_markdown_to_check():
 
 
 # --- the checkers themselves -------------------------------------------------------------
+
 
 def test_long_benchmarks_file_fails(tmp_path):
     path = tmp_path / "BENCHMARKS.md"
@@ -233,24 +254,37 @@ def test_history_words_found(term):
     assert history_words(f"the figure from {term}{'' if term.endswith('#') else ' '}4")
 
 
-@pytest.mark.parametrize("text", [
-    "an HTTP session per client", "the TLS session cache", "ssh session", "the call returns 4 values",
-    "recalls 3 times", "nonsession", "issues with 4 GPUs", "session_id", "`ClientSession`",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "an HTTP session per client",
+        "the TLS session cache",
+        "ssh session",
+        "the call returns 4 values",
+        "recalls 3 times",
+        "nonsession",
+        "issues with 4 GPUs",
+        "session_id",
+        "`ClientSession`",
+    ],
+)
 def test_history_words_not_found(text):
     assert not history_words(text)
 
 
-@pytest.mark.parametrize("heading, slug", [
-    ("How to read these", "how-to-read-these"),
-    ("Server against the offline engine (burst)", "server-against-the-offline-engine-burst"),
-    ("`inferd stack up/down` and `inferd report`", "inferd-stack-updown-and-inferd-report"),
-    ("GPU decode: batch-1, H200", "gpu-decode-batch-1-h200"),
-    ("Hot/cold KV & swap", "hotcold-kv--swap"),
-    ("The **engine** step", "the-engine-step"),
-    ("snake_case names", "snake_case-names"),
-    ("A [link](x.md) here", "a-link-here"),
-])
+@pytest.mark.parametrize(
+    "heading, slug",
+    [
+        ("How to read these", "how-to-read-these"),
+        ("Server against the offline engine (burst)", "server-against-the-offline-engine-burst"),
+        ("`inferd stack up/down` and `inferd report`", "inferd-stack-updown-and-inferd-report"),
+        ("GPU decode: batch-1, H200", "gpu-decode-batch-1-h200"),
+        ("Hot/cold KV & swap", "hotcold-kv--swap"),
+        ("The **engine** step", "the-engine-step"),
+        ("snake_case names", "snake_case-names"),
+        ("A [link](x.md) here", "a-link-here"),
+    ],
+)
 def test_github_slug(heading, slug):
     assert github_slug(heading) == slug
 
@@ -274,25 +308,29 @@ def test_good_links_pass(tmp_path):
         "# Top\n\n## Usage\n\nSee [other](docs/OTHER.md), [part](docs/OTHER.md#part-two), [up](#usage),\n"
         "[code](engine/x.py#L3), [dir](engine/), [abs](/docs/OTHER.md), [web](https://example.com/a?b=c#d),\n"
         "<https://prometheus.io/docs/>, ![img](docs/OTHER.md), `[not](a-link.md)`,\n\n"
-        "```\n[also not](missing.md)\n```\n\n[ref]: docs/OTHER.md\n")
+        "```\n[also not](missing.md)\n```\n\n[ref]: docs/OTHER.md\n"
+    )
     (root / "docs" / "BACK.md").write_text("[back](../README.md#top)\n")
     assert broken_links(root / "README.md", root) == []
     assert broken_links(root / "docs" / "BACK.md", root) == []
 
 
-@pytest.mark.parametrize("link, why", [
-    ("[gone](docs/GONE.md)", "no such file"),
-    ("[gone](docs/benchmarks/run.log)", "no such file"),
-    ("[anchor](docs/OTHER.md#part-three)", "no heading"),
-    ("[self](#nowhere)", "no heading"),
-    ("[web](https:/example.com)", "malformed URL"),
-    ("[web](http://exa mple.com)", "space in the link target"),
-    ("[web](https://)", "malformed URL"),
-    ("[web](ftp://example.com/x)", "unsupported scheme"),
-    ("[empty]()", "empty link"),
-    ("[out](../../etc/passwd)", "outside the repository"),
-    ("[ref]: docs/NOPE.md", "no such file"),
-])
+@pytest.mark.parametrize(
+    "link, why",
+    [
+        ("[gone](docs/GONE.md)", "no such file"),
+        ("[gone](docs/benchmarks/run.log)", "no such file"),
+        ("[anchor](docs/OTHER.md#part-three)", "no heading"),
+        ("[self](#nowhere)", "no heading"),
+        ("[web](https:/example.com)", "malformed URL"),
+        ("[web](http://exa mple.com)", "space in the link target"),
+        ("[web](https://)", "malformed URL"),
+        ("[web](ftp://example.com/x)", "unsupported scheme"),
+        ("[empty]()", "empty link"),
+        ("[out](../../etc/passwd)", "outside the repository"),
+        ("[ref]: docs/NOPE.md", "no such file"),
+    ],
+)
 def test_broken_links_fail(tmp_path, link, why):
     root = _tree(tmp_path)
     (root / "README.md").write_text(f"# Top\n\n{link}\n")

@@ -1,4 +1,5 @@
 """load_format=dummy: random weights drawn from the checkpoint's config, no weights file needed."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,10 @@ def test_dummy_weights_serve_a_checkpoint_without_weights(tmp_path):
     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 8
     again = LLM(model=str(stub), load_format="dummy", kv_cache_bytes=4 << 20)  # same seed, same weights
-    assert again.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids \
+    assert (
+        again.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids
         == out[0].outputs[0].token_ids
+    )
 
 
 def test_dummy_weights_are_checked():

@@ -11,6 +11,7 @@ engine serving the tiny model.
 
 Timings are recorded in BENCHMARKS.md by scripts/bench_remediation.py, not asserted here.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,15 +41,22 @@ TIME_SCALE = 1 / 30  # 2m -> 4s, 5m -> 10s, 1m -> 2s
 ADMIN_TOKEN = "e2e-admin-token"
 WEBHOOK_TOKEN = "e2e-webhook-token"
 # The engine: a KV pool of 24 blocks of 16 tokens; 16 sequences of 64 tokens need 64.
-ENGINE_ARGS = ["--kv-cache-bytes=196608", "--max-num-seqs=16", "--served-model-name=tiny",
-               "--enable-fault-injection", "--log-level=WARNING"]
+ENGINE_ARGS = [
+    "--kv-cache-bytes=196608",
+    "--max-num-seqs=16",
+    "--served-model-name=tiny",
+    "--enable-fault-injection",
+    "--log-level=WARNING",
+]
 # 0.75: 16 -> 4 in one step (4 x 4 blocks fit the pool); scripts/bench_remediation.py
 # --step-fraction 0.25 takes several steps (16 -> 12 -> 9 -> 7 -> 5), one per verification window.
 STEP_FRACTION = float(os.environ.get("INFERD_E2E_STEP_FRACTION", "0.75"))
 POLICY = {
     "max_num_seqs": {"minimum": 1, "maximum": 64, "max_step": 12},
     "step_fraction": STEP_FRACTION,
-    "cooldown_s": 20, "verify_window_s": float(os.environ.get("INFERD_E2E_VERIFY_WINDOW_S", "6")), "restore_after_s": 3,
+    "cooldown_s": 20,
+    "verify_window_s": float(os.environ.get("INFERD_E2E_VERIFY_WINDOW_S", "6")),
+    "restore_after_s": 3,
 }
 
 
@@ -100,20 +108,42 @@ class Stack:
         (self.tmp / "webhook-token").write_text(WEBHOOK_TOKEN)
         alerts = self.tmp / "alerts"
         subprocess.run(
-            [PY, str(ROOT / "alerts" / "render.py"), "--out", str(alerts), "--time-scale", str(TIME_SCALE),
-             "--set", f"alertmanager.webhook_url={self.url('agent')}/v1/alerts",
-             "--set", f"alertmanager.token_file={self.tmp / 'webhook-token'}"],
-            check=True, capture_output=True, text=True)
-        host_label = [{"source_labels": ["__address__"], "regex": "(.+):[0-9]+", "target_label": "host", "replacement": "$1"}]
+            [
+                PY,
+                str(ROOT / "alerts" / "render.py"),
+                "--out",
+                str(alerts),
+                "--time-scale",
+                str(TIME_SCALE),
+                "--set",
+                f"alertmanager.webhook_url={self.url('agent')}/v1/alerts",
+                "--set",
+                f"alertmanager.token_file={self.tmp / 'webhook-token'}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        host_label = [
+            {"source_labels": ["__address__"], "regex": "(.+):[0-9]+", "target_label": "host", "replacement": "$1"}
+        ]
         prometheus = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
             "rule_files": [str(alerts / "rules.yml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}]}]},
+            "alerting": {
+                "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}]}]
+            },
             "scrape_configs": [
-                {"job_name": "inferd-agent", "static_configs": [{"targets": [f"127.0.0.1:{self.ports['agent']}"]}],
-                 "relabel_configs": host_label},
-                {"job_name": "inferd-engine", "static_configs": [{"targets": [f"127.0.0.1:{self.ports['engine']}"]}],
-                 "relabel_configs": host_label},
+                {
+                    "job_name": "inferd-agent",
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports['agent']}"]}],
+                    "relabel_configs": host_label,
+                },
+                {
+                    "job_name": "inferd-engine",
+                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports['engine']}"]}],
+                    "relabel_configs": host_label,
+                },
             ],
         }
         (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus))
@@ -123,28 +153,70 @@ class Stack:
         prometheus = _binary("prometheus")
         alertmanager = _binary("prometheus-alertmanager", "alertmanager")
         self.write_configs()
-        self._spawn("prometheus", [
-            prometheus, f"--config.file={self.tmp / 'prometheus.yml'}", f"--storage.tsdb.path={self.tmp / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}", "--rules.alert.resend-delay=1s",
-            "--log.level=warn"])
-        self._spawn("alertmanager", [
-            alertmanager, f"--config.file={self.tmp / 'alerts' / 'alertmanager.yml'}",
-            f"--storage.path={self.tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
-            "--cluster.listen-address=", "--log.level=warn"])
-        agent = [PY, "-m", "agent.cli", "agent", "--model", str(model), "--port", str(self.ports["agent"]),
-                 "--engine-port", str(self.ports["engine"]), "--no-collector", "gpu", "--no-collector", "ebpf",
-                 "--webhook-token-file", str(self.tmp / "webhook-token"), "--audit-log", str(self.audit),
-                 "--prometheus-url", self.url("prometheus"), "--remediation-config", str(self.tmp / "policy.yml")]
+        self._spawn(
+            "prometheus",
+            [
+                prometheus,
+                f"--config.file={self.tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.tmp / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
+                "--rules.alert.resend-delay=1s",
+                "--log.level=warn",
+            ],
+        )
+        self._spawn(
+            "alertmanager",
+            [
+                alertmanager,
+                f"--config.file={self.tmp / 'alerts' / 'alertmanager.yml'}",
+                f"--storage.path={self.tmp / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+        )
+        agent = [
+            PY,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--model",
+            str(model),
+            "--port",
+            str(self.ports["agent"]),
+            "--engine-port",
+            str(self.ports["engine"]),
+            "--no-collector",
+            "gpu",
+            "--no-collector",
+            "ebpf",
+            "--webhook-token-file",
+            str(self.tmp / "webhook-token"),
+            "--audit-log",
+            str(self.audit),
+            "--prometheus-url",
+            self.url("prometheus"),
+            "--remediation-config",
+            str(self.tmp / "policy.yml"),
+        ]
         agent += [f"--engine-arg={arg}" for arg in ENGINE_ARGS]
         self._spawn("agent", agent, env={**os.environ, "INFERD_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(ROOT)})
-        wait_for(lambda: self.http.get(f"{self.url('prometheus')}/-/ready").status_code == 200, 60, "prometheus ready", self)
-        wait_for(lambda: self.http.get(f"{self.url('alertmanager')}/-/ready").status_code == 200, 60, "alertmanager ready", self)
+        wait_for(
+            lambda: self.http.get(f"{self.url('prometheus')}/-/ready").status_code == 200, 60, "prometheus ready", self
+        )
+        wait_for(
+            lambda: self.http.get(f"{self.url('alertmanager')}/-/ready").status_code == 200,
+            60,
+            "alertmanager ready",
+            self,
+        )
         wait_for(lambda: self.http.get(f"{self.url('engine')}/ready").status_code == 200, 120, "engine ready", self)
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
         log = open(self.tmp / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
 
     def stop(self) -> None:
         engine_pid = self.engine_pid()
@@ -193,7 +265,9 @@ class Stack:
         return None
 
     def engine_config(self) -> dict:
-        response = self.http.get(f"{self.url('engine')}/admin/config", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        response = self.http.get(
+            f"{self.url('engine')}/admin/config", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
         return response.json()["config"]
 
     def query(self, promql: str) -> float | None:
@@ -234,9 +308,16 @@ class Load:
             while not self._stop.is_set():
                 prompt = [rng.randrange(5, 500) for _ in range(24)]
                 try:
-                    r = client.post(f"{self.url}/v1/completions", json={
-                        "model": "tiny", "prompt": prompt, "max_tokens": self.max_tokens, "ignore_eos": True,
-                        "temperature": 0})
+                    r = client.post(
+                        f"{self.url}/v1/completions",
+                        json={
+                            "model": "tiny",
+                            "prompt": prompt,
+                            "max_tokens": self.max_tokens,
+                            "ignore_eos": True,
+                            "temperature": 0,
+                        },
+                    )
                     self.statuses.append(r.status_code)
                     if r.status_code != 200:
                         self.errors.append(r.text[:300])
@@ -252,8 +333,9 @@ def stack(tmp_path_factory):
     _binary("prometheus-alertmanager", "alertmanager")
     tmp = tmp_path_factory.mktemp("e2e-remediation")
     model = tmp / "tiny"
-    subprocess.run([PY, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"], check=True, cwd=ROOT,
-                   capture_output=True)
+    subprocess.run(
+        [PY, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"], check=True, cwd=ROOT, capture_output=True
+    )
     s = Stack(tmp)
     try:
         s.start(model)
@@ -278,23 +360,38 @@ def _save_timings(name: str, values: dict) -> None:
 def test_kv_thrashing_is_remediated(stack):
     load_started = time.time()
     with Load(stack.url("engine"), workers=16) as load:
-        applied = wait_for(lambda: stack.find(load_started, event="applied", alert="InferdKVCacheThrashing"), 120,
-                           "the agent to lower max_num_seqs", stack)
+        applied = wait_for(
+            lambda: stack.find(load_started, event="applied", alert="InferdKVCacheThrashing"),
+            120,
+            "the agent to lower max_num_seqs",
+            stack,
+        )
         assert applied["action"] == "lower_max_num_seqs"
         first_step = Bounds(**POLICY["max_num_seqs"]).lower(16, STEP_FRACTION)
         assert applied["old"] == {"max_num_seqs": 16} and applied["new"] == {"max_num_seqs": first_step}
         faults_before = stack.query(f"max_over_time(({FAULTS_RATE})[10s:1s])")
         # The fault rate falls while the same load keeps coming (after as many steps as it takes).
-        wait_for(lambda: (stack.query(FAULTS_RATE) or 0) < 1 and stack.query("sum(rate(vllm:generation_tokens_total[4s]))"),
-                 300, "the page-fault rate to fall under load", stack)
+        wait_for(
+            lambda: (stack.query(FAULTS_RATE) or 0) < 1 and stack.query("sum(rate(vllm:generation_tokens_total[4s]))"),
+            300,
+            "the page-fault rate to fall under load",
+            stack,
+        )
         verified = wait_for(lambda: stack.find(event="verified", id=applied["id"]), 60, "verification", stack)
         if first_step <= 6:  # one step is enough: it must be seen to help
             assert verified["outcome"] == "improved", verified
             assert verified["after"] < verified["baseline"]
-        wait_for(lambda: stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved"), 120,
-                 "InferdKVCacheThrashing to resolve", stack)
-        steps = [r for r in stack.records() if r["event"] == "applied" and r.get("alert") == "InferdKVCacheThrashing"
-                 and r["ts"] >= load_started]
+        wait_for(
+            lambda: stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved"),
+            120,
+            "InferdKVCacheThrashing to resolve",
+            stack,
+        )
+        steps = [
+            r
+            for r in stack.records()
+            if r["event"] == "applied" and r.get("alert") == "InferdKVCacheThrashing" and r["ts"] >= load_started
+        ]
         values = [r["new"]["max_num_seqs"] for r in steps]
         assert values == sorted(values, reverse=True) and len(set(values)) == len(values), values
         assert not stack.firing("InferdKVCacheThrashing")
@@ -302,24 +399,44 @@ def test_kv_thrashing_is_remediated(stack):
     assert load.statuses and set(load.statuses) == {200}, load.errors[:3]
     firing = stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="firing")
     resolved = stack.find(load_started, event="alert", alert="InferdKVCacheThrashing", status="resolved")
-    _save_timings("kv_thrashing", {
-        "time_scale": TIME_SCALE, "load_started": load_started, "alert_received": firing["ts"],
-        "action_applied": applied["ts"], "verified": verified["ts"], "resolved_received": resolved["ts"],
-        "faults_per_s_peak_before": faults_before, "faults_per_s_after": faults_after,
-        "requests": len(load.statuses), "steps": values, "step_fraction": STEP_FRACTION})
-    story = [(r["event"], r.get("status") or r.get("result") or r.get("outcome"))
-             for r in stack.records() if r.get("alert") == "InferdKVCacheThrashing" and r["ts"] >= load_started]
+    _save_timings(
+        "kv_thrashing",
+        {
+            "time_scale": TIME_SCALE,
+            "load_started": load_started,
+            "alert_received": firing["ts"],
+            "action_applied": applied["ts"],
+            "verified": verified["ts"],
+            "resolved_received": resolved["ts"],
+            "faults_per_s_peak_before": faults_before,
+            "faults_per_s_after": faults_after,
+            "requests": len(load.statuses),
+            "steps": values,
+            "step_fraction": STEP_FRACTION,
+        },
+    )
+    story = [
+        (r["event"], r.get("status") or r.get("result") or r.get("outcome"))
+        for r in stack.records()
+        if r.get("alert") == "InferdKVCacheThrashing" and r["ts"] >= load_started
+    ]
     assert story[0] == ("alert", "firing")
     assert story.index(("decision", "apply")) < story.index(("applied", None))
     assert ("alert", "resolved") in story and ("verified", "improved") in story
     assert stack.find(event="rolled_back") is None
     # resolved for restore_after_s: max_num_seqs goes back to the operator's 16
-    wait_for(lambda: stack.find(load_started, event="restored", alert="InferdKVCacheThrashing"), 60,
-             "max_num_seqs restored", stack)
+    wait_for(
+        lambda: stack.find(load_started, event="restored", alert="InferdKVCacheThrashing"),
+        60,
+        "max_num_seqs restored",
+        stack,
+    )
     assert stack.engine_config()["max_num_seqs"] == 16
     metrics = stack.http.get(f"{stack.url('agent')}/metrics").text
-    assert ('inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",'
-            f'result="applied"}} {float(len(values))}') in metrics
+    assert (
+        'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",'
+        f'result="applied"}} {float(len(values))}'
+    ) in metrics
 
 
 ENGINE_STARTUP_WINDOW_S = 10.0  # SupervisorConfig.healthy_after_s, the agent's default
@@ -335,15 +452,23 @@ def test_stalled_engine_core_is_restarted_by_the_agent(stack):
     # the agent does not restart an engine inside its start-up window
     started = os.stat(f"/proc/{old_pid}").st_mtime
     time.sleep(max(0.0, started + ENGINE_STARTUP_WINDOW_S + 2 - time.time()))
-    core = next(pid for pid in child_pids(old_pid)
-                if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes())
+    core = next(
+        pid for pid in child_pids(old_pid) if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
     os.kill(core, signal.SIGSTOP)  # alive, steps nothing, says nothing
     try:
-        wait_for(lambda: stack.http.get(f"{stack.url('engine')}/ready").json().get("error", {}).get("code") == "engine_stalled",
-                 60, "/ready to say engine_stalled", stack)
+        wait_for(
+            lambda: (
+                stack.http.get(f"{stack.url('engine')}/ready").json().get("error", {}).get("code") == "engine_stalled"
+            ),
+            60,
+            "/ready to say engine_stalled",
+            stack,
+        )
         wait_for(lambda: stack.engine_pid() not in (None, old_pid), 120, "the agent to restart the engine", stack)
-        wait_for(lambda: stack.http.get(f"{stack.url('engine')}/ready").status_code == 200, 120,
-                 "the engine back", stack)
+        wait_for(
+            lambda: stack.http.get(f"{stack.url('engine')}/ready").status_code == 200, 120, "the engine back", stack
+        )
         agent_metrics = stack.http.get(f"{stack.url('agent')}/metrics").text
         assert metric_value(agent_metrics, "inferd_engine_restarts_total") >= 1
     finally:
@@ -358,14 +483,25 @@ def test_fast_path_failure_falls_back_and_is_restored(stack):
     assert stack.engine_config()["mode"] == "fast"
     with Load(stack.url("engine"), workers=3, max_tokens=24) as load:
         wait_for(lambda: len(load.statuses) >= 3, 30, "requests in flight", stack)
-        r = stack.http.post(f"{stack.url('engine')}/admin/fault", json={"kind": "fastpath"},
-                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        r = stack.http.post(
+            f"{stack.url('engine')}/admin/fault",
+            json={"kind": "fastpath"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         assert r.status_code == 200, r.text
-        applied = wait_for(lambda: stack.find(started, event="applied", alert="InferdEngineFastPathFailing"), 90,
-                           "InferdEngineFastPathFailing to reach the agent", stack)
+        applied = wait_for(
+            lambda: stack.find(started, event="applied", alert="InferdEngineFastPathFailing"),
+            90,
+            "InferdEngineFastPathFailing to reach the agent",
+            stack,
+        )
         assert applied["action"] == "fallback" and applied["new"] == {"mode": "fallback"}
-        wait_for(lambda: stack.find(started, event="restored", alert="InferdEngineFastPathFailing"), 120,
-                 "the fast path restored", stack)
+        wait_for(
+            lambda: stack.find(started, event="restored", alert="InferdEngineFastPathFailing"),
+            120,
+            "the fast path restored",
+            stack,
+        )
         assert stack.engine_config()["mode"] == "fast"
         served_after = len(load.statuses)
         wait_for(lambda: len(load.statuses) > served_after + 3, 30, "requests on the restored fast path", stack)
@@ -374,5 +510,5 @@ def test_fast_path_failure_falls_back_and_is_restored(stack):
     restored = stack.find(started, event="restored", alert="InferdEngineFastPathFailing")
     assert restored["restored"] == {"mode": "fast"}
     assert resolved["ts"] + POLICY["restore_after_s"] <= restored["ts"] + 1.0
-    failures = stack.query('sum(inferd_engine_fastpath_failures_total)')
+    failures = stack.query("sum(inferd_engine_fastpath_failures_total)")
     assert failures == 1

@@ -5,6 +5,7 @@ Parsers, watch lists and the collector's no-permission path run anywhere. Tests 
 linked by scripts/link_bcc.sh) and kernel headers (scripts/link_kernel_headers.sh), and
 skip saying which is missing.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -62,7 +63,11 @@ def test_migrate_reasons_come_from_the_format_file():
     assert reasons[3] == "syscall_or_cpuset"
     assert reasons[5] == "numa_misplaced"
     assert len(reasons) == 9
-    assert parse_print_symbolic(MIGRATE_FORMAT, "mode") == {0: "MIGRATE_ASYNC", 1: "MIGRATE_SYNC_LIGHT", 2: "MIGRATE_SYNC"}
+    assert parse_print_symbolic(MIGRATE_FORMAT, "mode") == {
+        0: "MIGRATE_ASYNC",
+        1: "MIGRATE_SYNC_LIGHT",
+        2: "MIGRATE_SYNC",
+    }
 
 
 def test_missing_symbolic_table_is_a_clear_error():
@@ -194,9 +199,7 @@ def test_departed_processes_fold_into_other_and_stay_monotonic():
 
 def _samples(collector) -> dict[tuple[str, tuple], float]:
     return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in collector.collect()
-        for s in family.samples
+        (s.name, tuple(sorted(s.labels.items()))): s.value for family in collector.collect() for s in family.samples
     }
 
 
@@ -381,7 +384,9 @@ class Toucher:
         self.num_pages = num_pages
         self.proc = subprocess.Popen(
             [sys.executable, "-c", TOUCH_PAGES, str(num_pages), str(cpu), comm],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout.readline().strip() == "ready"
 
@@ -524,7 +529,8 @@ def test_child_touching_fresh_pages_shows_that_many_local_allocs(live):
         assert {locality for _, locality in allocs} == {"local"}, allocs
     if live.probe_reasons["page_faults"] is None:
         faults = sum(
-            value for (name, labels), value in after.items()
+            value
+            for (name, labels), value in after.items()
             if name == "inferd_ebpf_page_faults_total" and dict(labels)["pid"] == str(child.pid)
         )
         assert faults >= num_pages
@@ -540,7 +546,11 @@ def test_watch_comm_gives_a_process_its_own_labels_and_exit_folds_it_into_other(
         samples = _samples(live)
         mine = _allocs_by(samples, child.pid)
         assert sum(mine.values()) >= 5_000, "comm match did not attribute the child's pages"
-        labels = {dict(lv)["comm"] for (n, lv), _ in samples.items() if n == "inferd_ebpf_page_allocs_total" and dict(lv)["pid"] == str(child.pid)}
+        labels = {
+            dict(lv)["comm"]
+            for (n, lv), _ in samples.items()
+            if n == "inferd_ebpf_page_allocs_total" and dict(lv)["pid"] == str(child.pid)
+        }
         assert labels == {"inferd-touch"}
         other_before = sum(_allocs_by(samples, "").values())
     finally:
@@ -591,7 +601,9 @@ def test_synthetic_two_node_map_predicts_remote_share(live):
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
     predicted_remote = sum(1 for pfn in pfns if pfn >= split_pfn)
     remote = delta.get(("1", "remote"), 0)
-    print(f"split at pfn {split_pfn:#x}: predicted remote {predicted_remote}/{num_pages}, counted {remote}, all {delta}")
+    print(
+        f"split at pfn {split_pfn:#x}: predicted remote {predicted_remote}/{num_pages}, counted {remote}, all {delta}"
+    )
     assert delta.get(("0", "remote"), 0) == 0 and delta.get(("1", "local"), 0) == 0  # CPU 0 is on node 0
     assert abs(remote - predicted_remote) <= 0.02 * num_pages + 64
     assert abs(delta.get(("0", "local"), 0) - (num_pages - predicted_remote)) <= 0.02 * num_pages + 64
@@ -631,7 +643,9 @@ def test_forced_migration_shows_under_its_reason(live):
     status = (ctypes.c_int * num_pages)()
     assert libc.syscall(move_pages, 0, num_pages, pages, None, current, 0) == 0  # where are they now
     target = (ctypes.c_int * num_pages)(*[nodes[1] if node == nodes[0] else nodes[0] for node in current])
-    assert libc.syscall(move_pages, 0, num_pages, pages, target, status, mpol_mf_move) >= 0, os.strerror(ctypes.get_errno())
+    assert libc.syscall(move_pages, 0, num_pages, pages, target, status, mpol_mf_move) >= 0, os.strerror(
+        ctypes.get_errno()
+    )
     moved = sum(1 for node, wanted in zip(status, target) if node == wanted)
     assert moved > 0, "move_pages moved nothing"
     assert _samples(live).get(reason, 0) - before >= moved
@@ -678,8 +692,9 @@ def test_child_without_bpf_capabilities_reports_each_probe_down(tmp_path):
         command = ["capsh", f"--drop={drop}", "--", "-c", 'exec "$0" -c "$1"', sys.executable, NO_CAPS_CHILD]
     else:  # an unprivileged user already lacks them
         command = [sys.executable, "-c", NO_CAPS_CHILD]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     assert result.returncode == 0, result.stderr
     cap_eff = int(result.stdout.split("CapEff:")[1].split()[0], 16)
     assert not cap_eff & (1 << 21 | 1 << 38 | 1 << 39), f"capabilities not dropped: {cap_eff:#x}"

@@ -1,4 +1,5 @@
 """Batch invariance, sampling features, priorities and bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,15 @@ def llm(tiny_model):
 def busy_llm(tiny_model, mode):
     probe = LLM(tiny_model, block_size=8)
     bb = probe.engine.block_bytes
-    return LLM(tiny_model, block_size=8, kv_cache_bytes=30 * bb, swap_space_bytes=40 * bb,
-               preemption_mode=mode, watermark=0.0, max_num_batched_tokens=48)
+    return LLM(
+        tiny_model,
+        block_size=8,
+        kv_cache_bytes=30 * bb,
+        swap_space_bytes=40 * bb,
+        preemption_mode=mode,
+        watermark=0.0,
+        max_num_batched_tokens=48,
+    )
 
 
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
@@ -52,17 +60,21 @@ def test_n_completions_share_prompt_blocks(llm):
 
 
 def test_stop_strings_and_stop_tokens(llm):
-    base = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0].outputs[0]
+    base = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0].outputs[
+        0
+    ]
     stop_tok = base.token_ids[5]
-    out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
-                                                          stop_token_ids=[stop_tok]))[0].outputs[0]
+    out = llm.generate(
+        "Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop_tok])
+    )[0].outputs[0]
     assert out.token_ids == base.token_ids[: base.token_ids.index(stop_tok) + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_tok
     text = base.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     if stop.strip() and "\ufffd" not in stop:
-        out = llm.generate("Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
-                                                              stop=[stop]))[0].outputs[0]
+        out = llm.generate(
+            "Once upon a time", SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=[stop])
+        )[0].outputs[0]
         assert out.finish_reason == "stop" and out.stop_reason == stop
         assert out.text == text[: text.find(stop)]
 
@@ -71,14 +83,26 @@ def test_min_tokens_and_max_tokens(llm):
     out = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))[0].outputs[0]
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
     first = out.token_ids[0]
-    out = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=5, min_tokens=3, stop_token_ids=[first]))[0].outputs[0]
+    out = llm.generate("Hi", SamplingParams(temperature=0.0, max_tokens=5, min_tokens=3, stop_token_ids=[first]))[
+        0
+    ].outputs[0]
     assert first not in out.token_ids[:3]
 
 
 def test_penalties_change_output(llm):
-    base = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))[0].outputs[0].token_ids
-    pen = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
-                                               frequency_penalty=2.0, presence_penalty=2.0))[0].outputs[0].token_ids
+    base = (
+        llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))[0].outputs[0].token_ids
+    )
+    pen = (
+        llm.generate(
+            "Hello",
+            SamplingParams(
+                temperature=0.0, max_tokens=40, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0
+            ),
+        )[0]
+        .outputs[0]
+        .token_ids
+    )
     assert len(set(pen)) >= len(set(base))
     assert pen != base or len(set(base)) == len(base)
 
@@ -127,11 +151,14 @@ def test_aging_admits_a_starved_request_at_the_step_the_rule_gives(tiny_model):
     assert finished_at == {**{f"hi{j}": 2 * j + 2 for j in range(k)}, "old-low": 2 * k + 2}
 
 
-@pytest.mark.parametrize("prompt, params, field", [
-    ("x " * 5000, SamplingParams(), "max_model_len"),
-    ("", SamplingParams(), "empty"),
-    ([1, 2, 99999], SamplingParams(), "unknown token id"),
-])
+@pytest.mark.parametrize(
+    "prompt, params, field",
+    [
+        ("x " * 5000, SamplingParams(), "max_model_len"),
+        ("", SamplingParams(), "empty"),
+        ([1, 2, 99999], SamplingParams(), "unknown token id"),
+    ],
+)
 def test_bad_requests_raise_and_leave_others_alone(tiny_model, prompt, params, field):
     engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
     good = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -146,21 +173,34 @@ def test_bad_requests_raise_and_leave_others_alone(tiny_model, prompt, params, f
     assert len(outs[-1].outputs[0].token_ids) == 4
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1.0), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(n=0), "n"),
-    (dict(min_p=2.0), "min_p"), (dict(top_k=-5), "top_k"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(n=0), "n"),
+        (dict(min_p=2.0), "min_p"),
+        (dict(top_k=-5), "top_k"),
+    ],
+)
 def test_sampling_params_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(block_size=12), "block_size"), (dict(max_num_seqs=0), "max_num_seqs"),
-    (dict(preemption_mode="drop"), "preemption_mode"), (dict(dtype="int3"), "dtype"),
-    (dict(max_num_batched_tokens=2), "max_num_batched_tokens"), (dict(kv_cold_dtype="fp8"), "kv_cold_dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(block_size=12), "block_size"),
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(preemption_mode="drop"), "preemption_mode"),
+        (dict(dtype="int3"), "dtype"),
+        (dict(max_num_batched_tokens=2), "max_num_batched_tokens"),
+        (dict(kv_cold_dtype="fp8"), "kv_cold_dtype"),
+    ],
+)
 def test_engine_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(model="x", **kwargs)
@@ -213,11 +253,14 @@ def test_reconfigure_bounds_and_fallback_switch(tiny_model):
 
 
 def test_extreme_sampling_values_do_not_fail_the_batch(llm):
-    outs = llm.generate(["a", "b", "c"], [
-        SamplingParams(temperature=1e-300, max_tokens=4, ignore_eos=True),
-        SamplingParams(temperature=1.0, repetition_penalty=1e-300, max_tokens=4, ignore_eos=True, seed=1),
-        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-    ])
+    outs = llm.generate(
+        ["a", "b", "c"],
+        [
+            SamplingParams(temperature=1e-300, max_tokens=4, ignore_eos=True),
+            SamplingParams(temperature=1.0, repetition_penalty=1e-300, max_tokens=4, ignore_eos=True, seed=1),
+            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+        ],
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4, 4]
     greedy = llm.generate("a", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
     assert outs[0].outputs[0].token_ids == greedy.outputs[0].token_ids  # a vanishing temperature is greedy
@@ -239,8 +282,12 @@ def test_failed_swap_resize_changes_nothing(tiny_model, monkeypatch):
     while not engine.scheduler.swapped and engine.has_unfinished():
         outs.update({o.request_id: o for o in engine.step()})
     assert engine.scheduler.swapped, "the workload should swap sequences out"
-    before = (engine.config, engine.block_manager.host_pool, engine.kv_cache.host_pool,
-              [list(s.host_block_table) for s in engine.scheduler.swapped])
+    before = (
+        engine.config,
+        engine.block_manager.host_pool,
+        engine.kv_cache.host_pool,
+        [list(s.host_block_table) for s in engine.scheduler.swapped],
+    )
 
     def no_memory(*args, **kwargs):
         raise RuntimeError("host allocation failed")
@@ -250,8 +297,12 @@ def test_failed_swap_resize_changes_nothing(tiny_model, monkeypatch):
         engine.reconfigure({"swap_space_bytes": 80 * engine.block_bytes, "max_num_seqs": 3})
     assert info.value.name == "swap_space_bytes"
     monkeypatch.undo()
-    assert (engine.config, engine.block_manager.host_pool, engine.kv_cache.host_pool,
-            [list(s.host_block_table) for s in engine.scheduler.swapped]) == before
+    assert (
+        engine.config,
+        engine.block_manager.host_pool,
+        engine.kv_cache.host_pool,
+        [list(s.host_block_table) for s in engine.scheduler.swapped],
+    ) == before
     while engine.has_unfinished():
         outs.update({o.request_id: o for o in engine.step()})
     assert [outs[str(i)].outputs[0].token_ids for i in range(3)] == alone

@@ -1,5 +1,6 @@
 """Greedy outputs equal transformers' token for token (float32, CPU), across shapes,
 block sizes, prefix caching, and KV pools small enough to force both preemption modes."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,25 @@ MAX_NEW = 24
 SHAPES = {
     "llama-gqa4": dict(preset="tiny", overrides=dict(num_attention_heads=8, num_key_value_heads=2)),
     "llama-mha": dict(preset="tiny", overrides=dict(num_attention_heads=4, num_key_value_heads=4)),
-    "llama-odd-heads": dict(preset="tiny", overrides=dict(hidden_size=60, num_attention_heads=5, num_key_value_heads=5)),
+    "llama-odd-heads": dict(
+        preset="tiny", overrides=dict(hidden_size=60, num_attention_heads=5, num_key_value_heads=5)
+    ),
     "qwen2-bias": dict(preset="tiny", arch="qwen2", seed=3),
     "mistral-tied": dict(preset="tiny", arch="mistral", tie_word_embeddings=True, seed=4),
-    "llama3-rope": dict(preset="tiny", seed=5, overrides=dict(
-        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                               high_freq_factor=4.0, original_max_position_embeddings=64))),
+    "llama3-rope": dict(
+        preset="tiny",
+        seed=5,
+        overrides=dict(
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+    ),
 }
 
 
@@ -74,8 +88,14 @@ def test_greedy_matches_with_preemption(model_factory, references, mode):
     expected = _reference(references, model_dir, prompts)
     llm = LLM(model_dir, block_size=8, kv_cache_bytes=0, preemption_mode=mode)
     # a pool of 24 blocks of 8 tokens cannot hold 8 sequences of up to 80 tokens
-    llm = LLM(model_dir, block_size=8, kv_cache_bytes=24 * llm.engine.block_bytes, preemption_mode=mode,
-              swap_space_bytes=64 * llm.engine.block_bytes, watermark=0.0)
+    llm = LLM(
+        model_dir,
+        block_size=8,
+        kv_cache_bytes=24 * llm.engine.block_bytes,
+        preemption_mode=mode,
+        swap_space_bytes=64 * llm.engine.block_bytes,
+        watermark=0.0,
+    )
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == expected
     c = llm.engine.counters
@@ -119,9 +139,16 @@ def test_checkpoint_written_by_transformers(tmp_path, tiny_model):
 
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():  # transformers' 0.02 init repeats one token; widen it

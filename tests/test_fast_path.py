@@ -2,6 +2,7 @@
 CUDA-graph ladder and padding, fallback switching through injected failures, and the
 Triton kernels' indexing under Triton's CPU interpreter (float32; the interpreter has
 no bfloat16), down to a whole fused decode step against the portable model."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,10 @@ from engine.fast_path.greedy_head import greedy_with_flag_reference
 from engine.runner_output import RunnerOutput
 from engine.runner_protocol import ModelRunnerProtocol
 
-needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
-                                  reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+needs_triton = pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [30, 31, 32], [40]]
 
@@ -142,8 +145,9 @@ class FakeDecode:
         return self.packed[: num_rows + 1]
 
 
-@pytest.mark.parametrize("behaviour, reason", [("raise", "RuntimeError"), ("nan", "non_finite_logits"),
-                                               ("inject", "injected")])
+@pytest.mark.parametrize(
+    "behaviour, reason", [("raise", "RuntimeError"), ("nan", "non_finite_logits"), ("inject", "injected")]
+)
 def test_fast_decode_failure_switches_to_fallback_and_output_is_unchanged(tiny_model, behaviour, reason):
     expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, GREEDY)]
     llm = LLM(tiny_model, async_scheduling=False)  # the synchronous step (async: test_async_decode.py)
@@ -333,8 +337,7 @@ def test_fused_decode_step_matches_portable_path(tiny_model):
     llm = LLM(tiny_model, block_size=8)
     runner = llm.engine.runner
     decoder = FastDecoder(runner.model, hot_kv_layers(runner))
-    graphs = DecodeGraphs(decoder, 8, 256, runner.device, pages=runner.pages,
-                          use_graphs=False)
+    graphs = DecodeGraphs(decoder, 8, 256, runner.device, pages=runner.pages, use_graphs=False)
     runner.fast_decode = graphs
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3)
     got = llm.generate(PROMPTS, params)
@@ -359,10 +362,16 @@ def test_mixed_step_attention_matches_portable_path():
     tables = torch.stack([torch.randperm(64, generator=gen)[:4] for _ in query_lens])
     starts = [sum(query_lens[:i]) for i in range(len(query_lens))]
     positions = [c - n + j for n, c in zip(query_lens, context_lens) for j in range(n)]
-    meta = AttentionMetadata(query_start=starts, query_lens=query_lens, context_lens=torch.tensor(context_lens),
-                             block_tables=tables, slot_mapping=torch.zeros(sum(query_lens), dtype=torch.long),
-                             positions=torch.tensor(positions), max_query_len=max(query_lens),
-                             max_context_len=max(context_lens))
+    meta = AttentionMetadata(
+        query_start=starts,
+        query_lens=query_lens,
+        context_lens=torch.tensor(context_lens),
+        block_tables=tables,
+        slot_mapping=torch.zeros(sum(query_lens), dtype=torch.long),
+        positions=torch.tensor(positions),
+        max_query_len=max(query_lens),
+        max_context_len=max(context_lens),
+    )
     q = torch.randn(sum(query_lens), heads, dim, generator=gen)
     got = triton_paged_attention(q, k_cache, v_cache, meta, 0.25)
     want = paged_attention(q, k_cache, v_cache, meta, 0.25)
@@ -430,8 +439,7 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
     from engine.block_pool import KIND_CODE
     from engine.kv_cache import KVCache
 
-    cache = KVCache(1, num_pages, 0, bs, kv_heads, hd, torch.float32, torch.device("cpu"), None,
-                    tuple(first_cold_page))
+    cache = KVCache(1, num_pages, 0, bs, kv_heads, hd, torch.float32, torch.device("cpu"), None, tuple(first_cold_page))
     k, v, cold = cache.layer_views(0)
     per_page = cache.shape.slots_per_page()
     tables, kinds, slots, hot_tables, pairs = [], [], [], [], []
@@ -450,17 +458,29 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
             next_page += 1
         tables.append(row), kinds.append(kind_row), slots.append(slot_row), hot_tables.append(hot_row)
     token_slots = torch.tensor([hot_tables[i][t // bs] * bs + t % bs for i, n in enumerate(ctx) for t in range(n)])
-    write_kv(k, v, torch.randn(len(token_slots), kv_heads, hd, generator=gen),
-             torch.randn(len(token_slots), kv_heads, hd, generator=gen), token_slots)
+    write_kv(
+        k,
+        v,
+        torch.randn(len(token_slots), kv_heads, hd, generator=gen),
+        torch.randn(len(token_slots), kv_heads, hd, generator=gen),
+        token_slots,
+    )
     cache.quantize(pairs)
     assert all(used.values())  # every kind asked for was used
     width = max(map(len, tables))
     padded = [torch.tensor([r + [0] * (width - len(r)) for r in rows]) for rows in (tables, kinds, slots)]
     meta = AttentionMetadata(
-        query_start=list(range(len(ctx))), query_lens=[1] * len(ctx), context_lens=torch.tensor(ctx),
-        block_tables=padded[0], slot_mapping=torch.zeros(0, dtype=torch.long),
-        positions=torch.tensor([max(n - 1, 0) for n in ctx]), max_query_len=1, max_context_len=max(ctx),
-        block_kinds=padded[1], block_slots=padded[2])
+        query_start=list(range(len(ctx))),
+        query_lens=[1] * len(ctx),
+        context_lens=torch.tensor(ctx),
+        block_tables=padded[0],
+        slot_mapping=torch.zeros(0, dtype=torch.long),
+        positions=torch.tensor([max(n - 1, 0) for n in ctx]),
+        max_query_len=1,
+        max_context_len=max(ctx),
+        block_kinds=padded[1],
+        block_slots=padded[2],
+    )
     return k, v, cold, meta, padded
 
 
@@ -475,8 +495,13 @@ def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     gen = torch.Generator().manual_seed(splits)
     ctx = [1, 9, 17, 40, 70]
     k, v, cold, meta, (tables, kinds, slots) = _cold_case(
-        gen, hd, ctx, num_pages=64, first_cold_page={"int8": 40, "int4": 52},
-        kind_of=lambda i, j: ("int8", "int4")[(i + j) % 2])
+        gen,
+        hd,
+        ctx,
+        num_pages=64,
+        first_cold_page={"int8": 40, "int4": 52},
+        kind_of=lambda i, j: ("int8", "int4")[(i + j) % 2],
+    )
     heads = 4
     q = torch.randn(len(ctx), heads, hd, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
@@ -504,10 +529,18 @@ def test_cold_prefix_layout_accepts_leading_runs_of_one_kind_only():
 
 
 @needs_triton
-@pytest.mark.parametrize("kind, splits, hd, dtype", [("int8", 1, 32, torch.float32), ("int8", 4, 32, torch.float32),
-                                                     ("int4", 2, 32, torch.float32), ("int4", 2, 256, torch.float32),
-                                                     ("int8", 4, 32, torch.float16), ("int4", 2, 32, torch.float16),
-                                                     ("int4", 2, 256, torch.float16)])
+@pytest.mark.parametrize(
+    "kind, splits, hd, dtype",
+    [
+        ("int8", 1, 32, torch.float32),
+        ("int8", 4, 32, torch.float32),
+        ("int4", 2, 32, torch.float32),
+        ("int4", 2, 256, torch.float32),
+        ("int8", 4, 32, torch.float16),
+        ("int4", 2, 32, torch.float16),
+        ("int4", 2, 256, torch.float16),
+    ],
+)
 def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dtype):
     """Cold blocks leading each table, hot ones after (the engine's usual layout): the
     two-run kernel equals the portable dequantize-then-attend path, for contexts that
@@ -523,16 +556,27 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dt
 
     gen = torch.Generator().manual_seed(splits + hd)
     ctx = [1, 9, 17, 40, 70, 150, 0]
-    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, hd, ctx, num_pages=96, first_cold_page={kind: 80},
-                                                          kind_of=lambda i, j: kind)
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(
+        gen, hd, ctx, num_pages=96, first_cold_page={kind: 80}, kind_of=lambda i, j: kind
+    )
     heads = 4
     counts, code = cold_prefix_layout(kinds.numpy())
     assert code == KIND_CODE[kind] and counts.max() > 0
     q = torch.randn(len(ctx), heads, hd, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
-    out = cold_prefix_decode_attention(q.to(dtype), k.to(dtype), v.to(dtype), cold, tables.int(), slots.int(),
-                                       torch.from_numpy(np.ascontiguousarray(counts)), code, torch.tensor(ctx),
-                                       0.3, splits)
+    out = cold_prefix_decode_attention(
+        q.to(dtype),
+        k.to(dtype),
+        v.to(dtype),
+        cold,
+        tables.int(),
+        slots.int(),
+        torch.from_numpy(np.ascontiguousarray(counts)),
+        code,
+        torch.tensor(ctx),
+        0.3,
+        splits,
+    )
     assert out.dtype == dtype and torch.isfinite(out).all() and out[-1].abs().max() == 0  # the padded row is zeros
     # Exact codes in every case; fp16 adds its rounding, int8 queries theirs (about 3e-3 here).
     tol = 1e-5 if dtype == torch.float32 else (1.5e-2 if kind == "int8" else 2e-3)
@@ -550,12 +594,14 @@ def test_cold_prefix_kernel_refuses_tiles_it_is_not_validated_for(tile):
     from engine.fast_path.attention import cold_prefix_decode_attention
 
     gen = torch.Generator().manual_seed(0)
-    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, [40], num_pages=16, first_cold_page={"int4": 12},
-                                                          kind_of=lambda i, j: "int4")
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(
+        gen, 32, [40], num_pages=16, first_cold_page={"int4": 12}, kind_of=lambda i, j: "int4"
+    )
     q = torch.randn(1, 4, 32, generator=gen)
     with pytest.raises(ValueError, match=f"tile must be a power of two of at least 32, got {tile}"):
-        cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(), torch.tensor([2]), 2,
-                                     torch.tensor([40]), 0.3, 1, tile=tile)
+        cold_prefix_decode_attention(
+            q, k, v, cold, tables.int(), slots.int(), torch.tensor([2]), 2, torch.tensor([40]), 0.3, 1, tile=tile
+        )
 
 
 @needs_triton
@@ -572,8 +618,9 @@ def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, d
 
     gen = torch.Generator().manual_seed(7)
     ctx = [40, 100, 300, 0]
-    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=160, first_cold_page={kind: 60},
-                                                          kind_of=lambda i, j: kind)
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(
+        gen, 32, ctx, num_pages=160, first_cold_page={kind: 60}, kind_of=lambda i, j: kind
+    )
     cold_rows = kinds != 0
     order = torch.randperm(int(cold_rows.sum()), generator=gen)  # shuffle the cold blocks' (page, slot) pairs
     tables[cold_rows], slots[cold_rows] = tables[cold_rows][order], slots[cold_rows][order]
@@ -583,8 +630,20 @@ def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, d
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
     tol = 1e-5 if dtype == torch.float32 else 1.5e-2
     for splits in (1, 2):
-        out = cold_prefix_decode_attention(q.to(dtype), k.to(dtype), v.to(dtype), cold, tables.int(), slots.int(),
-                                           cold_rows.sum(1), KIND_CODE[kind], torch.tensor(ctx), 0.3, splits, tile=32)
+        out = cold_prefix_decode_attention(
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            cold,
+            tables.int(),
+            slots.int(),
+            cold_rows.sum(1),
+            KIND_CODE[kind],
+            torch.tensor(ctx),
+            0.3,
+            splits,
+            tile=32,
+        )
         assert (out.float() - ref).norm() / ref.norm() < tol
 
 
@@ -637,8 +696,9 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
         engine, declined = llm.engine, []
         runner = engine.runner
         if fast:
-            graphs = DecodeGraphs(FastDecoder(runner.model, runner.kv_layers), 8, 256, runner.device,
-                                  pages=runner.pages, use_graphs=False)
+            graphs = DecodeGraphs(
+                FastDecoder(runner.model, runner.kv_layers), 8, 256, runner.device, pages=runner.pages, use_graphs=False
+            )
             execute = graphs.execute
             graphs.execute = lambda batch: (lambda out: (declined.append(out is None), out)[1])(execute(batch))
             runner.fast_decode, runner.fast_attention = graphs, triton_paged_attention
@@ -706,14 +766,17 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     decoder = FastDecoder(runner.model, runner.kv_layers)
     calls = []
     forward_step = decoder.forward_step
-    decoder.forward_step = lambda ids, meta, fn: (calls.append((ids.shape[0], meta.query_lens)),
-                                                  forward_step(ids, meta, fn))[1]
+    decoder.forward_step = lambda ids, meta, fn: (
+        calls.append((ids.shape[0], meta.query_lens)),
+        forward_step(ids, meta, fn),
+    )[1]
     import engine.fast_path.attention as cold_module
 
     cold_splits = []
     cold_kernel = cold_module.cold_paged_decode_attention
-    monkeypatch.setattr(cold_module, "cold_paged_decode_attention",
-                        lambda *a: (cold_splits.append(a[-1]), cold_kernel(*a))[1])
+    monkeypatch.setattr(
+        cold_module, "cold_paged_decode_attention", lambda *a: (cold_splits.append(a[-1]), cold_kernel(*a))[1]
+    )
     warm_prefill_kernels(decoder, triton_paged_attention, 8, runner.device)
     assert [c[1] for c in calls] == [[n for n, _ in step] for step in WARMUP_STEPS]
     assert cold_splits == ([1, 2, 4, 8, 16, 32, 64] if cold != "none" else [])  # every split count

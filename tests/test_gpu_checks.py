@@ -11,6 +11,7 @@ about seven minutes on two cores and is not run here.
 
     pytest -m gpu tests/test_gpu_checks.py
 """
+
 from __future__ import annotations
 
 import ast
@@ -51,7 +52,7 @@ def _model_sections() -> list[str]:
 
 # Imports the script, wraps each model section to note which checks it records, runs the
 # named functions, writes {"checks": ..., "sections": {section: [check names]}}.
-DRIVER = r'''
+DRIVER = r"""
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("gpu_fastpath_check", sys.argv[1])
 script = importlib.util.module_from_spec(spec)
@@ -73,14 +74,20 @@ for name in sys.argv[3].split(","):
     getattr(script, name)()
 with open(sys.argv[2], "w") as f:
     json.dump({"checks": script.results["checks"], "sections": sections}, f, default=str)
-'''
+"""
 
 
 def run_checks(steps: str, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    result = subprocess.run([sys.executable, "-c", DRIVER, str(SCRIPT), str(out), steps], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(SCRIPT), str(out), steps],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
     return json.loads(out.read_text())
 

@@ -1,4 +1,5 @@
 """GPU collector: replay golden files, dcgm-exporter compatibility, NVML back end on CPU."""
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,12 @@ def test_prof_values_are_ratios_and_bytes_per_second_as_dcgm_computes_them():
         assert got["DCGM_FI_PROF_SM_ACTIVE"][0].value == pytest.approx(gpm["sm_util_pct"] / 100)
         assert got["DCGM_FI_PROF_DRAM_ACTIVE"][0].value == pytest.approx(gpm["dram_bw_util_pct"] / 100)
         assert got["DCGM_FI_PROF_PCIE_RX_BYTES"][0].value == pytest.approx(gpm["pcie_rx_mib_s"] * MIB)
-        for name in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+        for name in (
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+        ):
             assert 0.0 <= got[name][0].value <= 1.0, name
         assert got["DCGM_FI_DEV_FB_USED"][0].value == snapshot.gpus[0].fb_used_bytes // MIB
         assert got["DCGM_FI_DEV_POWER_USAGE"][0].value == pytest.approx(snapshot.gpus[0].power_mw / 1000)
@@ -155,7 +161,9 @@ def test_nvml_absent_library_or_no_gpu_is_absent_and_a_failing_driver_is_down():
         gpu_nvml.NvmlBackend(nvml=DriverNotLoadedNvml())
     assert not isinstance(failed.value, SourceAbsent)
 
-    absent = scrape(GpuCollector(gpu_backends.LazyBackend(lambda: gpu_nvml.NvmlBackend(nvml=FakeNvml(fail_init=True)), retry_s=60)))
+    absent = scrape(
+        GpuCollector(gpu_backends.LazyBackend(lambda: gpu_nvml.NvmlBackend(nvml=FakeNvml(fail_init=True)), retry_s=60))
+    )
     assert 'inferd_collector_up{collector="gpu"} 1.0' in absent
     assert 'inferd_collector_source_absent{collector="gpu"} 1.0' in absent
     lazy = gpu_backends.LazyBackend(lambda: gpu_nvml.NvmlBackend(nvml=DriverNotLoadedNvml()), retry_s=60)
@@ -166,7 +174,9 @@ def test_nvml_absent_library_or_no_gpu_is_absent_and_a_failing_driver_is_down():
 
 
 def test_nvml_backend_with_gpm_reads_every_value_and_honours_field_return_codes():
-    fake = FakeNvml(num_gpus=2, unsupported_fields={gpu_reading.FIELD_PCIE_REPLAY_ROLLOVER, gpu_reading.FIELD_PCIE_LANE_ERRORS})
+    fake = FakeNvml(
+        num_gpus=2, unsupported_fields={gpu_reading.FIELD_PCIE_REPLAY_ROLLOVER, gpu_reading.FIELD_PCIE_LANE_ERRORS}
+    )
     backend = gpu_nvml.NvmlBackend(gpm_interval_s=0.05, nvml=fake)
     try:
         deadline = time.monotonic() + 5
@@ -182,7 +192,9 @@ def test_nvml_backend_with_gpm_reads_every_value_and_honours_field_return_codes(
     assert "inferd_pcie_replay_rollover_total" not in got  # NOT_SUPPORTED return code
     assert "inferd_pcie_lane_errors_total" not in got
     assert got["inferd_pcie_replay_total"][0].value == gpu_reading.FIELD_PCIE_REPLAY * 10
-    assert {s.labels["type"] for s in got["inferd_pcie_link_errors_total"]} == set(gpu_reading.PCIE_ERROR_FIELDS.values())
+    assert {s.labels["type"] for s in got["inferd_pcie_link_errors_total"]} == set(
+        gpu_reading.PCIE_ERROR_FIELDS.values()
+    )
     assert got["DCGM_FI_DEV_FB_USED"][0].value == 1000  # whole MiB, as DCGM
 
 

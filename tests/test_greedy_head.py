@@ -1,5 +1,6 @@
 """The in-graph greedy head (engine/fast_path/greedy_head.py) against torch's argmax and
 isfinite, in Triton's CPU interpreter."""
+
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
@@ -10,8 +11,10 @@ import torch
 from engine.fast_path.availability import has_triton
 from engine.fast_path.greedy_head import CHUNK, greedy_with_flag, greedy_with_flag_reference
 
-pytestmark = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+pytestmark = pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
 
 
 @pytest.mark.parametrize("rows,vocab", [(1, 3 * CHUNK + 517), (3, CHUNK), (5, 1000)])
@@ -50,12 +53,15 @@ def test_half_precision_and_strided_rows():
     assert greedy_with_flag(logits).tolist() == greedy_with_flag_reference(logits).tolist()
 
 
-@pytest.mark.parametrize("logits,live,match", [
-    (torch.zeros(4), None, "logits must be"),
-    (torch.zeros(0, 5), None, "logits must be"),
-    (torch.zeros(2, 5, dtype=torch.int64), None, "floating point"),
-    (torch.zeros(2, 5), torch.ones(3), "live must be"),
-])
+@pytest.mark.parametrize(
+    "logits,live,match",
+    [
+        (torch.zeros(4), None, "logits must be"),
+        (torch.zeros(0, 5), None, "logits must be"),
+        (torch.zeros(2, 5, dtype=torch.int64), None, "floating point"),
+        (torch.zeros(2, 5), torch.ones(3), "live must be"),
+    ],
+)
 def test_bad_input_is_refused_by_name(logits, live, match):
     with pytest.raises(ValueError, match=match):
         greedy_with_flag(logits, live)

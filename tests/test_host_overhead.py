@@ -1,5 +1,6 @@
 """The host-work cuts keep what callers see: outputs are snapshots of their step,
 whenever they are read, and the step's bookkeeping is unchanged."""
+
 from __future__ import annotations
 
 import pytest
@@ -51,7 +52,11 @@ def test_outputs_are_snapshots_of_their_step(engine, read_late):
     for (rid, i), seq_lengths in lengths.items():
         total = len(finals[rid].outputs[i].token_ids)
         assert seq_lengths[0] <= 1 and seq_lengths[-1] == total
-        assert all(b - a == (1 if a < total else 0) for a, b in zip(seq_lengths, seq_lengths[1:])), (rid, i, seq_lengths)
+        assert all(b - a == (1 if a < total else 0) for a, b in zip(seq_lengths, seq_lengths[1:])), (
+            rid,
+            i,
+            seq_lengths,
+        )
 
 
 def test_finished_outputs_hand_over_the_whole_lists(engine):
@@ -67,8 +72,9 @@ def test_completion_output_compares_and_prints_like_the_dataclass():
     live.append(4)
     b = CompletionOutput(0, "x", [1, 2])
     assert a == b and a.token_ids == [1, 2]
-    assert repr(a) == ("CompletionOutput(index=0, text='x', token_ids=[1, 2], logprobs=None, "
-                       "finish_reason=None, stop_reason=None)")
+    assert repr(a) == (
+        "CompletionOutput(index=0, text='x', token_ids=[1, 2], logprobs=None, finish_reason=None, stop_reason=None)"
+    )
     b.token_ids = [1]
     assert a != b and not a.finished
     assert CompletionOutput(1, "", [], finish_reason="stop").finished

@@ -1,5 +1,6 @@
 """The layers hold: import-linter's contracts in .importlinter (the engine stands alone, the
 exporters sit below the agent, the dashboards import none of them, no cycles in the engine)."""
+
 from __future__ import annotations
 
 import shutil
@@ -31,7 +32,13 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
     (tmp_path / "engine" / "leak.py").write_text("from agent import supervisor  # noqa: F401\n")
-    result = subprocess.run([lint_imports(), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [lint_imports(), "--no-cache"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode != 0
     assert "The engine never imports the agent" in result.stdout and "BROKEN" in result.stdout

@@ -14,6 +14,7 @@ Bounds enforced here (and reported in BENCHMARKS.md):
 - capacity of 2,048-token sequences at a fixed budget, hot window 128, float32 KV:
   >= 1.9x (int8) and >= 3.5x (int4).
 """
+
 from __future__ import annotations
 
 import random
@@ -89,10 +90,17 @@ def test_attention_over_cold_blocks(kind, bound):
         width = max(map(len, tabs))
         pad = lambda rows: torch.tensor([r + [0] * (width - len(r)) for r in rows])  # noqa: E731
         return AttentionMetadata(
-            query_start=list(range(len(ctx_lens))), query_lens=[1] * len(ctx_lens),
-            context_lens=torch.tensor(ctx_lens), block_tables=pad(tabs), slot_mapping=torch.zeros(0, dtype=torch.long),
-            positions=torch.tensor([n - 1 for n in ctx_lens]), max_query_len=1, max_context_len=max(ctx_lens),
-            block_kinds=None if kinds_t is None else pad(kinds_t), block_slots=None if slots_t is None else pad(slots_t))
+            query_start=list(range(len(ctx_lens))),
+            query_lens=[1] * len(ctx_lens),
+            context_lens=torch.tensor(ctx_lens),
+            block_tables=pad(tabs),
+            slot_mapping=torch.zeros(0, dtype=torch.long),
+            positions=torch.tensor([n - 1 for n in ctx_lens]),
+            max_query_len=1,
+            max_context_len=max(ctx_lens),
+            block_kinds=None if kinds_t is None else pad(kinds_t),
+            block_slots=None if slots_t is None else pad(slots_t),
+        )
 
     q = torch.randn(len(ctx_lens), heads, hd)
     ref = paged_attention(q, k, v, meta_for(hot_tables), hd**-0.5)
@@ -145,8 +153,9 @@ def test_capacity_gain_at_fixed_budget():
 
 def test_engine_budget_fits_more_blocks_with_cold_kv(tiny_model):
     base = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=4 << 20, kv_hot_window=16))
-    cold = LLMEngine(EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=4 << 20, kv_hot_window=16,
-                                  kv_cold_dtype="int8"))
+    cold = LLMEngine(
+        EngineConfig(model=tiny_model, block_size=8, kv_cache_bytes=4 << 20, kv_hot_window=16, kv_cold_dtype="int8")
+    )
     p = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     for engine in (base, cold):
         for i in range(4):
@@ -186,8 +195,17 @@ def test_switching_at_run_time_affects_new_cold_blocks_only(tiny_model):
 def test_swap_moves_cold_blocks_compactly(tiny_model):
     probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
     bb = probe.block_bytes
-    llm = LLM(tiny_model, block_size=8, kv_cache_bytes=16 * bb, swap_space_bytes=64 * bb, watermark=0.0,
-              kv_cold_dtype="int8", kv_hot_window=8, preemption_mode="swap", max_num_batched_tokens=32)
+    llm = LLM(
+        tiny_model,
+        block_size=8,
+        kv_cache_bytes=16 * bb,
+        swap_space_bytes=64 * bb,
+        watermark=0.0,
+        kv_cold_dtype="int8",
+        kv_hot_window=8,
+        preemption_mode="swap",
+        max_num_batched_tokens=32,
+    )
     prompts = [list(range(5 + i, 45 + i)) for i in range(5)]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
@@ -208,8 +226,13 @@ def test_per_block_copy_moves_cold_slots_byte_for_byte(kind):
     cache.device_pool.hot.normal_()
     cache.quantize([(0, (kind, 5, 1)), (1, (kind, 6, 0))])
     dst = _Arena(cache.shape, 4, torch.device("cpu"), None, (kind,))
-    KVCache._copy(cache.device_pool, dst, [((kind, 5, 1), (kind, 2, 3)), ((kind, 6, 0), (kind, 0, 0))],
-                  non_blocking=False, per_block=True)
+    KVCache._copy(
+        cache.device_pool,
+        dst,
+        [((kind, 5, 1), (kind, 2, 3)), ((kind, 6, 0), (kind, 0, 0))],
+        non_blocking=False,
+        per_block=True,
+    )
     data, scales = (kind, "scales8" if kind == "int8" else "scales4")
     src_data, dst_data = getattr(cache.device_pool, data), getattr(dst, data)
     src_scales, dst_scales = getattr(cache.device_pool, scales), getattr(dst, scales)

@@ -1,5 +1,6 @@
 """NUMA collector: parsers on strings, the full exposition on the fixture host against
 tests/fixtures/numa.prom, failure modes, and the real /sys and /proc."""
+
 from __future__ import annotations
 
 import os
@@ -44,6 +45,7 @@ def up_value(exposition: str) -> float:
 
 
 # ---- parsers ----
+
 
 def test_parse_numastat_maps_fields_to_stat_labels():
     text = "numa_hit 10\nnuma_miss 2\nnuma_foreign 3\ninterleave_hit 4\nlocal_node 9\nother_node 1\n"
@@ -111,6 +113,7 @@ def test_key_value_parser_names_the_source_on_error():
 
 # ---- fixture host ----
 
+
 def test_full_exposition_matches_golden(host):
     collector = NumaCollector(host.sysfs, host.procfs, engine_pid_fn=lambda: ENGINE_PID, base_page_kib=4)
     assert_matches_golden(scrape(collector), GOLDEN)
@@ -136,7 +139,9 @@ def test_values_from_fixture(host):
 
 def test_bound_node_from_supervisor_overrides_status(host):
     out = scrape(
-        NumaCollector(host.sysfs, host.procfs, engine_pid_fn=lambda: ENGINE_PID, bound_node_fn=lambda: 1, base_page_kib=4)
+        NumaCollector(
+            host.sysfs, host.procfs, engine_pid_fn=lambda: ENGINE_PID, bound_node_fn=lambda: 1, base_page_kib=4
+        )
     )
     remote = {dict(k)["bound_node"]: v for k, v in samples(out, "inferd_numa_process_remote_ratio").items()}
     assert remote == {"1": pytest.approx(846557 / (846557 + 84592))}
@@ -165,6 +170,7 @@ def test_golden_output_passes_promtool():
 
 # ---- failure modes ----
 
+
 def test_missing_numastat_reports_down(host):
     (host.sysfs / "devices/system/node/node1/numastat").unlink()
     out = scrape(NumaCollector(host.sysfs, host.procfs))
@@ -185,7 +191,13 @@ def test_missing_vmstat_reports_down(host):
 def test_kernel_without_numa_balancing_omits_those_families(host):
     (host.procfs / "sys/kernel/numa_balancing").unlink()
     vmstat = host.procfs / "vmstat"
-    vmstat.write_text("".join(line + "\n" for line in vmstat.read_text().splitlines() if "hint_faults" not in line and "pages_migrated" not in line))
+    vmstat.write_text(
+        "".join(
+            line + "\n"
+            for line in vmstat.read_text().splitlines()
+            if "hint_faults" not in line and "pages_migrated" not in line
+        )
+    )
     out = scrape(NumaCollector(host.sysfs, host.procfs))
     assert up_value(out) == 1.0
     assert "inferd_numa_hint_faults_total" not in out
@@ -198,6 +210,7 @@ def test_rejects_bad_page_size():
 
 
 # ---- the real machine ----
+
 
 def test_real_sys_and_proc():
     if not Path("/sys/devices/system/node/node0").is_dir():

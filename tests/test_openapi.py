@@ -9,6 +9,7 @@ enforced, 405 with Allow for methods a path has not got. Cases per operation are
 bounded (`--max-examples`) and the seed fixed, so a run is the same run every time and
 the file stays within about two minutes on two cores.
 """
+
 from __future__ import annotations
 
 import copy
@@ -51,23 +52,44 @@ enabled = true
 """
 
 
-def run_schemathesis(doc: dict, base_url: str, tmp_path: Path, name: str, *args: str,
-                     config: str = ALL_CHECKS) -> dict:
+def run_schemathesis(doc: dict, base_url: str, tmp_path: Path, name: str, *args: str, config: str = ALL_CHECKS) -> dict:
     """`st run` over `doc` against `base_url` with every check (`config`; `--checks all` on the
     command line would override an operation's exemption); its JSON report."""
-    schema_path, report_path, config_path = (tmp_path / f"{name}.{ext}" for ext in ("openapi.json", "report.json",
-                                                                                    "toml"))
+    schema_path, report_path, config_path = (
+        tmp_path / f"{name}.{ext}" for ext in ("openapi.json", "report.json", "toml")
+    )
     schema_path.write_text(json.dumps(doc))
     config_path.write_text(config)
-    command = [Path(sys.executable).with_name("schemathesis"), "--config-file", config_path, "run", schema_path,
-               "--url", base_url, "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
-               "--workers", "1", "--request-timeout", "30", "--report", "json", "--report-json-path", report_path,
-               "--no-color", *args]
+    command = [
+        Path(sys.executable).with_name("schemathesis"),
+        "--config-file",
+        config_path,
+        "run",
+        schema_path,
+        "--url",
+        base_url,
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--workers",
+        "1",
+        "--request-timeout",
+        "30",
+        "--report",
+        "json",
+        "--report-json-path",
+        report_path,
+        "--no-color",
+        *args,
+    ]
     started = time.monotonic()
     result = subprocess.run([str(c) for c in command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     report = json.loads(report_path.read_text())
-    print(f"{name}: {report['operations']['tested']} operations, {report['test_cases']['generated']} cases, "
-          f"{report['test_cases']['unique_failures']} failures in {time.monotonic() - started:.0f} s")
+    print(
+        f"{name}: {report['operations']['tested']} operations, {report['test_cases']['generated']} cases, "
+        f"{report['test_cases']['unique_failures']} failures in {time.monotonic() - started:.0f} s"
+    )
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
     assert report["operations"]["errored"] == 0 and report["errors"] == [], report["errors"]
     return report
@@ -94,16 +116,24 @@ def engine_doc(server) -> dict:
 
 def test_engine_document_lists_every_status(engine):
     doc = httpx.get(f"{engine.url}/openapi.json", timeout=10).json()
-    statuses = {(method.upper(), path): sorted(op["responses"]) for path, item in doc["paths"].items()
-                for method, op in item.items()}
+    statuses = {
+        (method.upper(), path): sorted(op["responses"])
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+    }
     generation = ["200", "400", "404", "413", "422", "500", "503"]
     admin = ["200", "401", "403", "413", "500", "503"]
     assert statuses == {
-        ("POST", "/v1/completions"): generation, ("POST", "/v1/chat/completions"): generation,
-        ("GET", "/v1/models"): ["200", "413"], ("GET", "/health"): ["200", "413", "503"],
-        ("GET", "/ready"): ["200", "413", "503"], ("GET", "/metrics"): ["200", "413"],
-        ("GET", "/admin/config"): admin, ("PATCH", "/admin/config"): sorted(admin + ["422"]),
-        ("POST", "/admin/mode"): sorted(admin + ["422"]), ("POST", "/admin/fault"): sorted(admin + ["404", "422"]),
+        ("POST", "/v1/completions"): generation,
+        ("POST", "/v1/chat/completions"): generation,
+        ("GET", "/v1/models"): ["200", "413"],
+        ("GET", "/health"): ["200", "413", "503"],
+        ("GET", "/ready"): ["200", "413", "503"],
+        ("GET", "/metrics"): ["200", "413"],
+        ("GET", "/admin/config"): admin,
+        ("PATCH", "/admin/config"): sorted(admin + ["422"]),
+        ("POST", "/admin/mode"): sorted(admin + ["422"]),
+        ("POST", "/admin/fault"): sorted(admin + ["404", "422"]),
     }
     error = {"$ref": "#/components/schemas/Error"}
     for item in doc["paths"].values():
@@ -111,15 +141,26 @@ def test_engine_document_lists_every_status(engine):
             for code, response in op["responses"].items():
                 if code >= "400":
                     assert response["content"] == {"application/json": {"schema": error}}
-    assert set(doc["components"]["schemas"]["Error"]["properties"]["error"]["required"]) == \
-        {"message", "type", "param", "code"}
+    assert set(doc["components"]["schemas"]["Error"]["properties"]["error"]["required"]) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
     assert "HTTPValidationError" not in doc["components"]["schemas"]  # FastAPI's shape, never sent here
     assert doc["paths"]["/admin/mode"]["post"]["security"] == [{"adminToken": []}]
 
 
 def test_schemathesis_engine_with_admin_token(engine, tmp_path):
-    report = run_schemathesis(engine_doc(engine), engine.url, tmp_path, "engine-token",
-                              "--header", f"Authorization: Bearer {ADMIN_TOKEN}", config=ENGINE_CONFIG)
+    report = run_schemathesis(
+        engine_doc(engine),
+        engine.url,
+        tmp_path,
+        "engine-token",
+        "--header",
+        f"Authorization: Bearer {ADMIN_TOKEN}",
+        config=ENGINE_CONFIG,
+    )
     assert report["operations"]["tested"] == 10
     # The generation routes were reached with bodies the engine ran, not only refused.
     for path in ("/v1/completions", "/v1/chat/completions"):
@@ -127,8 +168,15 @@ def test_schemathesis_engine_with_admin_token(engine, tmp_path):
 
 
 def test_schemathesis_engine_without_admin_token(engine, tmp_path):
-    run_schemathesis(engine_doc(engine), engine.url, tmp_path, "engine-no-token", "--include-path-regex", "^/admin/",
-                     config=ENGINE_CONFIG)
+    run_schemathesis(
+        engine_doc(engine),
+        engine.url,
+        tmp_path,
+        "engine-no-token",
+        "--include-path-regex",
+        "^/admin/",
+        config=ENGINE_CONFIG,
+    )
 
 
 def test_whole_floats_are_integers(engine):
@@ -138,8 +186,9 @@ def test_whole_floats_are_integers(engine):
 
 @pytest.mark.parametrize("value", [False, "0.5"])
 def test_float_fields_refuse_other_types(engine, value):
-    r = httpx.post(f"{engine.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "min_p": value},
-                   timeout=30)
+    r = httpx.post(
+        f"{engine.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 2, "min_p": value}, timeout=30
+    )
     assert r.status_code == 422, r.text
 
 
@@ -162,11 +211,35 @@ def agent(tmp_path_factory):
     (root / "hook-token").write_text(HOOK_TOKEN + "\n")
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--port", str(port),
-         "--no-collector", "gpu", "--no-collector", "ebpf", "--sysfs-root", str(host.sysfs),
-         "--procfs-root", str(host.procfs), "--webhook-token-file", str(root / "hook-token"),
-         "--audit-log", str(root / "audit.jsonl"), "--dry-run", "--prometheus-url", "http://127.0.0.1:9"],
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--no-engine",
+            "--port",
+            str(port),
+            "--no-collector",
+            "gpu",
+            "--no-collector",
+            "ebpf",
+            "--sysfs-root",
+            str(host.sysfs),
+            "--procfs-root",
+            str(host.procfs),
+            "--webhook-token-file",
+            str(root / "hook-token"),
+            "--audit-log",
+            str(root / "audit.jsonl"),
+            "--dry-run",
+            "--prometheus-url",
+            "http://127.0.0.1:9",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -192,14 +265,23 @@ def agent(tmp_path_factory):
 
 def test_agent_document_lists_every_status(agent):
     doc = httpx.get(f"{agent}/openapi.json", timeout=10).json()  # a 500 before: a Response forward reference
-    statuses = {(method.upper(), path): sorted(op["responses"]) for path, item in doc["paths"].items()
-                for method, op in item.items()}
-    assert statuses == {
-        ("GET", "/metrics"): ["200"], ("GET", "/healthz"): ["200"], ("GET", "/v1/topology"): ["200", "503"],
-        ("POST", "/v1/alerts"): ["200", "400", "401", "413", "500"], ("GET", "/v1/actions"): ["200", "422", "503"],
+    statuses = {
+        (method.upper(), path): sorted(op["responses"])
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
     }
-    assert doc["components"]["schemas"]["Error"] == {"type": "object", "required": ["error"],
-                                                     "properties": {"error": {"type": "string"}}}
+    assert statuses == {
+        ("GET", "/metrics"): ["200"],
+        ("GET", "/healthz"): ["200"],
+        ("GET", "/v1/topology"): ["200", "503"],
+        ("POST", "/v1/alerts"): ["200", "400", "401", "413", "500"],
+        ("GET", "/v1/actions"): ["200", "422", "503"],
+    }
+    assert doc["components"]["schemas"]["Error"] == {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+    }
     assert doc["paths"]["/v1/alerts"]["post"]["security"] == [{"webhookToken": []}]
 
 

@@ -1,4 +1,5 @@
 """OTLP push: a loopback receiver decodes the real OTLP/HTTP protobuf; receiver down -> drops."""
+
 from __future__ import annotations
 
 import gzip
@@ -111,17 +112,38 @@ def test_agent_pushes_every_metric_and_values_match_its_metrics_endpoint(tmp_pat
     roots = write_host(tmp_path / "host")
     port = free_port()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--port", str(port),
-         "--gpu-backend", f"replay:{single_snapshot_replay(tmp_path)}", "--sysfs-root", str(roots.sysfs),
-         "--procfs-root", str(roots.procfs), "--no-collector", "ebpf",
-         "--otlp-endpoint", receiver.url, "--otlp-interval", "0.3"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--no-engine",
+            "--port",
+            str(port),
+            "--gpu-backend",
+            f"replay:{single_snapshot_replay(tmp_path)}",
+            "--sysfs-root",
+            str(roots.sysfs),
+            "--procfs-root",
+            str(roots.procfs),
+            "--no-collector",
+            "ebpf",
+            "--otlp-endpoint",
+            receiver.url,
+            "--otlp-interval",
+            "0.3",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 60
         while len(receiver.requests) < 2 and time.monotonic() < deadline and agent.poll() is None:
             time.sleep(0.1)
-        assert len(receiver.requests) >= 2, agent.stderr.read().decode() if agent.poll() is not None else "no OTLP request"
+        assert len(receiver.requests) >= 2, (
+            agent.stderr.read().decode() if agent.poll() is not None else "no OTLP request"
+        )
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:
         agent.terminate()
@@ -132,8 +154,14 @@ def test_agent_pushes_every_metric_and_values_match_its_metrics_endpoint(tmp_pat
     stable = lambda points: {k: v for k, v in points.items() if not k[0].startswith(VOLATILE)}  # noqa: E731
     assert stable(pushed) == stable(scraped)
     names = {name for name, _ in pushed}
-    assert {"DCGM_FI_PROF_SM_ACTIVE", "inferd_pcie_link_width", "inferd_numa_stat_pages_total",
-            "inferd_engine_up", "inferd_collector_up", "inferd_otlp_dropped_total"} <= names
+    assert {
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "inferd_pcie_link_width",
+        "inferd_numa_stat_pages_total",
+        "inferd_engine_up",
+        "inferd_collector_up",
+        "inferd_otlp_dropped_total",
+    } <= names
     resource = {a.key: a.value.string_value for a in receiver.requests[-1].resource_metrics[0].resource.attributes}
     assert resource["service.name"] == "inferd-agent"
 

@@ -1,5 +1,6 @@
 """PCIe sysfs collector: parsers on strings, the full exposition on the two-socket
 fixture host against tests/fixtures/pcie.prom, failure modes, and the real /sys."""
+
 from __future__ import annotations
 
 import shutil
@@ -34,6 +35,7 @@ def up_value(exposition: str, collector: str = "pcie") -> float:
 
 
 # ---- parsers ----
+
 
 @pytest.mark.parametrize(
     "text, expected",
@@ -92,7 +94,9 @@ def test_generation_and_nvml_bus_id():
 
 
 def _dev(bdf, current_speed, max_speed, current_width, max_width):
-    return PciDevice(bdf, 0x10DE, 0x2335, 0x030200, 0, (), LinkState(current_speed, max_speed, current_width, max_width))
+    return PciDevice(
+        bdf, 0x10DE, 0x2335, 0x030200, 0, (), LinkState(current_speed, max_speed, current_width, max_width)
+    )
 
 
 def test_link_ceiling_is_the_lower_end_so_a_gen5_gpu_in_a_gen4_slot_is_not_degraded():
@@ -112,11 +116,18 @@ def test_width_below_ceiling_is_degraded_and_missing_link_is_unknown():
 
 # ---- fixture host ----
 
+
 def test_discovers_eight_gpus_in_bus_order_and_skips_nic_and_nvswitch(host):
     paths = discover_gpu_paths(host.sysfs)
     assert [p.gpu.bdf for p in paths] == [
-        "0000:03:00.0", "0000:04:00.0", "0000:07:00.0", "0000:08:00.0",
-        "0000:83:00.0", "0000:84:00.0", "0000:c3:00.0", "0000:c4:00.0",
+        "0000:03:00.0",
+        "0000:04:00.0",
+        "0000:07:00.0",
+        "0000:08:00.0",
+        "0000:83:00.0",
+        "0000:84:00.0",
+        "0000:c3:00.0",
+        "0000:c4:00.0",
     ]
     assert [p.index for p in paths] == list(range(8))
     assert [b.bdf for b in paths[5].bridges] == ["0000:82:01.0", "0000:81:00.0", "0000:80:01.0"]
@@ -140,7 +151,10 @@ def test_degraded_capacity_and_aer_values(host):
     assert capacity["00000000:84:00.0"] == pytest.approx(capacity["00000000:83:00.0"] / 2)
     assert capacity["00000000:C3:00.0"] == pytest.approx(63.015e9, rel=1e-4)
 
-    aer = {(dict(k)["device"], dict(k)["severity"], dict(k)["error"]): v for k, v in samples(out, "inferd_pcie_aer_errors_total").items()}
+    aer = {
+        (dict(k)["device"], dict(k)["severity"], dict(k)["error"]): v
+        for k, v in samples(out, "inferd_pcie_aer_errors_total").items()
+    }
     assert aer[("0000:07:00.0", "correctable", "RxErr")] == 12
     assert aer[("0000:07:00.0", "nonfatal", "CmpltTO")] == 2
     assert aer[("0000:00:03.0", "correctable", "BadDLLP")] == 4
@@ -155,6 +169,7 @@ def test_golden_output_passes_promtool():
 
 
 # ---- failure modes: collector down, scrape still fine ----
+
 
 def test_missing_pci_bus_directory_reports_down(host):
     shutil.rmtree(host.sysfs / "bus")
@@ -196,6 +211,7 @@ def test_hop_without_link_files_is_skipped_not_fatal(host):
 
 
 # ---- the real machine ----
+
 
 def test_real_sysfs_scrape_succeeds():
     if not Path("/sys/bus/pci/devices").is_dir():

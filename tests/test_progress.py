@@ -1,4 +1,5 @@
 """engine/progress.py: silent for quick work, a bar on a terminal, plain lines otherwise."""
+
 from __future__ import annotations
 
 import io

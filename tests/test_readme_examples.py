@@ -1,6 +1,7 @@
 """The README's curl examples, run as written against `inferd serve` on a free port (the
 port and the admin token's path substituted): each must answer 2xx with JSON. Parsed
 from README.md, so an example that stops working fails here."""
+
 from __future__ import annotations
 
 import json
@@ -52,14 +53,21 @@ def server(tmp_path_factory):
         pytest.skip("curl not installed")
     tmp = tmp_path_factory.mktemp("readme")
     model = tmp / "tiny"
-    made = subprocess.run([sys.executable, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     token = tmp / "admin-token"
     token.write_text("readme-example-token\n")
     port = free_port()
-    proc = serve(["--model", str(model), "--port", str(port), "--served-model-name", "tiny",
-                  "--admin-token-file", str(token)], env={"INFERD_PROGRESS": "0"})
+    proc = serve(
+        ["--model", str(model), "--port", str(port), "--served-model-name", "tiny", "--admin-token-file", str(token)],
+        env={"INFERD_PROGRESS": "0"},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url)
@@ -75,8 +83,12 @@ def test_readme_curl_example_answers_2xx_with_json(server, command):
     line = command.replace("localhost:8000", f"127.0.0.1:{port}").replace(README_TOKEN_PATH, shlex.quote(str(token)))
     assert f"127.0.0.1:{port}" in line, f"the example does not call the engine on localhost:8000: {command}"
     body = tmp / "body.json"
-    result = subprocess.run(["bash", "-c", f"{line} -o {shlex.quote(str(body))} -w '%{{http_code}}'"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", f"{line} -o {shlex.quote(str(body))} -w '%{{http_code}}'"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     status = int(result.stdout.strip())
     assert 200 <= status < 300, f"{command}\n-> {status}: {body.read_text()}"

@@ -1,4 +1,5 @@
 """The remediation policy against a fake engine admin API and a fake Prometheus (real HTTP)."""
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,16 @@ def engine(audit_path):
 def prom():
     # every target has a value unless a test says otherwise; no ALERTS series: alerts
     # count as resolved once a step is verified, unless a test sets "ALERTS"
-    fake = FakePrometheus({"inferd_kv_page_faults_total": [10.0], "time_to_first_token": [3.0],
-                           "DCGM_FI_PROF_SM_ACTIVE": [0.3], "inferd_kv_swap_bytes_total": [1e9],
-                           "fastpath_failures": [2.0], "up{": [0.0]})
+    fake = FakePrometheus(
+        {
+            "inferd_kv_page_faults_total": [10.0],
+            "time_to_first_token": [3.0],
+            "DCGM_FI_PROF_SM_ACTIVE": [0.3],
+            "inferd_kv_swap_bytes_total": [1e9],
+            "fastpath_failures": [2.0],
+            "up{": [0.0],
+        }
+    )
     yield fake
     fake.close()
 
@@ -55,11 +63,19 @@ def clock():
 
 def make_policy(engine, prom, audit_path, clock, host=None, **settings):
     config = PolicyConfig(**{"cooldown_s": 300, "verify_window_s": 60, **settings})
-    return RemediationPolicy(EngineClient(engine.url, TOKEN), AuditLog(audit_path, clock), config,
-                             PrometheusQuery(prom.url), host=host, clock=clock)
+    return RemediationPolicy(
+        EngineClient(engine.url, TOKEN),
+        AuditLog(audit_path, clock),
+        config,
+        PrometheusQuery(prom.url),
+        host=host,
+        clock=clock,
+    )
 
 
-def firing(name="InferdKVCacheThrashing", fingerprint="a1", starts_at="2026-11-29T10:00:00Z", status="firing", **labels):
+def firing(
+    name="InferdKVCacheThrashing", fingerprint="a1", starts_at="2026-11-29T10:00:00Z", status="firing", **labels
+):
     base = {"alertname": name, "job": "inferd-engine", "instance": "127.0.0.1:8000", "remediate": "true"}
     return Alert(status, {**base, **labels}, {"description": "x"}, starts_at, fingerprint)
 
@@ -69,6 +85,7 @@ def events(audit_path):
 
 
 # ---- bounds and configuration ----
+
 
 @pytest.mark.parametrize(
     "value, lowered, raised",
@@ -82,7 +99,11 @@ def test_bounds_steps_are_proportional_capped_and_clamped(value, lowered, raised
 
 @pytest.mark.parametrize(
     "args, message",
-    [((5, 4, 1), "minimum <= maximum"), ((1, 4, 0), "max_step must be >= 1"), ((1.5, 4, 1), "minimum must be an integer")],
+    [
+        ((5, 4, 1), "minimum <= maximum"),
+        ((1, 4, 0), "max_step must be >= 1"),
+        ((1.5, 4, 1), "minimum must be an integer"),
+    ],
 )
 def test_bad_bounds_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
@@ -100,9 +121,15 @@ def test_policy_config_from_dict():
 
 @pytest.mark.parametrize(
     "baseline, after, better, outcome",
-    [(10, 20, "lower", "worse"), (10, 10.5, "lower", "unchanged"), (10, 2, "lower", "improved"),
-     (0.5, 0.2, "higher", "worse"), (0.5, 0.8, "higher", "improved"), (None, 3, "lower", "no_data"),
-     (0, 0.5, "lower", "worse")],
+    [
+        (10, 20, "lower", "worse"),
+        (10, 10.5, "lower", "unchanged"),
+        (10, 2, "lower", "improved"),
+        (0.5, 0.2, "higher", "worse"),
+        (0.5, 0.8, "higher", "improved"),
+        (None, 3, "lower", "no_data"),
+        (0, 0.5, "lower", "worse"),
+    ],
 )
 def test_judge(baseline, after, better, outcome):
     assert judge(baseline, after, better, 0.1) == outcome
@@ -110,6 +137,7 @@ def test_judge(baseline, after, better, outcome):
 
 
 # ---- acting ----
+
 
 def test_thrashing_lowers_max_num_seqs_after_the_intent_is_on_disk(engine, prom, audit_path, clock):
     prom.series["inferd_kv_page_faults_total"] = [12.0]
@@ -162,7 +190,10 @@ def test_no_repeat_while_verifying_and_skipped_alerts_wait_for_their_turn(engine
     assert engine.config["max_num_seqs"] == 36
     assert policy.deferred == []
     assert [c["body"] for c in engine.changes] == [
-        {"max_num_seqs": 48}, {"max_num_batched_tokens": 2560}, {"max_num_seqs": 36}]
+        {"max_num_seqs": 48},
+        {"max_num_batched_tokens": 2560},
+        {"max_num_seqs": 36},
+    ]
     # A deferred alert that resolves is dropped; once resolved for restore_after_s, the
     # values the episodes changed go back (the second thrash episode kept the first's original).
     assert policy.handle(firing(fingerprint="a3"))["result"] == "skipped_verifying"
@@ -189,8 +220,12 @@ def test_verification_that_sees_the_metric_worsen_rolls_back(engine, prom, audit
     assert policy.rollbacks_total == {"lower_max_num_seqs": 1}
     records = [json.loads(line) for line in audit_path.read_text().splitlines()]
     verified = next(r for r in records if r["event"] == "verified")
-    assert (verified["baseline"], verified["after"], verified["outcome"], verified["decision"]) == \
-        (10.0, 25.0, "worse", "rolled_back")
+    assert (verified["baseline"], verified["after"], verified["outcome"], verified["decision"]) == (
+        10.0,
+        25.0,
+        "worse",
+        "rolled_back",
+    )
     rolled_back = next(r for r in records if r["event"] == "rolled_back")
     assert rolled_back["restored"] == {"max_num_seqs": 64}
     assert records[-1]["event"] == "episode_ended" and records[-1]["restore"] is None  # nothing left to restore
@@ -212,8 +247,9 @@ def test_verification_that_sees_improvement_keeps_the_change(engine, prom, audit
 def test_cold_kv_once_max_num_seqs_is_at_its_minimum_then_at_limit(audit_path, prom, clock):
     engine = FakeEngine(TOKEN, audit_path, max_num_seqs=4)
     try:
-        policy = make_policy(engine, prom, audit_path, clock, cooldown_s=0, verify_window_s=1,
-                             max_num_seqs=Bounds(4, 64, 8))
+        policy = make_policy(
+            engine, prom, audit_path, clock, cooldown_s=0, verify_window_s=1, max_num_seqs=Bounds(4, 64, 8)
+        )
         assert policy.handle(firing(fingerprint="a"))["action"] == "enable_cold_kv_int8"
         assert engine.config["kv_cold_dtype"] == "int8"
         clock.advance(2)
@@ -353,9 +389,14 @@ def test_metrics(engine, prom, audit_path, clock):
     registry = CollectorRegistry()
     registry.register(CollectorSet([RemediationCollector(policy)]))
     text = generate_latest(registry).decode()
-    assert 'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 1.0' in text
+    assert (
+        'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 1.0'
+        in text
+    )
     assert 'inferd_remediation_rollbacks_total{action="lower_max_num_seqs"} 1.0' in text
-    stamp = next(line for line in text.splitlines() if line.startswith("inferd_remediation_last_action_timestamp_seconds{"))
+    stamp = next(
+        line for line in text.splitlines() if line.startswith("inferd_remediation_last_action_timestamp_seconds{")
+    )
     assert float(stamp.split()[-1]) == clock.now
     assert 'inferd_collector_up{collector="remediation"} 1.0' in text
 
@@ -383,6 +424,7 @@ def test_engine_client_errors_name_the_problem(engine):
 
 
 # ---- the supervisor adapter ----
+
 
 class StubSupervisor:
     def __init__(self, pid=None, error=None, mem_node=None, cpus=None, restarts=2, starting=False):
@@ -447,6 +489,7 @@ def test_rebind_this_process_to_its_own_node():
 
 # ---- episodes: converging while the alert fires ----
 
+
 def test_an_alert_that_keeps_firing_gets_the_next_step_each_window_then_escalates(audit_path, prom, clock):
     """Unchanged after each step and still firing (ALERTS says so): the next bounded step
     follows one verification window later, not a cooldown later; at the knob's bound the
@@ -454,13 +497,25 @@ def test_an_alert_that_keeps_firing_gets_the_next_step_each_window_then_escalate
     engine = FakeEngine(TOKEN, audit_path, max_num_seqs=16)
     prom.series["ALERTS{"] = [1.0]
     try:
-        policy = make_policy(engine, prom, audit_path, clock, cooldown_s=3600, verify_window_s=60,
-                             max_num_seqs=Bounds(4, 64, 8), step_fraction=0.5)
+        policy = make_policy(
+            engine,
+            prom,
+            audit_path,
+            clock,
+            cooldown_s=3600,
+            verify_window_s=60,
+            max_num_seqs=Bounds(4, 64, 8),
+            step_fraction=0.5,
+        )
         assert policy.handle(firing())["new"] == {"max_num_seqs": 8}
         for _ in range(3):
             clock.advance(60)
             policy.tick()
-        assert [c["body"] for c in engine.changes] == [{"max_num_seqs": 8}, {"max_num_seqs": 4}, {"kv_cold_dtype": "int8"}]
+        assert [c["body"] for c in engine.changes] == [
+            {"max_num_seqs": 8},
+            {"max_num_seqs": 4},
+            {"kv_cold_dtype": "int8"},
+        ]
         assert policy.episodes == []  # cold KV on and max_num_seqs at 4: nothing left
         records = [json.loads(line) for line in audit_path.read_text().splitlines()]
         assert records[-2]["result"] == "at_limit" and records[-1]["event"] == "episode_ended"
@@ -479,7 +534,11 @@ def test_a_step_that_made_it_worse_is_rolled_back_and_the_rule_escalates(audit_p
         policy.handle(firing())
         clock.advance(60)
         policy.tick()  # 10 -> 30 faults/s: rolled back, cold KV next
-        assert [c["body"] for c in engine.changes] == [{"max_num_seqs": 48}, {"max_num_seqs": 64}, {"kv_cold_dtype": "int8"}]
+        assert [c["body"] for c in engine.changes] == [
+            {"max_num_seqs": 48},
+            {"max_num_seqs": 64},
+            {"kv_cold_dtype": "int8"},
+        ]
         prom.series["ALERTS{"] = []
         clock.advance(60)
         policy.tick()  # improved 30 -> 5 and the alert is gone: the episode ends, cold KV kept
@@ -552,6 +611,7 @@ def test_the_ttft_target_is_a_mean_not_a_bucket_quantile():
 
 # ---- a fresh engine gets what is in force ----
 
+
 def test_engine_restart_gets_the_policys_changes_back(engine, prom, audit_path, clock):
     policy = make_policy(engine, prom, audit_path, clock)
     policy.handle(firing())
@@ -561,8 +621,11 @@ def test_engine_restart_gets_the_policys_changes_back(engine, prom, audit_path, 
     policy.on_engine_ready(2)
     assert (engine.config["max_num_seqs"], engine.config["mode"]) == (48, "fallback")
     record = [json.loads(line) for line in audit_path.read_text().splitlines()][-1]
-    assert (record["event"], record["old"], record["new"]) == \
-        ("reapplied", {"max_num_seqs": 64, "mode": "fast"}, {"max_num_seqs": 48, "mode": "fallback"})
+    assert (record["event"], record["old"], record["new"]) == (
+        "reapplied",
+        {"max_num_seqs": 64, "mode": "fast"},
+        {"max_num_seqs": 48, "mode": "fallback"},
+    )
     assert events(audit_path)[-2:] == ["reapply", "reapplied"]  # the intent is on disk first
     policy.on_engine_ready(3)  # nothing missing: nothing sent
     assert len(engine.changes) == 4
@@ -587,5 +650,8 @@ def test_remediation_series_exist_before_the_first_decision(engine, prom, audit_
     registry = CollectorRegistry()
     registry.register(CollectorSet([RemediationCollector(policy)]))
     text = generate_latest(registry).decode()
-    assert 'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 0.0' in text
-    assert 'inferd_remediation_episodes 0.0' in text
+    assert (
+        'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 0.0'
+        in text
+    )
+    assert "inferd_remediation_episodes 0.0" in text

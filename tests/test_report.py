@@ -2,6 +2,7 @@
 
 The report against a real Prometheus runs in tests/test_stack.py (live, slow).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,7 +82,10 @@ def test_report_command_reports_bad_queries_and_bad_arguments(prometheus, tmp_pa
     from dashboards import spec
 
     broken = spec.Board(
-        uid="broken-board", title="b", description="d", variables=(),
+        uid="broken-board",
+        title="b",
+        description="d",
+        variables=(),
         rows=(spec.Row("r", (spec.Panel("p", "d", "s", (spec.Query("bad_query"),), headline=True),)),),
     )
     monkeypatch.setattr("dashboards.boards.BOARDS", (broken,))

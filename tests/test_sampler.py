@@ -6,6 +6,7 @@ must agree token for token; greedy rows and logprobs must agree exactly too.
 Unseeded rows share one generator and consume it differently, so they are compared
 by distribution.
 """
+
 from __future__ import annotations
 
 import math
@@ -183,8 +184,9 @@ def test_an_overflowing_row_degrades_to_greedy_alone():
     logits[1] = float("-inf")  # every token banned: no distribution to draw from
     logits[1, 42] = float("nan")
     seqs = make_seqs([dict(temperature=1.0)] * 3, rng)
-    want = reference_sample(logits, make_seqs([dict(temperature=1.0)] * 3, torch.Generator().manual_seed(3)),
-                            EOS, torch.Generator())
+    want = reference_sample(
+        logits, make_seqs([dict(temperature=1.0)] * 3, torch.Generator().manual_seed(3)), EOS, torch.Generator()
+    )
     got = sample(logits, seqs, EOS, torch.Generator())
     assert got[0][1] == want[0][1] == 0
     assert all(0 <= t < VOCAB for t in got[0])

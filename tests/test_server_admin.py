@@ -1,5 +1,6 @@
 """Admin API: bearer token, bounds (422 naming the bound), all-or-nothing changes,
 mode switches, fault injection, and the metrics that show the current values."""
+
 from __future__ import annotations
 
 import httpx
@@ -32,8 +33,9 @@ def admin(server, method: str, path: str, body=None, token: str | None = ADMIN_T
 
 def greedy_text(server, prompt="The scheduler preempts the newest sequence", max_tokens=16) -> str:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True}
+    )
     return r.choices[0].text
 
 
@@ -47,15 +49,26 @@ def test_token_required(server):
     assert r.status_code == 401
 
 
-@pytest.mark.parametrize("header", [f"Bearer {ADMIN_TOKEN}", f"bearer {ADMIN_TOKEN}", f"BEARER {ADMIN_TOKEN}",
-                                    f"bEaReR   {ADMIN_TOKEN}"])
+@pytest.mark.parametrize(
+    "header", [f"Bearer {ADMIN_TOKEN}", f"bearer {ADMIN_TOKEN}", f"BEARER {ADMIN_TOKEN}", f"bEaReR   {ADMIN_TOKEN}"]
+)
 def test_bearer_scheme_in_any_case(server, header):
     # RFC 7235: the scheme is case-insensitive; the webhook of the agent takes the same.
     assert httpx.get(f"{server.url}/admin/config", headers={"Authorization": header}).status_code == 200
 
 
-@pytest.mark.parametrize("header", [ADMIN_TOKEN, f"Basic {ADMIN_TOKEN}", f"Token {ADMIN_TOKEN}", f"Bearer{ADMIN_TOKEN}",
-                                    "Bearer", f"Bearer {ADMIN_TOKEN.upper()}", ""])
+@pytest.mark.parametrize(
+    "header",
+    [
+        ADMIN_TOKEN,
+        f"Basic {ADMIN_TOKEN}",
+        f"Token {ADMIN_TOKEN}",
+        f"Bearer{ADMIN_TOKEN}",
+        "Bearer",
+        f"Bearer {ADMIN_TOKEN.upper()}",
+        "",
+    ],
+)
 def test_other_schemes_or_a_missing_scheme_refused(server, header):
     r = httpx.get(f"{server.url}/admin/config", headers={"Authorization": header})
     assert_error(r, 401, "missing or wrong admin token")
@@ -64,42 +77,68 @@ def test_other_schemes_or_a_missing_scheme_refused(server, header):
 SURROGATE = "\\ud800"  # JSON's escape of a lone surrogate: valid JSON, not Unicode text
 
 
-@pytest.mark.parametrize("method, path, content, fragments, param", [
-    ("PATCH", "/config", b"", ["not valid JSON"], None),
-    ("POST", "/mode", b"", ["not valid JSON"], None),
-    ("POST", "/fault", b"", ["not valid JSON"], None),
-    ("PATCH", "/config", b'{"max_num_seqs": "\xff"}', ["not valid UTF-8"], None),
-    ("POST", "/mode", b"[" * 3000 + b"]" * 3000, ["nests too deeply"], None),
-    ("PATCH", "/config", b'"max_num_seqs"', ["must be a JSON object, got str"], None),
-    ("POST", "/mode", b"null", ["must be a JSON object, got NoneType"], None),
-    ("PATCH", "/config", f'{{"{SURROGATE}": 1}}'.encode(), ["\\ud800 is not a tunable parameter"], None),
-    ("PATCH", "/config", f'{{"kv_cold_dtype": "{SURROGATE}"}}'.encode(), ["kv_cold_dtype must be one of"],
-     "kv_cold_dtype"),
-    ("POST", "/mode", f'{{"mode": "{SURROGATE}"}}'.encode(), ["mode must be one of fast, fallback"], "mode"),
-    ("POST", "/fault", f'{{"kind": "{SURROGATE}"}}'.encode(), ["kind must be one of fastpath"], "kind"),
-    ("PATCH", "/config", b'{"max_num_seqs": 1000000000000000000000000000000}', ["must be in [1, 1024]"],
-     "max_num_seqs"),  # past what the channel to the engine core carries: a 500 before
-    ("PATCH", "/config", b'{"max_num_seqs": 8.5}', ["must be an integer, got 8.5"], "max_num_seqs"),
-    ("PATCH", "/config", b'{"max_num_seqs": true}', ["must be an integer, got True"], "max_num_seqs"),
-    ("PATCH", "/config", b'{"max_num_seqs": NaN}', ["must be an integer, got nan"], "max_num_seqs"),
-    ("PATCH", "/config", b'{"kv_hot_window": [1]}', ["kv_hot_window must be an integer"], "kv_hot_window"),
-    ("POST", "/mode", b'{"mode": {"fast": 1}}', ["mode must be one of fast, fallback"], "mode"),
-    ("POST", "/mode", b'{"mode": "fast"}' + b"x", ["not valid JSON"], None),
-])
+@pytest.mark.parametrize(
+    "method, path, content, fragments, param",
+    [
+        ("PATCH", "/config", b"", ["not valid JSON"], None),
+        ("POST", "/mode", b"", ["not valid JSON"], None),
+        ("POST", "/fault", b"", ["not valid JSON"], None),
+        ("PATCH", "/config", b'{"max_num_seqs": "\xff"}', ["not valid UTF-8"], None),
+        ("POST", "/mode", b"[" * 3000 + b"]" * 3000, ["nests too deeply"], None),
+        ("PATCH", "/config", b'"max_num_seqs"', ["must be a JSON object, got str"], None),
+        ("POST", "/mode", b"null", ["must be a JSON object, got NoneType"], None),
+        ("PATCH", "/config", f'{{"{SURROGATE}": 1}}'.encode(), ["\\ud800 is not a tunable parameter"], None),
+        (
+            "PATCH",
+            "/config",
+            f'{{"kv_cold_dtype": "{SURROGATE}"}}'.encode(),
+            ["kv_cold_dtype must be one of"],
+            "kv_cold_dtype",
+        ),
+        ("POST", "/mode", f'{{"mode": "{SURROGATE}"}}'.encode(), ["mode must be one of fast, fallback"], "mode"),
+        ("POST", "/fault", f'{{"kind": "{SURROGATE}"}}'.encode(), ["kind must be one of fastpath"], "kind"),
+        (
+            "PATCH",
+            "/config",
+            b'{"max_num_seqs": 1000000000000000000000000000000}',
+            ["must be in [1, 1024]"],
+            "max_num_seqs",
+        ),  # past what the channel to the engine core carries: a 500 before
+        ("PATCH", "/config", b'{"max_num_seqs": 8.5}', ["must be an integer, got 8.5"], "max_num_seqs"),
+        ("PATCH", "/config", b'{"max_num_seqs": true}', ["must be an integer, got True"], "max_num_seqs"),
+        ("PATCH", "/config", b'{"max_num_seqs": NaN}', ["must be an integer, got nan"], "max_num_seqs"),
+        ("PATCH", "/config", b'{"kv_hot_window": [1]}', ["kv_hot_window must be an integer"], "kv_hot_window"),
+        ("POST", "/mode", b'{"mode": {"fast": 1}}', ["mode must be one of fast, fallback"], "mode"),
+        ("POST", "/mode", b'{"mode": "fast"}' + b"x", ["not valid JSON"], None),
+    ],
+)
 def test_malformed_admin_bodies_get_422_in_the_openai_shape(server, method, path, content, fragments, param):
-    r = httpx.request(method, f"{server.url}/admin{path}", content=content, timeout=30,
-                      headers={**admin_headers(), "content-type": "application/json"})
+    r = httpx.request(
+        method,
+        f"{server.url}/admin{path}",
+        content=content,
+        timeout=30,
+        headers={**admin_headers(), "content-type": "application/json"},
+    )
     assert_error(r, 422, *fragments, param=param)
 
 
 def test_admin_body_content_type_and_size(server):
     before = admin(server, "GET", "/config").json()["config"]
     # The handlers parse JSON whatever the content type says; a body that is not JSON is the 422.
-    r = httpx.patch(f"{server.url}/admin/config", content=b"max_num_seqs=8", timeout=30,
-                    headers={**admin_headers(), "content-type": "application/x-www-form-urlencoded"})
+    r = httpx.patch(
+        f"{server.url}/admin/config",
+        content=b"max_num_seqs=8",
+        timeout=30,
+        headers={**admin_headers(), "content-type": "application/x-www-form-urlencoded"},
+    )
     assert_error(r, 422, "not valid JSON")
-    r = httpx.post(f"{server.url}/admin/mode", content=b"{\"mode\": \"" + b"f" * (2 << 20) + b"\"}", timeout=30,
-                   headers={**admin_headers(), "content-type": "application/json"})
+    r = httpx.post(
+        f"{server.url}/admin/mode",
+        content=b'{"mode": "' + b"f" * (2 << 20) + b'"}',
+        timeout=30,
+        headers={**admin_headers(), "content-type": "application/json"},
+    )
     assert_error(r, 413, "larger than the limit")
     assert admin(server, "GET", "/config").json()["config"] == before
 
@@ -131,8 +170,15 @@ def test_get_config(server):
     r = admin(server, "GET", "/config")
     assert r.status_code == 200
     body = r.json()
-    assert set(body["config"]) == {"max_num_seqs", "max_num_batched_tokens", "kv_cold_dtype", "kv_hot_window",
-                                   "swap_space_bytes", "preemption_mode", "mode"}
+    assert set(body["config"]) == {
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_cold_dtype",
+        "kv_hot_window",
+        "swap_space_bytes",
+        "preemption_mode",
+        "mode",
+    }
     assert body["bounds"]["max_num_seqs"] == {"min": 1, "max": 1024}
     # what runs, beside what was asked: on CPU the portable path, in either mode
     import torch
@@ -154,17 +200,20 @@ def test_patch_applies_and_metrics_show_it(server):
     assert admin(server, "PATCH", "/config", {"max_num_seqs": 64, "preemption_mode": "swap"}).status_code == 200
 
 
-@pytest.mark.parametrize("changes, fragments", [
-    ({"max_num_seqs": 0}, ["max_num_seqs must be in [1, 1024]"]),
-    ({"max_num_seqs": 5000}, ["max_num_seqs must be in [1, 1024]", "5000"]),
-    ({"max_num_batched_tokens": 8}, ["max_num_batched_tokens must be in [16,"]),
-    ({"preemption_mode": "teleport"}, ["preemption_mode must be one of swap, recompute"]),
-    ({"mode": "turbo"}, ["mode must be one of fast, fallback"]),
-    ({"block_size": 32}, ["block_size is not a tunable parameter"]),
-    ({"max_num_seqs": "8"}, ["max_num_seqs must be an integer"]),
-    ({"kv_cold_dtype": "fp8"}, ["kv_cold_dtype must be one of none, int8, int4"]),
-    ({}, ["no changes given"]),
-])
+@pytest.mark.parametrize(
+    "changes, fragments",
+    [
+        ({"max_num_seqs": 0}, ["max_num_seqs must be in [1, 1024]"]),
+        ({"max_num_seqs": 5000}, ["max_num_seqs must be in [1, 1024]", "5000"]),
+        ({"max_num_batched_tokens": 8}, ["max_num_batched_tokens must be in [16,"]),
+        ({"preemption_mode": "teleport"}, ["preemption_mode must be one of swap, recompute"]),
+        ({"mode": "turbo"}, ["mode must be one of fast, fallback"]),
+        ({"block_size": 32}, ["block_size is not a tunable parameter"]),
+        ({"max_num_seqs": "8"}, ["max_num_seqs must be an integer"]),
+        ({"kv_cold_dtype": "fp8"}, ["kv_cold_dtype must be one of none, int8, int4"]),
+        ({}, ["no changes given"]),
+    ],
+)
 def test_patch_out_of_bounds_422(server, changes, fragments):
     before = admin(server, "GET", "/config").json()["config"]
     r = admin(server, "PATCH", "/config", changes)

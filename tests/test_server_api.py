@@ -1,5 +1,6 @@
 """The OpenAI-compatible API through the official `openai` client against a real
 uvicorn server on loopback (tiny random model)."""
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,13 @@ def test_models_and_health(server, client):
 
 
 def test_completion(client):
-    r = client.completions.create(model=MODEL_NAME, prompt="The engine keeps the key", max_tokens=12,
-                                  temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL_NAME,
+        prompt="The engine keeps the key",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert r.object == "text_completion"
     assert len(r.choices) == 1
     choice = r.choices[0]
@@ -54,8 +60,9 @@ def test_completion(client):
 
 def test_chat(client):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello, world!"}]
-    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0,
-                                       extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.object == "chat.completion"
     msg = r.choices[0].message
     assert msg.role == "assistant"
@@ -64,17 +71,26 @@ def test_chat(client):
     r2 = client.chat.completions.create(model=MODEL_NAME, messages=messages[1:], max_tokens=1, temperature=0)
     assert r.usage.prompt_tokens > r2.usage.prompt_tokens
     # max_completion_tokens is the newer name of max_tokens.
-    r3 = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_completion_tokens=10, temperature=0,
-                                        extra_body={"ignore_eos": True})
+    r3 = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_completion_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r3.choices[0].message.content == msg.content
 
 
 def test_streaming_with_usage_matches_non_streaming(client):
     prompt = "Continuous batching admits new requests"
     expected = greedy(client, prompt, max_tokens=20, extra_body={"ignore_eos": True})
-    chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=20, temperature=0,
-                                            stream=True, stream_options={"include_usage": True},
-                                            extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=prompt,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == expected.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -87,8 +103,16 @@ def test_streaming_with_usage_matches_non_streaming(client):
 def test_chat_streaming(client):
     messages = [{"role": "user", "content": "Once upon a time"}]
     expected = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=0)
-    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected.choices[0].message.content
@@ -96,22 +120,37 @@ def test_chat_streaming(client):
 
 
 def test_streaming_without_usage_sends_none(client):
-    chunks = list(client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4, stream=True,
-                                            temperature=0))
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4, stream=True, temperature=0))
     assert all(c.usage is None for c in chunks)
     assert chunks[-1].choices[0].finish_reason is not None
 
 
 def test_n2(client):
-    r = client.completions.create(model=MODEL_NAME, prompt="A prefix cache hashes", max_tokens=16, n=2,
-                                  temperature=1.0, seed=7, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model=MODEL_NAME,
+        prompt="A prefix cache hashes",
+        max_tokens=16,
+        n=2,
+        temperature=1.0,
+        seed=7,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in r.choices) == [0, 1]
     assert r.usage.completion_tokens == 32
     assert r.choices[0].text != r.choices[1].text  # two independent samples
-    chunks = list(client.completions.create(model=MODEL_NAME, prompt="A prefix cache hashes", max_tokens=16, n=2,
-                                            temperature=1.0, seed=7, stream=True,
-                                            stream_options={"include_usage": True},
-                                            extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt="A prefix cache hashes",
+            max_tokens=16,
+            n=2,
+            temperature=1.0,
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     streamed = {0: "", 1: ""}
     for c in chunks:
         for choice in c.choices:
@@ -132,15 +171,34 @@ def test_stop_strings(client):
     assert r.choices[0].text == expected
     assert r.choices[0].model_extra.get("stop_reason") == stop
     # Streaming must not leak any part of the stop string.
-    chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, temperature=0,
-                                            stop=stop, stream=True, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=prompt,
+            max_tokens=40,
+            temperature=0,
+            stop=stop,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
 
 
 def test_seed_reproducibility(client):
     def sample(seed):
-        return client.completions.create(model=MODEL_NAME, prompt="Prometheus scrapes metrics", max_tokens=16,
-                                         temperature=1.0, seed=seed, extra_body={"ignore_eos": True}).choices[0].text
+        return (
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt="Prometheus scrapes metrics",
+                max_tokens=16,
+                temperature=1.0,
+                seed=seed,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .text
+        )
 
     a, b, c = sample(1234), sample(1234), sample(4321)
     assert a == b
@@ -158,8 +216,15 @@ def test_completion_logprobs(client):
 
 
 def test_chat_logprobs(client):
-    r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
-                                       temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == 6
     for entry in content:
@@ -173,8 +238,9 @@ def test_token_id_prompt_and_batch(client):
     text = greedy(client, "Hello, world!", max_tokens=6).choices[0].text
     ids = greedy(client, "Hello, world!", max_tokens=1, logprobs=0).usage.prompt_tokens
     assert ids > 0
-    r = client.completions.create(model=MODEL_NAME, prompt=["Hello, world!", "Once upon a time"], max_tokens=6,
-                                  temperature=0)
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=["Hello, world!", "Once upon a time"], max_tokens=6, temperature=0
+    )
     choices = sorted(r.choices, key=lambda c: c.index)
     assert [c.index for c in choices] == [0, 1]
     assert choices[0].text == text
@@ -182,8 +248,9 @@ def test_token_id_prompt_and_batch(client):
     from engine.tokenizer import Tokenizer
 
     tok = Tokenizer(client._inferd_model_dir)
-    by_ids = client.completions.create(model=MODEL_NAME, prompt=tok.encode("Hello, world!"), max_tokens=6,
-                                       temperature=0)
+    by_ids = client.completions.create(
+        model=MODEL_NAME, prompt=tok.encode("Hello, world!"), max_tokens=6, temperature=0
+    )
     assert by_ids.choices[0].text == text
 
 
@@ -221,8 +288,15 @@ def test_priority_orders_admission(tiny_model, tmp_path):
         firsts, errors = [], []
 
         def send(name: str, priority: int, max_tokens: int) -> None:
-            body = {"model": MODEL_NAME, "prompt": f"{name} priority", "max_tokens": max_tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True, "priority": priority}
+            body = {
+                "model": MODEL_NAME,
+                "prompt": f"{name} priority",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "priority": priority,
+            }
             try:
                 with httpx.stream("POST", url, json=body, timeout=60) as r:
                     assert r.status_code == 200, r.read()

@@ -1,6 +1,7 @@
 """`inferd bench serve` against a running server: a JSON report with a level per
 offered load and a PNG plot. `inferd bench burst`: the offline engine and the server on
 the same burst, every request's token count checked, errors counted."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 def test_bench_serve_writes_report_and_plot(tiny_model, tmp_path):
     out = tmp_path / "bench"
     with running_server(tiny_model) as server:
-        rc = main(["bench", "serve", "--url", server.url, "--rates", "2,4,8", "--duration", "1.5",
-                   "--max-tokens", "8", "--prompt-len", "4,32", "--out", str(out)])
+        rc = main(
+            [
+                "bench",
+                "serve",
+                "--url",
+                server.url,
+                "--rates",
+                "2,4,8",
+                "--duration",
+                "1.5",
+                "--max-tokens",
+                "8",
+                "--prompt-len",
+                "4,32",
+                "--out",
+                str(out),
+            ]
+        )
     assert rc == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert [lv["offered_rps"] for lv in report["levels"]] == [2.0, 4.0, 8.0]
@@ -44,8 +61,28 @@ def _phases(report: dict) -> dict[str, dict]:
 
 def test_bench_burst_offline_and_server_every_request_exact(tmp_path):
     out = tmp_path / "burst.json"
-    rc = main(["bench", "burst", "--preset", "tiny", "--num-requests", "8", "--prompt-len", "16", "--output-len", "8",
-               "--warmup-requests", "2", "--max-num-seqs", "8", "--block-size", "8", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "burst",
+            "--preset",
+            "tiny",
+            "--num-requests",
+            "8",
+            "--prompt-len",
+            "16",
+            "--output-len",
+            "8",
+            "--warmup-requests",
+            "2",
+            "--max-num-seqs",
+            "8",
+            "--block-size",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["machine"]["cpus"] >= 1 and "gpu" in report["machine"]
@@ -72,8 +109,26 @@ def test_bench_burst_counts_errors_against_a_running_server(tiny_model, tmp_path
     out = tmp_path / "burst.json"
     with running_server(tiny_model) as server:
         # 16 + 4000 tokens is past the tiny model's 2048: every request is refused.
-        rc = main(["bench", "burst", "--url", server.url, "--num-requests", "4", "--prompt-len", "16",
-                   "--output-len", "4000", "--stream", "yes", "--warmup-requests", "0", "--out", str(out)])
+        rc = main(
+            [
+                "bench",
+                "burst",
+                "--url",
+                server.url,
+                "--num-requests",
+                "4",
+                "--prompt-len",
+                "16",
+                "--output-len",
+                "4000",
+                "--stream",
+                "yes",
+                "--warmup-requests",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
     assert rc == 1
     (stream,) = json.loads(out.read_text())["phases"]
     assert stream["phase"] == "server stream" and stream["ratio_to_offline"] is None
@@ -98,8 +153,13 @@ def test_burst_engine_options_reach_inferd_serve_as_given():
     from engine.bench.burst import server_flags
     from engine.server.cli import add_arguments
 
-    options = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_prefix_caching": False,
-               "dtype": "bfloat16", "gpu_memory_utilization": 0.85}
+    options = {
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "enable_prefix_caching": False,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.85,
+    }
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(server_flags(options))
@@ -113,4 +173,3 @@ def test_burst_config_rejects_bad_values():
         BurstConfig(output_len=0)
     with pytest.raises(ValueError, match="stream"):
         BurstConfig(stream="sometimes")
-

@@ -1,5 +1,6 @@
 """`inferd serve` as a process: the default model created under the cache folder, the
 admin token from a file, OTLP export, and clean refusals of bad options."""
+
 from __future__ import annotations
 
 import os
@@ -15,14 +16,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_serve_default_model_token_file_otlp(tmp_path):
-    pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto is missing")
+    pytest.importorskip(
+        "opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto is missing"
+    )
     receiver = OtlpReceiver()
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
     port = free_port()
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "INFERD_ADMIN_TOKEN": "env-token"}
-    proc = serve(["--port", str(port), "--admin-token-file", str(token_file), "--max-num-seqs", "9",
-                  "--otlp-endpoint", receiver.url], env)
+    proc = serve(
+        [
+            "--port",
+            str(port),
+            "--admin-token-file",
+            str(token_file),
+            "--max-num-seqs",
+            "9",
+            "--otlp-endpoint",
+            receiver.url,
+        ],
+        env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url)
@@ -45,14 +59,19 @@ def test_serve_default_model_token_file_otlp(tmp_path):
     assert [s.name for s in receiver.spans] == ["llm_request"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--max-num-seqs", "0"], "max_num_seqs must be in"),
-    (["--model", "/nonexistent/model"], "no config.json"),
-    (["--port", "70000"], "--port must be in"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-num-seqs", "0"], "max_num_seqs must be in"),
+        (["--model", "/nonexistent/model"], "no config.json"),
+        (["--port", "70000"], "--port must be in"),
+    ],
+)
 def test_serve_refuses_bad_options(tmp_path, args, message):
-    proc = serve(args + (["--port", str(free_port())] if "--port" not in args else []),
-                 {"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    proc = serve(
+        args + (["--port", str(free_port())] if "--port" not in args else []),
+        {"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert message in out

@@ -1,5 +1,6 @@
 """Bad input: each case gets its OpenAI-style error with the right status and a message
 naming the problem; none is a 5xx and none disturbs the requests around it."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,12 @@ def server(tiny_model):
 
 def post(server, path: str, body=None, content: bytes | None = None, headers=None) -> httpx.Response:
     if content is not None:
-        return httpx.post(f"{server.url}{path}", content=content, timeout=30,
-                          headers={"content-type": "application/json", **(headers or {})})
+        return httpx.post(
+            f"{server.url}{path}",
+            content=content,
+            timeout=30,
+            headers={"content-type": "application/json", **(headers or {})},
+        )
     return httpx.post(f"{server.url}{path}", json=body, timeout=30, headers=headers)
 
 
@@ -37,79 +42,114 @@ def completion(**overrides):
 LONG_PROMPT = "hello " * 400  # far more than MAX_MODEL_LEN tokens
 
 
-@pytest.mark.parametrize("body, fragments, param", [
-    (completion(prompt=LONG_PROMPT[:1500]), ["max_model_len is 128"], "prompt"),
-    (completion(max_tokens=MAX_MODEL_LEN), ["maximum context length is 128"], "max_tokens"),
-    (completion(temperature=-1), ["temperature must be >= 0"], "temperature"),
-    (completion(prompt=["a"] * 5, n=60), ["would start 300 sequences (5 prompt(s) x n=60); at most 256"], "n"),
-    (completion(top_p=1.5), ["top_p must be in (0, 1]"], "top_p"),
-    (completion(n=0), ["n must be in"], "n"),
-    (completion(max_tokens=0), ["max_tokens must be an integer >= 1"], "max_tokens"),
-    (completion(logprobs=21), ["logprobs must be in"], "logprobs"),
-    (completion(presence_penalty=3), ["presence_penalty must be in"], "presence_penalty"),
-    (completion(prompt=""), ["prompt is empty"], "prompt"),
-    (completion(prompt=[1, 2, 999999]), ["unknown token id"], "prompt"),
-    (completion(stream_options={"include_usage": True}), ["stream_options is only allowed"], "stream_options"),
-    (completion(frobnicate=1), ["Unrecognized request argument supplied: frobnicate"], "frobnicate"),
-    (completion(logit_bias={"5": 1.0}), ["logit_bias is not supported"], "logit_bias"),
-    (completion(echo=True), ["echo is not supported"], "echo"),
-    (completion(repetition_penalty=1e-300), ["repetition_penalty must be in [0.01, 100.0]"], "repetition_penalty"),
-])
+@pytest.mark.parametrize(
+    "body, fragments, param",
+    [
+        (completion(prompt=LONG_PROMPT[:1500]), ["max_model_len is 128"], "prompt"),
+        (completion(max_tokens=MAX_MODEL_LEN), ["maximum context length is 128"], "max_tokens"),
+        (completion(temperature=-1), ["temperature must be >= 0"], "temperature"),
+        (completion(prompt=["a"] * 5, n=60), ["would start 300 sequences (5 prompt(s) x n=60); at most 256"], "n"),
+        (completion(top_p=1.5), ["top_p must be in (0, 1]"], "top_p"),
+        (completion(n=0), ["n must be in"], "n"),
+        (completion(max_tokens=0), ["max_tokens must be an integer >= 1"], "max_tokens"),
+        (completion(logprobs=21), ["logprobs must be in"], "logprobs"),
+        (completion(presence_penalty=3), ["presence_penalty must be in"], "presence_penalty"),
+        (completion(prompt=""), ["prompt is empty"], "prompt"),
+        (completion(prompt=[1, 2, 999999]), ["unknown token id"], "prompt"),
+        (completion(stream_options={"include_usage": True}), ["stream_options is only allowed"], "stream_options"),
+        (completion(frobnicate=1), ["Unrecognized request argument supplied: frobnicate"], "frobnicate"),
+        (completion(logit_bias={"5": 1.0}), ["logit_bias is not supported"], "logit_bias"),
+        (completion(echo=True), ["echo is not supported"], "echo"),
+        (completion(repetition_penalty=1e-300), ["repetition_penalty must be in [0.01, 100.0]"], "repetition_penalty"),
+    ],
+)
 def test_completion_400(server, body, fragments, param):
     assert_error(post(server, "/v1/completions", body), 400, *fragments, param=param)
 
 
-@pytest.mark.parametrize("body, fragments, param", [
-    ({"model": MODEL_NAME, "messages": []}, ["at least one message"], "messages"),
-    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
-     ["top_logprobs needs logprobs"], "top_logprobs"),
-    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000},
-     ["maximum context length is 128"], "max_completion_tokens"),
-    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": LONG_PROMPT[:1500]}]},
-     ["max_model_len is 128"], "messages"),
-    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     ["only text parts are supported"], None),
-    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
-     ["tools are not supported"], "tools"),
-    ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]},
-     ["messages[1].role must be one of system, developer, user, assistant, tool, function; got 'wizard'"],
-     "messages[1].role"),
-])
+@pytest.mark.parametrize(
+    "body, fragments, param",
+    [
+        ({"model": MODEL_NAME, "messages": []}, ["at least one message"], "messages"),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+            ["top_logprobs needs logprobs"],
+            "top_logprobs",
+        ),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000},
+            ["maximum context length is 128"],
+            "max_completion_tokens",
+        ),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "user", "content": LONG_PROMPT[:1500]}]},
+            ["max_model_len is 128"],
+            "messages",
+        ),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            ["only text parts are supported"],
+            None,
+        ),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+            ["tools are not supported"],
+            "tools",
+        ),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]},
+            ["messages[1].role must be one of system, developer, user, assistant, tool, function; got 'wizard'"],
+            "messages[1].role",
+        ),
+    ],
+)
 def test_chat_400(server, body, fragments, param):
     assert_error(post(server, "/v1/chat/completions", body), 400, *fragments, param=param)
 
 
 def test_unknown_model_404(server):
-    error = assert_error(post(server, "/v1/completions", completion(model="gpt-9")), 404,
-                         "The model `gpt-9` does not exist", param="model")
+    error = assert_error(
+        post(server, "/v1/completions", completion(model="gpt-9")),
+        404,
+        "The model `gpt-9` does not exist",
+        param="model",
+    )
     assert error["code"] == "model_not_found"
-    assert_error(post(server, "/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
-                 404, "does not exist")
+    assert_error(
+        post(server, "/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+        404,
+        "does not exist",
+    )
 
 
 def test_body_too_large_413(server):
     big = completion(prompt="x" * (MAX_BODY + 100))
     assert_error(post(server, "/v1/completions", big), 413, f"limit of {MAX_BODY} bytes")
+
     # Without a Content-Length header (chunked upload) the limit holds too.
     def chunks():
         yield b'{"model": "tiny", "prompt": "'
         for _ in range(10):
             yield b"x" * 1000
         yield b'"}'
+
     r = httpx.post(f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
     assert_error(r, 413, "larger than the limit")
 
 
-@pytest.mark.parametrize("content, fragments", [
-    (b"{not json", ["JSON"]),
-    (b'{"model": "tiny", "prompt": "hi", "max_tokens": "ten"}', ["max_tokens"]),
-    (b'{"model": "tiny", "max_tokens": 3}', ["prompt", "Field required"]),
-    (b'{"model": "tiny", "prompt": {"a": 1}}', ["prompt"]),
-    (b'{"model": "tiny", "prompt": "hi", "stream": "yes"}', ["stream"]),
-    (b'[1, 2, 3]', []),
-    (b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', ["temperature", "finite"]),
-    (b'{"model": "tiny", "prompt": "hi", "top_p": Infinity}', ["top_p", "finite"]),
-])
+@pytest.mark.parametrize(
+    "content, fragments",
+    [
+        (b"{not json", ["JSON"]),
+        (b'{"model": "tiny", "prompt": "hi", "max_tokens": "ten"}', ["max_tokens"]),
+        (b'{"model": "tiny", "max_tokens": 3}', ["prompt", "Field required"]),
+        (b'{"model": "tiny", "prompt": {"a": 1}}', ["prompt"]),
+        (b'{"model": "tiny", "prompt": "hi", "stream": "yes"}', ["stream"]),
+        (b"[1, 2, 3]", []),
+        (b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', ["temperature", "finite"]),
+        (b'{"model": "tiny", "prompt": "hi", "top_p": Infinity}', ["top_p", "finite"]),
+    ],
+)
 def test_malformed_422(server, content, fragments):
     assert_error(post(server, "/v1/completions", content=content), 422, *fragments)
 
@@ -126,20 +166,30 @@ def raw(body: dict) -> bytes:
 SURROGATE = "\ud800"
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", completion(prompt=f"ab{SURROGATE}cd"), "prompt"),
-    ("/v1/completions", completion(prompt=["fine", SURROGATE]), "prompt[1]"),
-    ("/v1/completions", completion(model=SURROGATE), "model"),
-    ("/v1/completions", completion(stop=["ok", SURROGATE]), "stop[1]"),
-    ("/v1/completions", completion(user=SURROGATE), "user"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": f"a{SURROGATE}"}]), "messages[0].content"),
-    ("/v1/chat/completions", chat(messages=[{"role": SURROGATE, "content": "a"}]), "messages[0].role"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "a", "name": SURROGATE}]), "messages[0].name"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}]),
-     "messages[0].content[0].text"),
-    ("/v1/chat/completions", chat(model=SURROGATE), "model"),
-    ("/v1/chat/completions", chat(metadata={"k": SURROGATE}), "metadata.k"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", completion(prompt=f"ab{SURROGATE}cd"), "prompt"),
+        ("/v1/completions", completion(prompt=["fine", SURROGATE]), "prompt[1]"),
+        ("/v1/completions", completion(model=SURROGATE), "model"),
+        ("/v1/completions", completion(stop=["ok", SURROGATE]), "stop[1]"),
+        ("/v1/completions", completion(user=SURROGATE), "user"),
+        ("/v1/chat/completions", chat(messages=[{"role": "user", "content": f"a{SURROGATE}"}]), "messages[0].content"),
+        ("/v1/chat/completions", chat(messages=[{"role": SURROGATE, "content": "a"}]), "messages[0].role"),
+        (
+            "/v1/chat/completions",
+            chat(messages=[{"role": "user", "content": "a", "name": SURROGATE}]),
+            "messages[0].name",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(messages=[{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}]),
+            "messages[0].content[0].text",
+        ),
+        ("/v1/chat/completions", chat(model=SURROGATE), "model"),
+        ("/v1/chat/completions", chat(metadata={"k": SURROGATE}), "metadata.k"),
+    ],
+)
 def test_lone_surrogates_get_400_naming_the_field(server, path, body, param):
     error = assert_error(post(server, path, content=raw(body)), 400, "not valid Unicode text", param=param)
     assert error["code"] == "invalid_encoding"
@@ -157,21 +207,34 @@ DEEP = b"[" * 2000 + b"]" * 2000  # under the body limit, past the JSON parser's
 DEEPER = b"[" * 10000 + b"]" * 10000  # over this server's body limit
 
 
-@pytest.mark.parametrize("path, method, headers", [
-    ("/v1/completions", "POST", {}),
-    ("/v1/chat/completions", "POST", {}),
-    ("/admin/config", "PATCH", admin_headers()),
-])
-@pytest.mark.parametrize("content, fragment", [
-    (NOT_UTF8, "not valid UTF-8: byte 0xff at position"),
-    (DEEP, "nests too deeply"),
-    (DEEPER, ""),
-    (b'{"prompt": "hi",, }', "request body is not valid JSON: Expecting property name enclosed in double quotes "
-                              "at position 16"),
-])
+@pytest.mark.parametrize(
+    "path, method, headers",
+    [
+        ("/v1/completions", "POST", {}),
+        ("/v1/chat/completions", "POST", {}),
+        ("/admin/config", "PATCH", admin_headers()),
+    ],
+)
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (NOT_UTF8, "not valid UTF-8: byte 0xff at position"),
+        (DEEP, "nests too deeply"),
+        (DEEPER, ""),
+        (
+            b'{"prompt": "hi",, }',
+            "request body is not valid JSON: Expecting property name enclosed in double quotes at position 16",
+        ),
+    ],
+)
 def test_unparsable_bodies_get_4xx_in_the_openai_shape(server, path, method, headers, content, fragment):
-    r = httpx.request(method, f"{server.url}{path}", content=content, timeout=30,
-                      headers={"content-type": "application/json", **headers})
+    r = httpx.request(
+        method,
+        f"{server.url}{path}",
+        content=content,
+        timeout=30,
+        headers={"content-type": "application/json", **headers},
+    )
     assert r.status_code in (400, 413, 422), r.text
     error = assert_error(r, r.status_code, fragment)
     if r.status_code != 413:
@@ -207,8 +270,9 @@ def test_made_up_methods_and_paths_fold_into_other(server):
 
 def test_chat_malformed_422(server):
     assert_error(post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": "hi"}), 422, "messages")
-    assert_error(post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"content": "hi"}]}),
-                 422, "role")
+    assert_error(
+        post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"content": "hi"}]}), 422, "role"
+    )
 
 
 def test_openai_client_raises_its_usual_errors(server):
@@ -251,13 +315,34 @@ def test_mistakes_never_5xx_and_never_disturb_others(server):
 
 
 JSON_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
-    st.lists(st.integers(min_value=-5, max_value=600), max_size=4), st.lists(st.text(max_size=4), max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.lists(st.integers(min_value=-5, max_value=600), max_size=4),
+    st.lists(st.text(max_size=4), max_size=3),
 )
-FIELDS = ["prompt", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "logprobs",
-          "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop_token_ids",
-          "ignore_eos", "priority", "stream"]
+FIELDS = [
+    "prompt",
+    "max_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "priority",
+    "stream",
+]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,6 +1,7 @@
 """The server around its engine core process: readiness while loading, a stalled or
 killed core, graceful drain on SIGTERM, a busy port, and a thousand clients leaving
 mid-stream. Signals go to real processes (`inferd serve`, its engine core)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,15 @@ from server_fixtures import (
     wait_healthy,
 )
 
-LONG_STREAM = {"model": MODEL_NAME, "prompt": "The engine core runs in a process of its own",
-               "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True,
-               "stream_options": {"include_usage": True}}
+LONG_STREAM = {
+    "model": MODEL_NAME,
+    "prompt": "The engine core runs in a process of its own",
+    "max_tokens": 1500,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 
 
 def wait_until(predicate, timeout: float = 60.0, what: str = "condition"):
@@ -61,7 +68,7 @@ def engine_core_pid(server_pid: int) -> int:
 def sse_events(response: httpx.Response):
     for line in response.iter_lines():
         if line.startswith("data: "):
-            yield line[len("data: "):]
+            yield line[len("data: ") :]
 
 
 @contextlib.contextmanager
@@ -193,8 +200,10 @@ def test_a_thousand_clients_leaving_mid_stream_free_every_block(tiny_model):
 
     async def leave_mid_stream(port: int, read_first: bool) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(request), request))
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(request), request)
+        )
         await writer.drain()
         if read_first:  # the stream has started: headers and at least one event
             await reader.readuntil(b"data: ")
@@ -209,14 +218,18 @@ def test_a_thousand_clients_leaving_mid_stream_free_every_block(tiny_model):
 
         def all_free() -> bool:
             text = scrape(server.url)
-            return (metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0
-                    and metric_value(text, "vllm:num_requests_running") == 0
-                    and metric_value(text, "vllm:num_requests_waiting") == 0)
+            return (
+                metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0
+                and metric_value(text, "vllm:num_requests_running") == 0
+                and metric_value(text, "vllm:num_requests_waiting") == 0
+            )
 
         wait_until(all_free, 120, "every KV block free")
         text = scrape(server.url)
-        finished = sum(metric_value(text, "vllm:request_success_total", {"finished_reason": r})
-                       for r in ("abort", "length", "stop"))
+        finished = sum(
+            metric_value(text, "vllm:request_success_total", {"finished_reason": r})
+            for r in ("abort", "length", "stop")
+        )
         # Every stream that started was added and has ended; one dropped before its request
         # was read may never have reached the engine.
         assert num_clients // 2 <= finished <= num_clients

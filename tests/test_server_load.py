@@ -6,6 +6,7 @@ engine, flips fast/fallback and injects fast-path failures all along.
 
 INFERD_SOAK_REQUESTS and INFERD_SOAK_CONCURRENCY make the first a longer soak
 (e.g. 2000 and 64); CI runs the defaults."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,10 @@ NUM_REQUESTS = int(os.environ.get("INFERD_SOAK_REQUESTS", 200))
 CONCURRENCY = int(os.environ.get("INFERD_SOAK_CONCURRENCY", 32))
 BLOCK_BYTES_TINY = 8192  # tiny preset, float32, block_size 16
 SMALL_POOL = dict(kv_cache_bytes=48 * BLOCK_BYTES_TINY, swap_space_bytes=12 * BLOCK_BYTES_TINY, max_num_seqs=32)
-WORDS = ("the engine keeps key value cache blocks sequence table batch step token memory host device "
-         "scheduler prefix swap page fault model layer node socket link Hello world 0123456789").split()
+WORDS = (
+    "the engine keeps key value cache blocks sequence table batch step token memory host device "
+    "scheduler prefix swap page fault model layer node socket link Hello world 0123456789"
+).split()
 
 
 @dataclass(slots=True)
@@ -53,26 +56,32 @@ def make_jobs(seed: int) -> list[Job]:
     jobs = []
     for i in range(NUM_REQUESTS):
         kind = i % 4  # greedy, greedy, seeded sample, unseeded sample
-        jobs.append(Job(
-            prompt=" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 90))),
-            max_tokens=rng.randint(4, 48),
-            temperature=0.0 if kind < 2 else 0.9,
-            seed=rng.randrange(1 << 30) if kind == 2 else None,
-            stream=rng.random() < 0.5,
-        ))
+        jobs.append(
+            Job(
+                prompt=" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 90))),
+                max_tokens=rng.randint(4, 48),
+                temperature=0.0 if kind < 2 else 0.9,
+                seed=rng.randrange(1 << 30) if kind == 2 else None,
+                stream=rng.random() < 0.5,
+            )
+        )
     return jobs
 
 
 def alone(model_dir: str, jobs: list[Job]) -> dict[int, str]:
     """Each reproducible job run by itself on an engine with a roomy KV pool."""
     llm = LLM(model_dir, kv_cache_bytes=8 << 20)
-    return {i: llm.generate(job.prompt, job.params())[0].outputs[0].text
-            for i, job in enumerate(jobs) if job.is_reproducible}
+    return {
+        i: llm.generate(job.prompt, job.params())[0].outputs[0].text
+        for i, job in enumerate(jobs)
+        if job.is_reproducible
+    }
 
 
 async def send(client: openai.AsyncOpenAI, job: Job) -> tuple[str, str]:
-    kwargs = dict(model=MODEL_NAME, prompt=job.prompt, max_tokens=job.max_tokens, temperature=job.temperature,
-                  seed=job.seed)
+    kwargs = dict(
+        model=MODEL_NAME, prompt=job.prompt, max_tokens=job.max_tokens, temperature=job.temperature, seed=job.seed
+    )
     if not job.stream:
         r = await client.completions.create(**kwargs)
         return r.choices[0].text, r.choices[0].finish_reason
@@ -104,8 +113,10 @@ def check(url: str, jobs: list[Job], results, expected: dict[int, str]) -> None:
     assert not failures, f"{len(failures)} requests failed, first: {failures[0]!r}"
     assert all(finish in ("stop", "length") for _, finish in results)
     mismatched = [i for i, text in expected.items() if results[i][0] != text]
-    assert not mismatched, (f"{len(mismatched)} of {len(expected)} reproducible requests differ from their solo run, "
-                            f"first #{mismatched[0]}: {results[mismatched[0]][0]!r} != {expected[mismatched[0]]!r}")
+    assert not mismatched, (
+        f"{len(mismatched)} of {len(expected)} reproducible requests differ from their solo run, "
+        f"first #{mismatched[0]}: {results[mismatched[0]][0]!r} != {expected[mismatched[0]]!r}"
+    )
     text = scrape(url)
     assert metric_value(text, "vllm:num_preemptions_total") > 0, "the KV pool did not force any preemption"
     assert metric_value(text, "inferd_kv_page_faults_total") > 0
@@ -160,6 +171,7 @@ def test_load_with_admin_changes_and_mode_switches(tiny_model):
     jobs = make_jobs(seed=2)
     expected = alone(tiny_model, jobs)
     with running_server(tiny_model, enable_fault_injection=True, **SMALL_POOL) as server:
+
         async def scenario():
             stop = asyncio.Event()
             churn = asyncio.create_task(churn_admin(server.url, stop))
@@ -189,9 +201,15 @@ def test_several_hundred_concurrent_streams(tiny_model):
         waiting = {"n": num_streams}
 
         async def one(i: int) -> int:
-            stream = await client.completions.create(model=MODEL_NAME, prompt=f"stream {i} of many", max_tokens=6,
-                                                     temperature=0, stream=True, extra_body={"ignore_eos": True},
-                                                     stream_options={"include_usage": True})
+            stream = await client.completions.create(
+                model=MODEL_NAME,
+                prompt=f"stream {i} of many",
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True},
+            )
             # Hold every stream open until all of them are: they are served side by side.
             waiting["n"] -= 1
             if waiting["n"] == 0:
@@ -212,5 +230,6 @@ def test_several_hundred_concurrent_streams(tiny_model):
         assert tokens == [6] * num_streams
         text = scrape(server.url)
         assert metric_value(text, "vllm:request_success_total", {"finished_reason": "length"}) == num_streams
-        assert metric_value(text, "inferd_scheduler_batch_size_bucket", {"le": "64.0"}) < \
-            metric_value(text, "inferd_scheduler_batch_size_count"), "never more than 64 sequences in one step"
+        assert metric_value(text, "inferd_scheduler_batch_size_bucket", {"le": "64.0"}) < metric_value(
+            text, "inferd_scheduler_batch_size_count"
+        ), "never more than 64 sequences in one step"

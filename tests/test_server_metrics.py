@@ -1,6 +1,7 @@
 """/metrics: vLLM V1 names, types and labels; inferd_* families pass promtool; the
 reference vLLM dashboards' metrics are all there; a client that disconnects frees
 its blocks at once (seen through the metrics)."""
+
 from __future__ import annotations
 
 import re
@@ -19,29 +20,59 @@ from server_fixtures import MODEL_NAME, metric_value, running_server, scrape
 # Every metric the two reference vLLM Grafana boards query (kept here so the test does
 # not depend on files outside the repository; refreshed from them when present).
 DASHBOARD_METRICS = {
-    "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
-    "vllm:inter_token_latency_seconds", "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "vllm:time_to_first_token_seconds", "vllm:kv_cache_usage_perc", "vllm:request_prompt_tokens",
-    "vllm:request_generation_tokens", "vllm:request_success", "vllm:request_queue_time_seconds",
-    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-    "vllm:request_max_num_generation_tokens", "vllm:num_preemptions", "vllm:prefix_cache_hits",
-    "vllm:prefix_cache_queries", "vllm:request_time_per_output_token_seconds", "http_requests",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:inter_token_latency_seconds",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds",
+    "vllm:kv_cache_usage_perc",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_success",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_max_num_generation_tokens",
+    "vllm:num_preemptions",
+    "vllm:prefix_cache_hits",
+    "vllm:prefix_cache_queries",
+    "vllm:request_time_per_output_token_seconds",
+    "http_requests",
 }
 REFERENCE_DIR = Path("/work/shared/reference/vllm")
 
 EXPECTED_TYPES = {
-    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter", "vllm:num_preemptions": "counter",
-    "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
-    "vllm:request_prefill_time_seconds": "histogram", "vllm:request_decode_time_seconds": "histogram",
-    "vllm:request_prompt_tokens": "histogram", "vllm:request_generation_tokens": "histogram",
-    "inferd_kv_page_faults": "counter", "inferd_kv_swap_bytes": "counter", "inferd_kv_blocks": "gauge",
-    "inferd_kv_fragmentation_ratio": "gauge", "inferd_scheduler_step_duration_seconds": "histogram",
-    "inferd_scheduler_batch_size": "histogram", "inferd_engine_tunable": "gauge", "inferd_engine_mode": "gauge",
-    "inferd_engine_preemption_mode": "gauge", "inferd_engine_kv_cold_dtype": "gauge",
-    "inferd_engine_fastpath_failures": "counter", "inferd_engine_decode_steps_launched_ahead": "counter",
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "inferd_kv_page_faults": "counter",
+    "inferd_kv_swap_bytes": "counter",
+    "inferd_kv_blocks": "gauge",
+    "inferd_kv_fragmentation_ratio": "gauge",
+    "inferd_scheduler_step_duration_seconds": "histogram",
+    "inferd_scheduler_batch_size": "histogram",
+    "inferd_engine_tunable": "gauge",
+    "inferd_engine_mode": "gauge",
+    "inferd_engine_preemption_mode": "gauge",
+    "inferd_engine_kv_cold_dtype": "gauge",
+    "inferd_engine_fastpath_failures": "counter",
+    "inferd_engine_decode_steps_launched_ahead": "counter",
 }
 
 
@@ -50,8 +81,13 @@ def server(tiny_model):
     with running_server(tiny_model, max_model_len=2048) as s:
         client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
         for i in range(3):
-            client.completions.create(model=MODEL_NAME, prompt=f"Warm-up request {i} about caches", max_tokens=8,
-                                      temperature=0, extra_body={"ignore_eos": True})
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=f"Warm-up request {i} about caches",
+                max_tokens=8,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
         yield s
 
 
@@ -73,7 +109,11 @@ def test_names_types_and_labels(server):
     assert {s.labels["kind"] for s in fams["inferd_kv_page_faults"].samples} == {"swap_in", "recompute"}
     assert {s.labels["direction"] for s in fams["inferd_kv_swap_bytes"].samples} == {"in", "out"}
     assert {s.labels["param"] for s in fams["inferd_engine_tunable"].samples} == {
-        "max_num_seqs", "max_num_batched_tokens", "kv_hot_window", "swap_space_bytes"}
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_hot_window",
+        "swap_space_bytes",
+    }
 
 
 def test_values_follow_the_requests(server):
@@ -100,9 +140,12 @@ def test_reference_dashboards_are_answerable(server):
     for fam in text_string_to_metric_families(scrape(server.url)):
         exposed.add(fam.name)
         exposed.update(s.name for s in fam.samples)
-    missing = sorted(n for n in names
-                     if not ({n, n + "_total", n + "_bucket", n + "_sum", n + "_count"} & exposed)
-                     and re.sub(r"_(bucket|sum|count|total)$", "", n) not in exposed)
+    missing = sorted(
+        n
+        for n in names
+        if not ({n, n + "_total", n + "_bucket", n + "_sum", n + "_count"} & exposed)
+        and re.sub(r"_(bucket|sum|count|total)$", "", n) not in exposed
+    )
     assert not missing, f"metrics the vLLM dashboards query but /metrics lacks: {missing}"
 
 
@@ -110,8 +153,9 @@ def test_promtool_check_metrics(server):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package prometheus)")
-    result = subprocess.run([promtool, "check", "metrics"], input=scrape(server.url), capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=scrape(server.url), capture_output=True, text=True, timeout=60
+    )
     problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     ours = [line for line in problems if "inferd_" in line or "http_requests" in line]
     assert not ours, ours
@@ -132,8 +176,14 @@ def _wait_for(predicate, timeout: float = 30.0) -> bool:
 
 def test_disconnect_mid_stream_frees_blocks(server):
     aborted_before = metric_value(scrape(server.url), "vllm:request_success_total", {"finished_reason": "abort"})
-    body = {"model": MODEL_NAME, "prompt": "The engine keeps the key and value cache in fixed-size blocks " * 3,
-            "max_tokens": 1900, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "The engine keeps the key and value cache in fixed-size blocks " * 3,
+        "max_tokens": 1900,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
             assert response.status_code == 200
@@ -147,8 +197,10 @@ def test_disconnect_mid_stream_frees_blocks(server):
 
     def freed() -> bool:
         text = scrape(server.url)
-        return (metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0
-                and metric_value(text, "vllm:num_requests_running") == 0)
+        return (
+            metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0
+            and metric_value(text, "vllm:num_requests_running") == 0
+        )
 
     assert _wait_for(freed), "blocks still in use after the client went away"
     text = scrape(server.url)
@@ -159,15 +211,16 @@ def test_disconnect_mid_stream_frees_blocks(server):
 
 def test_disconnect_non_streaming_aborts(server):
     aborted_before = metric_value(scrape(server.url), "vllm:request_success_total", {"finished_reason": "abort"})
-    body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0,
-            "ignore_eos": True}
+    body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 1900, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
 
     def aborted() -> bool:
         text = scrape(server.url)
-        return (metric_value(text, "vllm:request_success_total", {"finished_reason": "abort"}) == aborted_before + 1
-                and metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0)
+        return (
+            metric_value(text, "vllm:request_success_total", {"finished_reason": "abort"}) == aborted_before + 1
+            and metric_value(text, "inferd_kv_blocks", {"state": "used"}) == 0
+        )
 
     assert _wait_for(aborted), "the abandoned non-streaming request was not aborted"
 
@@ -177,8 +230,9 @@ def test_cache_config_info_as_vllm_writes_it(server):
     [sample] = families(scrape(server.url))["vllm:cache_config_info"].samples
     labels = sample.labels
     assert sample.value == 1.0 and labels["model_name"] == MODEL_NAME
-    blocks = metric_value(scrape(server.url), "inferd_kv_blocks", {"state": "free"}) + \
-        metric_value(scrape(server.url), "inferd_kv_blocks", {"state": "used"})
+    blocks = metric_value(scrape(server.url), "inferd_kv_blocks", {"state": "free"}) + metric_value(
+        scrape(server.url), "inferd_kv_blocks", {"state": "used"}
+    )
     assert int(labels["num_gpu_blocks"]) == blocks and labels["block_size"] == "16"
     assert labels["enable_prefix_caching"] == "True" and labels["cache_dtype"] == "auto"
     assert float(labels["swap_space"]) == 64 / 1024  # the default 64 MiB, in GiB as vLLM writes it

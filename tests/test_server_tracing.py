@@ -1,6 +1,7 @@
 """Traces: one span per request with queued/scheduled/first_token/preempted/finished
 events, exported over OTLP/HTTP to a receiver on loopback; a collector that never
 answers does not hold up serving."""
+
 from __future__ import annotations
 
 import socket
@@ -35,19 +36,26 @@ def test_spans_with_events_reach_the_collector(tiny_model):
     try:
         # A pool of 12 blocks for 6 concurrent requests of ~5 blocks each forces preemption.
         # The engine core exports the spans; stopping the server flushes them.
-        with running_server(tiny_model, otlp_endpoint=receiver.url, kv_cache_bytes=12 * 8192,
-                            swap_space_bytes=0) as server:
+        with running_server(
+            tiny_model, otlp_endpoint=receiver.url, kv_cache_bytes=12 * 8192, swap_space_bytes=0
+        ) as server:
             client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
             import concurrent.futures
 
             prompts = [f"The scheduler preempts the newest sequence number {i} " * 3 for i in range(6)]
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
-                results = list(pool.map(lambda p: client.completions.create(
-                    model=MODEL_NAME, prompt=p, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}),
-                    prompts))
+                results = list(
+                    pool.map(
+                        lambda p: client.completions.create(
+                            model=MODEL_NAME, prompt=p, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+                        ),
+                        prompts,
+                    )
+                )
             assert all(r.choices[0].finish_reason == "length" for r in results)
-            traced = client.completions.create(model=MODEL_NAME, prompt="child span", max_tokens=2,
-                                               extra_headers={"traceparent": TRACEPARENT})
+            traced = client.completions.create(
+                model=MODEL_NAME, prompt="child span", max_tokens=2, extra_headers={"traceparent": TRACEPARENT}
+            )
             assert traced.choices[0].finish_reason in ("length", "stop")
     finally:
         receiver.close()

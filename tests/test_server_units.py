@@ -1,6 +1,7 @@
 """Server pieces without a server: stream text hold-back, chat templates, settings,
 CLI options, the default model location, bucket layout, and the engine thread's
 handling of a failing step."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,16 +18,19 @@ from engine.server.metrics import build_1_2_5_buckets
 from engine.server.serving import streamable_text
 
 
-@pytest.mark.parametrize("text, finished, holdback, expected", [
-    ("hello", False, 0, "hello"),
-    ("hello\ufffd", False, 0, "hello"),  # partial UTF-8 waits for its next byte
-    ("hello\ufffd\ufffd", False, 0, "hello"),
-    ("hello\ufffd", True, 0, "hello\ufffd"),  # at the end it is what it is
-    ("hello wor", False, 3, "hello "),  # a stop string of 4 chars may still start in "wor"
-    ("hi", False, 5, ""),
-    ("hello wor", True, 3, "hello wor"),
-    ("a\ufffdb", False, 0, "a\ufffdb"),  # only a trailing one is held
-])
+@pytest.mark.parametrize(
+    "text, finished, holdback, expected",
+    [
+        ("hello", False, 0, "hello"),
+        ("hello\ufffd", False, 0, "hello"),  # partial UTF-8 waits for its next byte
+        ("hello\ufffd\ufffd", False, 0, "hello"),
+        ("hello\ufffd", True, 0, "hello\ufffd"),  # at the end it is what it is
+        ("hello wor", False, 3, "hello "),  # a stop string of 4 chars may still start in "wor"
+        ("hi", False, 5, ""),
+        ("hello wor", True, 3, "hello wor"),
+        ("a\ufffdb", False, 0, "a\ufffdb"),  # only a trailing one is held
+    ],
+)
 def test_streamable_text(text, finished, holdback, expected):
     assert streamable_text(text, finished, holdback) == expected
 
@@ -40,20 +44,29 @@ def test_chat_template_from_checkpoint(tiny_model):
     assert text.startswith(tok.bos_token)
     assert "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>" in text
     assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
-    no_prompt = render_chat([{"role": "user", "content": "Hi"}], tok.chat_template, tok.bos_token, tok.eos_token,
-                            add_generation_prompt=False)
+    no_prompt = render_chat(
+        [{"role": "user", "content": "Hi"}],
+        tok.chat_template,
+        tok.bos_token,
+        tok.eos_token,
+        add_generation_prompt=False,
+    )
     assert no_prompt.endswith("<|eot_id|>")
 
 
 def test_default_chat_template():
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
     assert render_chat(messages, None) == "system: You are terse.\nuser: Hi\nassistant:"
-    assert render_chat(messages, DEFAULT_CHAT_TEMPLATE, add_generation_prompt=False) == \
-        "system: You are terse.\nuser: Hi\n"
+    assert (
+        render_chat(messages, DEFAULT_CHAT_TEMPLATE, add_generation_prompt=False)
+        == "system: You are terse.\nuser: Hi\n"
+    )
 
 
 def test_chat_template_errors_are_client_errors():
-    template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}"
+    template = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}"
+    )
     with pytest.raises(ChatTemplateError, match="first message must be from the user"):
         render_chat([{"role": "assistant", "content": "x"}], template)
     with pytest.raises(ChatTemplateError, match="chat template failed"):
@@ -80,11 +93,28 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_cli_options_cover_every_engine_field():
-    args = parse("--model", "/m", "--max-num-seqs", "8", "--no-enable-prefix-caching", "--preemption-mode",
-                 "recompute", "--gpu-memory-utilization", "0.5", "--kv-cache-bytes", "1048576")
+    args = parse(
+        "--model",
+        "/m",
+        "--max-num-seqs",
+        "8",
+        "--no-enable-prefix-caching",
+        "--preemption-mode",
+        "recompute",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--kv-cache-bytes",
+        "1048576",
+    )
     config = engine_config_from_args(args, "/m")
-    assert config == EngineConfig(model="/m", max_num_seqs=8, enable_prefix_caching=False,
-                                  preemption_mode="recompute", gpu_memory_utilization=0.5, kv_cache_bytes=1 << 20)
+    assert config == EngineConfig(
+        model="/m",
+        max_num_seqs=8,
+        enable_prefix_caching=False,
+        preemption_mode="recompute",
+        gpu_memory_utilization=0.5,
+        kv_cache_bytes=1 << 20,
+    )
     defaults = parse()
     assert (defaults.host, defaults.port) == ("127.0.0.1", 8000)
     assert engine_config_from_args(defaults, "/m") == EngineConfig(model="/m")
@@ -172,19 +202,54 @@ def test_percentile_and_knee():
 def test_request_fields_map_onto_sampling_params():
     from engine.server.api_models import ChatCompletionRequest, CompletionRequest
 
-    body = CompletionRequest(prompt="x", n=2, seed=5, stop="END", logprobs=3, max_tokens=9, presence_penalty=0.5,
-                             frequency_penalty=-0.5, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
-                             repetition_penalty=1.1, min_tokens=2, ignore_eos=True, stop_token_ids=[7],
-                             skip_special_tokens=False, priority=3)
+    body = CompletionRequest(
+        prompt="x",
+        n=2,
+        seed=5,
+        stop="END",
+        logprobs=3,
+        max_tokens=9,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        min_tokens=2,
+        ignore_eos=True,
+        stop_token_ids=[7],
+        skip_special_tokens=False,
+        priority=3,
+    )
     body.check()
     params = body.sampling_params(body.max_tokens, body.logprobs)
-    assert params == SamplingParams(n=2, seed=5, stop=["END"], logprobs=3, max_tokens=9, presence_penalty=0.5,
-                                    frequency_penalty=-0.5, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
-                                    repetition_penalty=1.1, min_tokens=2, ignore_eos=True, stop_token_ids=[7],
-                                    skip_special_tokens=False)
+    assert params == SamplingParams(
+        n=2,
+        seed=5,
+        stop=["END"],
+        logprobs=3,
+        max_tokens=9,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        min_tokens=2,
+        ignore_eos=True,
+        stop_token_ids=[7],
+        skip_special_tokens=False,
+    )
     assert body.priority == 3
-    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=7, max_tokens=99,
-                                 logprobs=True, top_logprobs=4)
+    chat = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=7,
+        max_tokens=99,
+        logprobs=True,
+        top_logprobs=4,
+    )
     chat.check()
     assert chat.requested_max_tokens == 7  # the newer name wins
     assert chat.num_logprobs == 4

@@ -1,5 +1,6 @@
 """The decode kernels' in-kernel merge: the last split of each (sequence, KV head) to
 finish merges the partial outputs and re-arms its counter (Triton's CPU interpreter)."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,10 @@ import torch
 from engine.fast_path import has_triton
 from tests.test_fast_path import _arena, _reference_attention
 
-needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
-                                  reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+needs_triton = pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
 
 
 def _poison_split_buffers(monkeypatch, module) -> None:
@@ -87,13 +90,26 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     _poison_split_buffers(monkeypatch, cold_module)
     gen = torch.Generator().manual_seed(11)
     ctx = [300, 40, 0, 9]
-    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=160, first_cold_page={kind: 60},
-                                                          kind_of=lambda i, j: kind)
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(
+        gen, 32, ctx, num_pages=160, first_cold_page={kind: 60}, kind_of=lambda i, j: kind
+    )
     q = torch.randn(len(ctx), 4, 32, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
     for splits in (4, 16, 16):  # 16 splits of 32 keys: 10, 2, (1) and 1 of them used
-        out = cold_module.cold_prefix_decode_attention(q, k, v, cold, tables.int(), slots.int(), (kinds != 0).sum(1),
-                                                       KIND_CODE[kind], torch.tensor(ctx), 0.3, splits, tile=32)
+        out = cold_module.cold_prefix_decode_attention(
+            q,
+            k,
+            v,
+            cold,
+            tables.int(),
+            slots.int(),
+            (kinds != 0).sum(1),
+            KIND_CODE[kind],
+            torch.tensor(ctx),
+            0.3,
+            splits,
+            tile=32,
+        )
         assert split_counters(q.device, 1).count_nonzero() == 0
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
         assert (out - ref).norm() / ref.norm() < 1e-5
@@ -112,14 +128,20 @@ def test_mixed_cold_kernel_merges_its_splits_in_the_kernel(splits, monkeypatch):
     _poison_split_buffers(monkeypatch, mixed_cold)
     gen = torch.Generator().manual_seed(13)
     ctx = [70, 40, 0, 9]
-    k, v, cold, meta, (tables, kinds, slots) = _cold_case(gen, 32, ctx, num_pages=64,
-                                                          first_cold_page={"int8": 40, "int4": 52},
-                                                          kind_of=lambda i, j: ("int8", "int4")[(i + j) % 2])
+    k, v, cold, meta, (tables, kinds, slots) = _cold_case(
+        gen,
+        32,
+        ctx,
+        num_pages=64,
+        first_cold_page={"int8": 40, "int4": 52},
+        kind_of=lambda i, j: ("int8", "int4")[(i + j) % 2],
+    )
     q = torch.randn(len(ctx), 4, 32, generator=gen)
     ref = paged_attention(q, k, v, meta, 0.3, cold=cold)
     for _ in range(2):
-        out = mixed_cold.cold_paged_decode_attention(q, k, v, cold, tables.int(), kinds, slots, torch.tensor(ctx),
-                                                     0.3, splits)
+        out = mixed_cold.cold_paged_decode_attention(
+            q, k, v, cold, tables.int(), kinds, slots, torch.tensor(ctx), 0.3, splits
+        )
         assert split_counters(q.device, 1).count_nonzero() == 0
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
         assert (out - ref).norm() / ref.norm() < 1e-5

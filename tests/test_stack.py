@@ -4,6 +4,7 @@ Quick tests drive the process handling with stand-in processes; the live test st
 real thing (Prometheus, Alertmanager, agent with the engine) and checks every URL
 answered while up and that nothing is left behind after down.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,9 @@ def test_a_user_who_may_not_write_etc_gets_the_webhook_token_in_the_run_director
     assert f"credentials_file: {tmp_path / 'webhook-token'}" in config and "/etc/inferd" not in config
     amtool = shutil.which("amtool")
     if amtool:
-        result = subprocess.run([amtool, "check-config", str(tmp_path / "alertmanager.yml")], capture_output=True, text=True)
+        result = subprocess.run(
+            [amtool, "check-config", str(tmp_path / "alertmanager.yml")], capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -182,12 +185,24 @@ def get(url: str) -> tuple[int, bytes]:
 def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
     live_preconditions()
     run_dir = tmp_path / "run"
-    started = cli("up", "--run-dir", str(run_dir), "--timeout", "240", f"--agent-arg=--audit-log={tmp_path / 'audit.jsonl'}", timeout=300)
+    started = cli(
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--timeout",
+        "240",
+        f"--agent-arg=--audit-log={tmp_path / 'audit.jsonl'}",
+        timeout=300,
+    )
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         state = json.loads((run_dir / stack.STATE_FILE).read_text())
         pids = {e["pid"] for e in state["components"].values()} | set(stack.marked_pids(run_dir))
-        urls = [line.split()[1] for line in started.stdout.splitlines() if line.split()[1:2] and line.split()[1].startswith("http")]
+        urls = [
+            line.split()[1]
+            for line in started.stdout.splitlines()
+            if line.split()[1:2] and line.split()[1].startswith("http")
+        ]
         assert len(urls) >= 4, started.stdout
         for url in urls:
             if url.endswith("/v1"):
@@ -207,8 +222,9 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         # the engine's admin API answers the token `up` wrote and printed
         token_path = stack.admin_token_path(run_dir)
         assert str(token_path) in started.stdout and token_path.stat().st_mode & 0o777 == 0o600
-        request = urllib.request.Request("http://localhost:8000/admin/config",
-                                         headers={"Authorization": f"Bearer {token_path.read_text().strip()}"})
+        request = urllib.request.Request(
+            "http://localhost:8000/admin/config", headers={"Authorization": f"Bearer {token_path.read_text().strip()}"}
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             assert "max_num_seqs" in json.loads(response.read())["config"]
         assert "not started" in started.stdout and "stack down" in started.stdout
@@ -218,7 +234,10 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         out = tmp_path / "report"
         report = subprocess.run(
             [sys.executable, "-m", "agent.cli", "report", "--minutes", "2", "--step", "5", "--out", str(out)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert report.returncode == 0, report.stderr
         assert (out / "inferd-engine-requests-running-and-waiting.png").read_bytes()[:4] == b"\x89PNG"

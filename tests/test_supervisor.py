@@ -1,5 +1,6 @@
 """Engine supervision with small Python children: restart, crash loop, binding, clean stop,
 readiness probing against a child that serves /ready."""
+
 from __future__ import annotations
 
 import os
@@ -248,8 +249,14 @@ class FakeEngine:
         self.state_file = tmp_path / "state"
         self.log_file = tmp_path / "events"
         self.set(state)
-        self.command = [sys.executable, str(self.script), str(self.port), str(self.state_file),
-                        str(self.log_file), str(drain_s)]
+        self.command = [
+            sys.executable,
+            str(self.script),
+            str(self.port),
+            str(self.state_file),
+            str(self.log_file),
+            str(drain_s),
+        ]
         self.ready_url = f"http://127.0.0.1:{self.port}/ready"
 
     def set(self, state: str) -> None:
@@ -263,8 +270,13 @@ class FakeEngine:
 
 
 def probed_config(engine: FakeEngine, **overrides) -> SupervisorConfig:
-    values = dict(ready_url=engine.ready_url, probe_interval_s=0.1, probe_timeout_s=0.5,
-                  stall_restart_after_s=1.0, healthy_after_s=0.2)
+    values = dict(
+        ready_url=engine.ready_url,
+        probe_interval_s=0.1,
+        probe_timeout_s=0.5,
+        stall_restart_after_s=1.0,
+        healthy_after_s=0.2,
+    )
     values.update(overrides)
     return fast_config(engine.command, **values)
 

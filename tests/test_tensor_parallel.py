@@ -5,6 +5,7 @@ noise) with preemption by swap and by recompute and with cold KV; a dead worker 
 bring the engine down with a clear error instead of hanging it; shapes the group size
 does not divide must be refused before any process starts.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -42,8 +43,14 @@ def busy_config(model_dir: str) -> dict:
     """A KV pool small enough that the prompts below preempt each other."""
     probe = LLM(model_dir, block_size=8, dtype="float32")
     bb = probe.engine.block_bytes
-    return dict(block_size=8, dtype="float32", kv_cache_bytes=30 * bb, swap_space_bytes=40 * bb,
-                watermark=0.0, max_num_batched_tokens=48)
+    return dict(
+        block_size=8,
+        dtype="float32",
+        kv_cache_bytes=30 * bb,
+        swap_space_bytes=40 * bb,
+        watermark=0.0,
+        max_num_batched_tokens=48,
+    )
 
 
 class Engines:
@@ -128,8 +135,10 @@ def test_split_rules():
 
 
 def test_rank_slices_put_back_together_are_the_checkpoint(tp_model):
-    full = {("model." + n if not n.startswith("lm_head") else n): p
-            for n, p in load_model(tp_model, torch.float32, torch.device("cpu")).named_parameters()}
+    full = {
+        ("model." + n if not n.startswith("lm_head") else n): p
+        for n, p in load_model(tp_model, torch.float32, torch.device("cpu")).named_parameters()
+    }
     shards = [read_shards(tp_model, set(full), ShardSpec(r, 2), torch.float32) for r in range(2)]
     for name, tensor in full.items():
         dim = split_dim(name)
@@ -144,7 +153,10 @@ def test_rank_slices_put_back_together_are_the_checkpoint(tp_model):
 def test_local_config_divides_heads_inner_and_vocab(tp_model):
     cfg = ModelConfig.from_dir(tp_model)
     local = local_config(cfg, 2)
-    assert (local.num_attention_heads, local.num_key_value_heads) == (cfg.num_attention_heads // 2, cfg.num_key_value_heads // 2)
+    assert (local.num_attention_heads, local.num_key_value_heads) == (
+        cfg.num_attention_heads // 2,
+        cfg.num_key_value_heads // 2,
+    )
     assert (local.intermediate_size, local.vocab_size) == (cfg.intermediate_size // 2, cfg.vocab_size // 2)
     assert local.head_dim == cfg.head_dim and local.hidden_size == cfg.hidden_size
 
@@ -157,14 +169,19 @@ def test_shard_spec_validation(rank, size):
 
 def test_indivisible_shapes_are_refused_before_any_process_starts(tp_model, model_factory):
     before = set(multiprocessing.active_children())
-    with pytest.raises(ValueError, match="tensor_parallel_size=3 must divide num_attention_heads=4, "
-                                         "num_key_value_heads=2, intermediate_size=176, vocab_size=512"):
+    with pytest.raises(
+        ValueError,
+        match="tensor_parallel_size=3 must divide num_attention_heads=4, "
+        "num_key_value_heads=2, intermediate_size=176, vocab_size=512",
+    ):
         LLM(tp_model, dtype="float32", tensor_parallel_size=3)
     one_kv_head = model_factory(preset="tiny", overrides=dict(num_attention_heads=4, num_key_value_heads=1))
     with pytest.raises(ValueError, match=r"must divide num_key_value_heads=1 of the model"):
         LLM(one_kv_head, dtype="float32", tensor_parallel_size=2)
     assert set(multiprocessing.active_children()) == before
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=8 must divide num_attention_heads=4, num_key_value_heads=2 of"):
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size=8 must divide num_attention_heads=4, num_key_value_heads=2 of"
+    ):
         check_divisible(ModelConfig.from_dir(tp_model), 8)  # 176 and 512 are multiples of 8
 
 
@@ -367,8 +384,12 @@ def test_workers_exit_when_rank0_is_killed(tp_model, tmp_path):
 
     script = tmp_path / "rank0.py"
     script.write_text(RANK0_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), tp_model], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), tp_model],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     try:
         worker_pid = int(proc.stdout.readline())
         assert pid_alive(worker_pid)
@@ -404,9 +425,31 @@ def test_tp_decode_benchmark_smoke_on_cpu(engines, tp_model, tmp_path):
     from engine.bench import tp_decode
 
     engines.close()  # the benchmark starts its own tensor-parallel engine
-    assert tp_decode.main(["--device", "cpu", "--model", tp_model, "--out", str(tmp_path), "--requests", "4",
-                           "--input-len", "24", "--output-len", "8", "--prompt-len", "16", "--decode-len", "8",
-                           "--kv-gib", "0.05"]) == 0
+    assert (
+        tp_decode.main(
+            [
+                "--device",
+                "cpu",
+                "--model",
+                tp_model,
+                "--out",
+                str(tmp_path),
+                "--requests",
+                "4",
+                "--input-len",
+                "24",
+                "--output-len",
+                "8",
+                "--prompt-len",
+                "16",
+                "--decode-len",
+                "8",
+                "--kv-gib",
+                "0.05",
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "results.json").read_text())
     assert [r["tp"] for r in result["runs"]] == [1, 2]
     assert result["batch1_token_agreement"] == 1.0 and result["throughput_token_agreement"] == 1.0

@@ -1,4 +1,5 @@
 """Topology discovery, placement and `inferd topo` on the fixture hosts and the real /sys."""
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ def topology(host):
 
 
 # ---- discovery ----
+
 
 def test_gpu_paths_roles_and_nodes(topology):
     assert [g.index for g in topology.gpus] == list(range(8))
@@ -107,6 +109,7 @@ def test_connection_types_like_nvidia_smi(topology):
 
 # ---- placement ----
 
+
 def test_placement_picks_each_gpus_own_socket(topology):
     assert best_node_per_gpu(topology) == {0: 0, 1: 0, 2: 0, 3: 0, 4: 1, 5: 1, 6: 1, 7: 1}
 
@@ -148,6 +151,7 @@ def test_degraded_links_can_change_the_best_node_for_a_set(host):
 
 
 # ---- inferd topo ----
+
 
 def test_topo_json_matches_golden(host, capsys):
     assert inferd(["topo", "--sysfs-root", str(host.sysfs), "--procfs-root", str(host.procfs), "--json"]) == 0
@@ -195,22 +199,59 @@ def test_nested_switches_give_pxb_and_alternating_port_roles(tmp_path):
     port = {"vendor": "0x1000", "device": "0xc030", "class": "0x060400"}
     gpu = {"vendor": "0x10de", "device": "0x2335", "class": "0x030200"}
     description = {
-        "pci": [{"host_bridge": "pci0000:00", "node": 0, "devices": [
-            {"bdf": "0000:00:01.0", "files": port, "children": [
-                {"bdf": "0000:01:00.0", "files": port, "children": [
-                    {"bdf": "0000:02:00.0", "files": port, "children": [
-                        {"bdf": "0000:03:00.0", "files": port, "children": [
-                            {"bdf": "0000:04:00.0", "files": port, "children": [
-                                {"bdf": "0000:05:00.0", "files": gpu}]}]}]},
-                    {"bdf": "0000:02:01.0", "files": port, "children": [
-                        {"bdf": "0000:06:00.0", "files": gpu}]}]}]}]}],
+        "pci": [
+            {
+                "host_bridge": "pci0000:00",
+                "node": 0,
+                "devices": [
+                    {
+                        "bdf": "0000:00:01.0",
+                        "files": port,
+                        "children": [
+                            {
+                                "bdf": "0000:01:00.0",
+                                "files": port,
+                                "children": [
+                                    {
+                                        "bdf": "0000:02:00.0",
+                                        "files": port,
+                                        "children": [
+                                            {
+                                                "bdf": "0000:03:00.0",
+                                                "files": port,
+                                                "children": [
+                                                    {
+                                                        "bdf": "0000:04:00.0",
+                                                        "files": port,
+                                                        "children": [{"bdf": "0000:05:00.0", "files": gpu}],
+                                                    }
+                                                ],
+                                            }
+                                        ],
+                                    },
+                                    {
+                                        "bdf": "0000:02:01.0",
+                                        "files": port,
+                                        "children": [{"bdf": "0000:06:00.0", "files": gpu}],
+                                    },
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
         "nodes": {0: {"cpulist": "0-3"}},
     }
     topology = discover(write_host(tmp_path, description).sysfs)
     deep, shallow = topology.gpus
     assert [h.role for h in deep.path] == [
-        "gpu", "switch_downstream_port", "switch_upstream_port",
-        "switch_downstream_port", "switch_upstream_port", "root_port",
+        "gpu",
+        "switch_downstream_port",
+        "switch_upstream_port",
+        "switch_downstream_port",
+        "switch_upstream_port",
+        "root_port",
     ]
     assert connection_type(deep, shallow) == "PXB"
     assert deep.bottleneck_bytes_per_second is None  # no link files in this tree

@@ -1,6 +1,7 @@
 """The batch-1 GEMVs with RMSNorm / SiLU-and-multiply folded in (triton_gemv.py), under
 Triton's CPU interpreter in float32 (the interpreter has no bfloat16 rounding), against
 the unfused ops they replace; and the whole batch-1 decode step through them."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,10 @@ import torch.nn.functional as F
 from engine import LLM, SamplingParams
 from engine.fast_path import has_triton
 
-needs_triton = pytest.mark.skipif(not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
-                                  reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter")
+needs_triton = pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
 
 
 def _case(n: int, k: int, seed: int = 0):
@@ -131,8 +134,9 @@ def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot):
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
     arena = torch.randn(6, 2, 8, kv_heads, dim)  # pages of 8 tokens; K and V share strides
     untouched, got_arena = arena.clone(), arena.clone()
-    qkv, new_residual = rms_norm_qkv_rope(x, residual, norm, 1e-5, weight, heads, kv_heads, positions, inv_freq,
-                                          got_arena[:, 0], got_arena[:, 1], slots)
+    qkv, new_residual = rms_norm_qkv_rope(
+        x, residual, norm, 1e-5, weight, heads, kv_heads, positions, inv_freq, got_arena[:, 0], got_arena[:, 1], slots
+    )
     want, want_residual = rms_norm_gemv(x, residual, norm, 1e-5, weight)
     q = want[:, : heads * dim].view(1, heads, dim)
     k = want[:, heads * dim : (heads + kv_heads) * dim].view(1, kv_heads, dim)

@@ -1,4 +1,5 @@
 """The Alertmanager webhook and /v1/actions, through HTTP, against a fake engine admin API."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,13 @@ def setup(tmp_path):
     clock = ManualClock()
 
     def make_client(**settings):
-        policy = RemediationPolicy(EngineClient(engine.url, ADMIN_TOKEN), AuditLog(audit_path, clock),
-                                   PolicyConfig(**settings), metrics=None, clock=clock)
+        policy = RemediationPolicy(
+            EngineClient(engine.url, ADMIN_TOKEN),
+            AuditLog(audit_path, clock),
+            PolicyConfig(**settings),
+            metrics=None,
+            clock=clock,
+        )
         # The agent's app, as agent.main builds it: its error handlers are part of what is tested.
         app = create_app(AgentState.with_collectors([]), [make_webhook_router(policy, token_file)])
         return TestClient(app), policy
@@ -51,7 +57,11 @@ def test_right_token_acts(setup):
     response = post(client, alert_payload())
     assert response.status_code == 200
     [result] = response.json()["results"]
-    assert (result["result"], result["action"], result["new"]) == ("applied", "lower_max_num_seqs", {"max_num_seqs": 48})
+    assert (result["result"], result["action"], result["new"]) == (
+        "applied",
+        "lower_max_num_seqs",
+        {"max_num_seqs": 48},
+    )
     assert engine.config["max_num_seqs"] == 48
 
 
@@ -76,24 +86,41 @@ def assert_agent_error(response, status: int, fragment: str = "") -> str:
     return body["error"]
 
 
-@pytest.mark.parametrize("header", [f"Bearer {HOOK_TOKEN}", f"bearer {HOOK_TOKEN}", f"BEARER {HOOK_TOKEN}",
-                                    f"bEaReR   {HOOK_TOKEN}"])
+@pytest.mark.parametrize(
+    "header", [f"Bearer {HOOK_TOKEN}", f"bearer {HOOK_TOKEN}", f"BEARER {HOOK_TOKEN}", f"bEaReR   {HOOK_TOKEN}"]
+)
 def test_bearer_scheme_in_any_case(setup, header):
     # RFC 7235: the auth scheme is case-insensitive (the engine's admin API takes it so too).
     _, make_client, _, _ = setup
     client, _ = make_client()
-    response = client.post("/v1/alerts", content=json.dumps(alert_payload()),
-                           headers={"Authorization": header, "Content-Type": "application/json"})
+    response = client.post(
+        "/v1/alerts",
+        content=json.dumps(alert_payload()),
+        headers={"Authorization": header, "Content-Type": "application/json"},
+    )
     assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("header", [HOOK_TOKEN, f"Basic {HOOK_TOKEN}", f"Token {HOOK_TOKEN}", f"Bearer{HOOK_TOKEN}",
-                                    "Bearer", f"Bearer {HOOK_TOKEN.upper()}", f"{HOOK_TOKEN} Bearer"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        HOOK_TOKEN,
+        f"Basic {HOOK_TOKEN}",
+        f"Token {HOOK_TOKEN}",
+        f"Bearer{HOOK_TOKEN}",
+        "Bearer",
+        f"Bearer {HOOK_TOKEN.upper()}",
+        f"{HOOK_TOKEN} Bearer",
+    ],
+)
 def test_other_schemes_or_a_missing_scheme_refused(setup, header):
     engine, make_client, _, _ = setup
     client, _ = make_client()
-    response = client.post("/v1/alerts", content=json.dumps(alert_payload()),
-                           headers={"Authorization": header, "Content-Type": "application/json"})
+    response = client.post(
+        "/v1/alerts",
+        content=json.dumps(alert_payload()),
+        headers={"Authorization": header, "Content-Type": "application/json"},
+    )
     assert_agent_error(response, 401, "missing or wrong bearer token")
     assert engine.changes == []
 
@@ -115,7 +142,10 @@ def test_token_file_is_reread_when_it_changes(setup):
         ({**alert_payload(), "alerts": {}}, "alerts must be a list"),
         ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "status": "pending"}]}, "alerts[0].status"),
         ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "fingerprint": ""}]}, "alerts[0].fingerprint"),
-        ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "labels": {"severity": "x"}}]}, "include alertname"),
+        (
+            {**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "labels": {"severity": "x"}}]},
+            "include alertname",
+        ),
         ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "labels": {"alertname": 3}}]}, "map strings"),
     ],
 )
@@ -133,13 +163,18 @@ def raw_json(payload) -> bytes:
     return json.dumps(payload).encode()
 
 
-@pytest.mark.parametrize("payload, message", [
-    (alert_payload("Inferd\ud800Thrashing"), "alerts[0].labels.alertname is not valid Unicode text"),
-    (alert_payload(**{"team\udfff": "x"}), "alerts[0].labels is not valid Unicode text"),
-    (alert_payload(fingerprint="f\ud800"), "alerts[0].fingerprint is not valid Unicode text"),
-    ({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "annotations": {"summary": "\ud800"}}]},
-     "alerts[0].annotations.summary"),
-])
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (alert_payload("Inferd\ud800Thrashing"), "alerts[0].labels.alertname is not valid Unicode text"),
+        (alert_payload(**{"team\udfff": "x"}), "alerts[0].labels is not valid Unicode text"),
+        (alert_payload(fingerprint="f\ud800"), "alerts[0].fingerprint is not valid Unicode text"),
+        (
+            {**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "annotations": {"summary": "\ud800"}}]},
+            "alerts[0].annotations.summary",
+        ),
+    ],
+)
 def test_surrogate_strings_get_400_and_are_never_logged(setup, payload, message):
     engine, make_client, _, audit_path = setup
     client, _ = make_client()
@@ -160,22 +195,29 @@ def test_undecodable_or_deep_body_gets_400(setup, body):
     assert "malformed Alertmanager payload" in response.json()["error"]
 
 
-@pytest.mark.parametrize("body, fragment", [
-    (b"", "Expecting value"),
-    (b"   ", "Expecting value"),
-    (b"null", "body must be a JSON object"),
-    (b'"4"', "body must be a JSON object"),
-    (b'{"version": 4, "alerts": []}', "unsupported payload version 4"),
-    (b'{"version": "4", "alerts": [[]]}', "alerts[0] must be an object"),
-    (b'{"version": "4", "alerts": [{"status": true}]}', "alerts[0].status must be firing or resolved"),
-    (b'{"version": "4", "alerts": [{"status": "firing", "labels": ["alertname"]}]}', "alerts[0].labels"),
-    (json.dumps({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "annotations": []}]}).encode(),
-     "alerts[0].annotations must map strings to strings"),
-    (json.dumps({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "startsAt": 5}]}).encode(),
-     "alerts[0].startsAt must be a non-empty string"),
-    (b'{"version": "4", "alerts": [], "x": ' + b"9" * 5000 + b"}", "malformed"),  # past int()'s digit limit
-    (b'{"version": "4", "alerts": []}trailing', "Extra data"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b"", "Expecting value"),
+        (b"   ", "Expecting value"),
+        (b"null", "body must be a JSON object"),
+        (b'"4"', "body must be a JSON object"),
+        (b'{"version": 4, "alerts": []}', "unsupported payload version 4"),
+        (b'{"version": "4", "alerts": [[]]}', "alerts[0] must be an object"),
+        (b'{"version": "4", "alerts": [{"status": true}]}', "alerts[0].status must be firing or resolved"),
+        (b'{"version": "4", "alerts": [{"status": "firing", "labels": ["alertname"]}]}', "alerts[0].labels"),
+        (
+            json.dumps({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "annotations": []}]}).encode(),
+            "alerts[0].annotations must map strings to strings",
+        ),
+        (
+            json.dumps({**alert_payload(), "alerts": [{**alert_payload()["alerts"][0], "startsAt": 5}]}).encode(),
+            "alerts[0].startsAt must be a non-empty string",
+        ),
+        (b'{"version": "4", "alerts": [], "x": ' + b"9" * 5000 + b"}", "malformed"),  # past int()'s digit limit
+        (b'{"version": "4", "alerts": []}trailing', "Extra data"),
+    ],
+)
 def test_every_malformed_body_is_a_400_in_the_agent_shape(setup, body, fragment):
     engine, make_client, _, _ = setup
     client, _ = make_client()
@@ -189,7 +231,9 @@ def test_the_content_type_is_not_what_decides(setup):
     _, make_client, _, _ = setup
     client, _ = make_client()
     headers = {"Authorization": f"Bearer {HOOK_TOKEN}"}
-    ok = client.post("/v1/alerts", content=json.dumps(alert_payload()), headers={**headers, "Content-Type": "text/plain"})
+    ok = client.post(
+        "/v1/alerts", content=json.dumps(alert_payload()), headers={**headers, "Content-Type": "text/plain"}
+    )
     assert ok.status_code == 200, ok.text
     form = client.post("/v1/alerts", data={"version": "4"}, headers=headers)
     assert_agent_error(form, 400, "malformed Alertmanager payload")
@@ -204,8 +248,11 @@ def test_a_huge_body_is_a_413_in_the_agent_shape(setup):
         for _ in range(MAX_BODY_BYTES // 65536 + 2):
             yield b" " * 65536
 
-    response = client.post("/v1/alerts", content=chunks(),
-                           headers={"Authorization": f"Bearer {HOOK_TOKEN}", "Content-Type": "application/json"})
+    response = client.post(
+        "/v1/alerts",
+        content=chunks(),
+        headers={"Authorization": f"Bearer {HOOK_TOKEN}", "Content-Type": "application/json"},
+    )
     assert_agent_error(response, 413, "body over")
     assert engine.changes == []
 
@@ -294,7 +341,11 @@ def test_actions_lists_the_audit_log(setup):
     body = client.get("/v1/actions").json()
     assert [r["event"] for r in body["records"]] == ["alert", "decision", "applied", "episode_ended"]
     applied = body["records"][-2]
-    assert (applied["alert"], applied["old"], applied["new"]) == ("InferdKVCacheThrashing", {"max_num_seqs": 64}, {"max_num_seqs": 48})
+    assert (applied["alert"], applied["old"], applied["new"]) == (
+        "InferdKVCacheThrashing",
+        {"max_num_seqs": 64},
+        {"max_num_seqs": 48},
+    )
     assert [r["event"] for r in client.get("/v1/actions?limit=1").json()["records"]] == ["episode_ended"]
     assert client.get("/v1/actions?limit=-1").status_code == 422
 
@@ -320,7 +371,9 @@ def test_parse_notification_reads_every_alert():
     payload["alerts"].append({**payload["alerts"][0], "fingerprint": "beef", "status": "resolved"})
     alerts = parse_notification(payload)
     assert [(a.name, a.status, a.fingerprint) for a in alerts] == [
-        ("InferdKVCacheThrashing", "firing", "f00d"), ("InferdKVCacheThrashing", "resolved", "beef")]
+        ("InferdKVCacheThrashing", "firing", "f00d"),
+        ("InferdKVCacheThrashing", "resolved", "beef"),
+    ]
     with pytest.raises(PayloadError):
         parse_notification({"version": "4"})
 
@@ -339,10 +392,20 @@ def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, 
     monkeypatch.setenv("INFERD_ADMIN_TOKEN", "restored-after-the-test")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args([
-        "--webhook-token-file", str(token_file), "--audit-log", str(tmp_path / "hook-audit.jsonl"),
-        "--admin-token-file", str(admin_file), "--remediation-config", str(tmp_path / "policy.yml"),
-        "--prometheus-url", "http://127.0.0.1:9"])
+    args = parser.parse_args(
+        [
+            "--webhook-token-file",
+            str(token_file),
+            "--audit-log",
+            str(tmp_path / "hook-audit.jsonl"),
+            "--admin-token-file",
+            str(admin_file),
+            "--remediation-config",
+            str(tmp_path / "policy.yml"),
+            "--prometheus-url",
+            "http://127.0.0.1:9",
+        ]
+    )
     state = AgentState.with_collectors([], engine_url=engine.url)
     state.extra["args"] = args
     client = TestClient(create_app(state, [make_router(state)]))
@@ -354,9 +417,16 @@ def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, 
         assert post(client, alert_payload()).json()["results"][0]["result"] == "applied"
         assert engine.config["max_num_seqs"] == 48
         metrics = client.get("/metrics").text
-        assert 'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 1.0' in metrics
-        assert [r["event"] for r in client.get("/v1/actions").json()["records"]] == \
-            ["alert", "decision", "applied", "episode_ended"]  # no Prometheus answered: unverified
+        assert (
+            'inferd_remediation_actions_total{action="lower_max_num_seqs",alert="InferdKVCacheThrashing",result="applied"} 1.0'
+            in metrics
+        )
+        assert [r["event"] for r in client.get("/v1/actions").json()["records"]] == [
+            "alert",
+            "decision",
+            "applied",
+            "episode_ended",
+        ]  # no Prometheus answered: unverified
     finally:
         policy.stop()
 

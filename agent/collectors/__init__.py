@@ -2,6 +2,7 @@
 engine, the OTLP push, the remediation policy). They live in the agent, not in exporters/,
 because they read agent objects and exporters never import the agent; the agent lists
 them after the exporters' own (`COLLECTOR_MODULES`)."""
+
 from exporters.registry import ENTRY_MODULES
 
 AGENT_ENTRY_MODULES = ("agent.collectors.engine", "agent.collectors.otlp", "agent.collectors.remediation")

@@ -2,6 +2,7 @@
 
 `EngineCollector` lives beside the supervisor whose state it reads (agent.supervisor).
 """
+
 from __future__ import annotations
 
 from agent.supervisor import EngineCollector

@@ -3,6 +3,7 @@ the engine's KV metrics) pushed over OTLP/HTTP; its own inferd_otlp_* counters o
 
 `OtlpPusher` is agent.otlp; disabling this collector turns the push off too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,5 +29,9 @@ def build(context: BuildContext) -> Built | None:
     return Built(pusher, start=pusher.start, close=pusher.stop)
 
 
-ENTRY = CollectorEntry("otlp", "with --otlp-endpoint: the OTLP/HTTP push of every metric and its drop/send counters",
-                       build, add_arguments=add_arguments)
+ENTRY = CollectorEntry(
+    "otlp",
+    "with --otlp-endpoint: the OTLP/HTTP push of every metric and its drop/send counters",
+    build,
+    add_arguments=add_arguments,
+)

@@ -3,6 +3,7 @@
 `RemediationCollector` lives beside the policy it reads (agent.remediation). The policy
 is made by agent.webhook's router hook, so this entry is built late, once it exists.
 """
+
 from __future__ import annotations
 
 from agent.remediation import RemediationCollector
@@ -16,5 +17,6 @@ def build(context: BuildContext) -> Built | None:
     return Built(RemediationCollector(policy))
 
 
-ENTRY = CollectorEntry("remediation", "the remediation policy: actions, skips, rollbacks, settings in force", build,
-                       late=True)
+ENTRY = CollectorEntry(
+    "remediation", "the remediation policy: actions, skips, rollbacks, settings in force", build, late=True
+)

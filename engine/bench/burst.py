@@ -20,6 +20,7 @@ other, and its prefix cache would hand the second mode the first mode's prompt b
 so each phase's prompts differ in their first token (same lengths, same work, no shared
 blocks between phases).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,13 +94,17 @@ def _engine_fields() -> list[dataclasses.Field]:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine", "EngineConfig fields (engine/config.py), given to the offline "
-                                      "engine and to the started server alike; unset ones keep their defaults")
+    group = parser.add_argument_group(
+        "engine",
+        "EngineConfig fields (engine/config.py), given to the offline "
+        "engine and to the started server alike; unset ones keep their defaults",
+    )
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=f"default {f.default!r}")
+            group.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=f"default {f.default!r}"
+            )
         else:
             group.add_argument(flag, dest=f.name, type=type(f.default), default=None, help=f"default {f.default!r}")
 
@@ -135,15 +140,20 @@ def _checkpoint_dtype(options: dict, device: str) -> str:
     return "float32" if device == "cpu" else "bfloat16"
 
 
-def _server_bursts(url: str, cfg: BurstConfig, prompts: dict[bool, list[list[int]]],
-                   warmup: list[list[int]]) -> dict[bool, BurstResult]:
+def _server_bursts(
+    url: str, cfg: BurstConfig, prompts: dict[bool, list[list[int]]], warmup: list[list[int]]
+) -> dict[bool, BurstResult]:
     import httpx
 
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     for stream in cfg.stream_modes:  # warm-up: both paths the burst takes
         if warmup:
-            send_burst(url, [completion_body(model, p, cfg.warmup_output_len, stream) for p in warmup], stream,
-                       cfg.request_timeout_s)
+            send_burst(
+                url,
+                [completion_body(model, p, cfg.warmup_output_len, stream) for p in warmup],
+                stream,
+                cfg.request_timeout_s,
+            )
     results = {}
     for stream in cfg.stream_modes:
         payloads = [completion_body(model, p, cfg.output_len, stream) for p in prompts[stream]]
@@ -159,8 +169,9 @@ def _git_commit() -> str | None:
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     try:
         if Path(git("rev-parse", "--show-toplevel")).resolve() != root:
@@ -182,10 +193,18 @@ def _cpu_model() -> str | None:
 def machine_and_versions() -> tuple[dict, dict]:
     import torch
 
-    machine = {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
-               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                "inferd_commit": _git_commit()}
+    machine = {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "inferd_commit": _git_commit(),
+    }
     return machine, versions
 
 
@@ -193,22 +212,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=256, help="requests in the burst (default 256)")
     parser.add_argument("--prompt-len", type=int, default=512, help="prompt tokens per request (default 512)")
     parser.add_argument("--output-len", type=int, default=256, help="output tokens per request (default 256)")
-    parser.add_argument("--stream", choices=list(STREAM_CHOICES), default="both",
-                        help="server modes: non-streaming, streaming, or both (default both)")
+    parser.add_argument(
+        "--stream",
+        choices=list(STREAM_CHOICES),
+        default="both",
+        help="server modes: non-streaming, streaming, or both (default both)",
+    )
     parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the random prompt ids (default 0)")
-    parser.add_argument("--warmup-requests", type=int, default=8, help="requests in each side's warm-up burst "
-                        "(default 8; 0: none)")
+    parser.add_argument(
+        "--warmup-requests", type=int, default=8, help="requests in each side's warm-up burst (default 8; 0: none)"
+    )
     parser.add_argument("--warmup-output-len", type=int, default=4, help="output tokens per warm-up request")
     parser.add_argument("--model", help="checkpoint directory for both sides")
-    parser.add_argument("--preset", choices=PRESETS, help="make-model shape with random weights drawn on the "
-                        "device by both sides (load_format dummy); default tiny, without --model or --url")
-    parser.add_argument("--url", help="burst a running server instead of starting one; the offline phase "
-                        "then runs only with --model or --preset")
-    parser.add_argument("--vocab-size", type=int, help="prompt ids are drawn below this (default: the model's; "
-                        f"{URL_ONLY_VOCAB} with --url alone)")
+    parser.add_argument(
+        "--preset",
+        choices=PRESETS,
+        help="make-model shape with random weights drawn on the "
+        "device by both sides (load_format dummy); default tiny, without --model or --url",
+    )
+    parser.add_argument(
+        "--url",
+        help="burst a running server instead of starting one; the offline phase "
+        "then runs only with --model or --preset",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help=f"prompt ids are drawn below this (default: the model's; {URL_ONLY_VOCAB} with --url alone)",
+    )
     parser.add_argument("--skip-offline", action="store_true", help="server phases only (no ratio)")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra option for the started server only, e.g. --server-arg=--max-body-bytes=8388608")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra option for the started server only, e.g. --server-arg=--max-body-bytes=8388608",
+    )
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for the server to be ready")
     parser.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per request")
     parser.add_argument("--out", default="bench-burst.json", help="JSON report (default ./bench-burst.json)")
@@ -227,17 +265,26 @@ def preset_checkpoint(out_dir: str, preset: str, options: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        cfg = BurstConfig(num_requests=args.num_requests, prompt_len=args.prompt_len, output_len=args.output_len,
-                          stream=args.stream, prompt_seed=args.prompt_seed, warmup_requests=args.warmup_requests,
-                          warmup_output_len=args.warmup_output_len, request_timeout_s=args.request_timeout)
+        cfg = BurstConfig(
+            num_requests=args.num_requests,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            stream=args.stream,
+            prompt_seed=args.prompt_seed,
+            warmup_requests=args.warmup_requests,
+            warmup_output_len=args.warmup_output_len,
+            request_timeout_s=args.request_timeout,
+        )
         options = engine_options(args)
         EngineConfig.from_dict({"model": "", **options})  # a bad value fails here, before any checkpoint is written
         if args.model and args.preset:
             raise ValueError("give --model or --preset, not both")
         preset = args.preset or (None if args.model or args.url else "tiny")
         if preset and options.setdefault("load_format", "dummy") != "dummy":
-            raise ValueError("a --preset checkpoint has no weights on disk (load_format dummy); "
-                             "for load_format auto write one with `inferd make-model` and give --model")
+            raise ValueError(
+                "a --preset checkpoint has no weights on disk (load_format dummy); "
+                "for load_format auto write one with `inferd make-model` and give --model"
+            )
     except ValueError as exc:
         log.error("bad option: %s", exc)
         return 2
@@ -246,19 +293,24 @@ def run(args: argparse.Namespace) -> int:
         model_dir = args.model
         if preset and tmp is not None:  # tmp is made exactly when there is a preset
             model_dir = preset_checkpoint(tmp, preset, options)
-        vocab = args.vocab_size or (json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
-                                    if model_dir else URL_ONLY_VOCAB)
+        vocab = args.vocab_size or (
+            json.loads(Path(model_dir, "config.json").read_text())["vocab_size"] if model_dir else URL_ONLY_VOCAB
+        )
         if options.get("max_num_seqs", 64) < cfg.num_requests:
-            log.warning("max_num_seqs (%s) < %d requests: part of the burst waits in both phases",
-                        options.get("max_num_seqs", 64), cfg.num_requests)
+            log.warning(
+                "max_num_seqs (%s) < %d requests: part of the burst waits in both phases",
+                options.get("max_num_seqs", 64),
+                cfg.num_requests,
+            )
         base = make_prompts(vocab, cfg.num_requests, cfg.prompt_len, cfg.prompt_seed)
         warmup = make_prompts(vocab, cfg.warmup_requests, cfg.prompt_len, cfg.prompt_seed + 1_000_003)
         phases: list[PhaseFigures] = []
         if model_dir and not args.skip_offline:
             from .burst_offline import run_offline
 
-            result = run_offline(model_dir, options, for_phase(base, 0, vocab), cfg.output_len, warmup,
-                                 cfg.warmup_output_len)
+            result = run_offline(
+                model_dir, options, for_phase(base, 0, vocab), cfg.output_len, warmup, cfg.warmup_output_len
+            )
             phases.append(offline_figures(result, cfg.output_len))
         offline_tok_s = phases[0].output_tok_s if phases else None
         prompts = {stream: for_phase(base, 1 + stream, vocab) for stream in (False, True)}
@@ -275,16 +327,28 @@ def run(args: argparse.Namespace) -> int:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     machine, versions = machine_and_versions()
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine, "versions": versions,
-              "options": {"burst": asdict(cfg), "engine": options, "model": args.model, "preset": preset,
-                          "url": args.url, "server_args": args.server_arg, "vocab_size": vocab},
-              "phases": [asdict(ph) for ph in phases]}
-    print(f"burst: {cfg.num_requests} requests x {cfg.prompt_len} prompt x {cfg.output_len} output tokens, "
-          f"{preset or args.model or args.url}")
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine,
+        "versions": versions,
+        "options": {
+            "burst": asdict(cfg),
+            "engine": options,
+            "model": args.model,
+            "preset": preset,
+            "url": args.url,
+            "server_args": args.server_arg,
+            "vocab_size": vocab,
+        },
+        "phases": [asdict(ph) for ph in phases],
+    }
+    print(
+        f"burst: {cfg.num_requests} requests x {cfg.prompt_len} prompt x {cfg.output_len} output tokens, "
+        f"{preset or args.model or args.url}"
+    )
     print_table(phases)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
     return 1 if any(ph.num_ok != ph.num_requests for ph in phases) else 0
-

@@ -6,6 +6,7 @@ the socket and the bytes), request bodies encoded before the clock starts, and p
 streamed chunk nothing but a `json.loads` of its `data:` line. It reports its own CPU
 time over the burst, so a reader can see that the client was not the bottleneck.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,16 +36,24 @@ class BurstResult:
 
 
 def completion_body(model: str, prompt: list[int], max_tokens: int, stream: bool) -> bytes:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": stream}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _request_head(host: str, port: int, path: str, length: int) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode()
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
@@ -82,8 +91,7 @@ def _take_usage(result: RequestResult, payload: dict) -> None:
         result.num_tokens = usage["completion_tokens"]
 
 
-async def _exchange(host: str, port: int, payload: bytes, stream: bool, start: float,
-                    result: RequestResult) -> None:
+async def _exchange(host: str, port: int, payload: bytes, stream: bool, start: float, result: RequestResult) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(_request_head(host, port, "/v1/completions", len(payload)) + payload)

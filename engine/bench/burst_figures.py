@@ -1,5 +1,6 @@
 """The burst's figures per phase (offline, server non-stream, server stream), from the
 offline engine's or the client's per-request records, and the table printed from them."""
+
 from __future__ import annotations
 
 import math
@@ -49,15 +50,27 @@ def offline_figures(result: OfflineResult, output_len: int) -> PhaseFigures:
     wrong = sum(t != output_len for t in tokens)
     first = _finite(result.first_token)
     return PhaseFigures(
-        phase="offline", num_requests=len(tokens), num_ok=len(tokens) - wrong, num_errors=0,
-        num_wrong_token_count=wrong, wall_s=result.wall_s, output_tokens=sum(tokens),
-        output_tok_s=sum(tokens) / result.wall_s, ratio_to_offline=1.0,
-        ttft_p50=_or_none(percentile(first, 50)), ttft_p99=_or_none(percentile(first, 99)),
+        phase="offline",
+        num_requests=len(tokens),
+        num_ok=len(tokens) - wrong,
+        num_errors=0,
+        num_wrong_token_count=wrong,
+        wall_s=result.wall_s,
+        output_tokens=sum(tokens),
+        output_tok_s=sum(tokens) / result.wall_s,
+        ratio_to_offline=1.0,
+        ttft_p50=_or_none(percentile(first, 50)),
+        ttft_p99=_or_none(percentile(first, 99)),
         prefill_s=max(first) if len(first) == len(tokens) else None,
         first_text_p50=_or_none(percentile(_finite(result.first_text), 50)),
         # Offline every request finishes in the same step as the others of its length.
-        e2e_p50=result.wall_s, e2e_p99=result.wall_s, client_cpu_s=None, mean_chunks=None,
-        tokens=tokens, errors=[])
+        e2e_p50=result.wall_s,
+        e2e_p99=result.wall_s,
+        client_cpu_s=None,
+        mean_chunks=None,
+        tokens=tokens,
+        errors=[],
+    )
 
 
 def server_figures(burst: BurstResult, stream: bool, output_len: int, offline_tok_s: float | None) -> PhaseFigures:
@@ -69,17 +82,26 @@ def server_figures(burst: BurstResult, stream: bool, output_len: int, offline_to
     ttfts = _finite([r.ttft for r in reqs if not r.error]) if stream else []
     e2e = [r.e2e for r in reqs if not r.error]
     return PhaseFigures(
-        phase="server stream" if stream else "server non-stream", num_requests=len(reqs),
-        num_ok=len(reqs) - len(errors) - len(wrong), num_errors=len(errors), num_wrong_token_count=len(wrong),
-        wall_s=burst.wall_s, output_tokens=sum(tokens), output_tok_s=tok_s,
+        phase="server stream" if stream else "server non-stream",
+        num_requests=len(reqs),
+        num_ok=len(reqs) - len(errors) - len(wrong),
+        num_errors=len(errors),
+        num_wrong_token_count=len(wrong),
+        wall_s=burst.wall_s,
+        output_tokens=sum(tokens),
+        output_tok_s=tok_s,
         ratio_to_offline=tok_s / offline_tok_s if offline_tok_s else None,
         ttft_p50=_or_none(percentile(ttfts, 50)) if stream else None,
         ttft_p99=_or_none(percentile(ttfts, 99)) if stream else None,
-        prefill_s=max(ttfts) if stream and len(ttfts) == len(reqs) else None, first_text_p50=None,
-        e2e_p50=_or_none(percentile(e2e, 50)), e2e_p99=_or_none(percentile(e2e, 99)),
+        prefill_s=max(ttfts) if stream and len(ttfts) == len(reqs) else None,
+        first_text_p50=None,
+        e2e_p50=_or_none(percentile(e2e, 50)),
+        e2e_p99=_or_none(percentile(e2e, 99)),
         client_cpu_s=burst.client_cpu_s,
         mean_chunks=sum(r.num_chunks for r in reqs) / len(reqs) if stream else None,
-        tokens=[r.num_tokens for r in reqs], errors=sorted({r.error for r in errors})[:5])
+        tokens=[r.num_tokens for r in reqs],
+        errors=sorted({r.error for r in errors})[:5],
+    )
 
 
 def _fmt(x: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
@@ -87,13 +109,17 @@ def _fmt(x: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
 
 
 def print_table(phases: list[PhaseFigures]) -> None:
-    print(f"{'phase':<18} {'ok/N':>9} {'out tok/s':>10} {'x offline':>9} {'TTFT p50/p99 ms':>17} "
-          f"{'prefill s':>9} {'e2e p50/p99 s':>15} {'client CPU s':>12}")
+    print(
+        f"{'phase':<18} {'ok/N':>9} {'out tok/s':>10} {'x offline':>9} {'TTFT p50/p99 ms':>17} "
+        f"{'prefill s':>9} {'e2e p50/p99 s':>15} {'client CPU s':>12}"
+    )
     for ph in phases:
         ttft = f"{_fmt(ph.ttft_p50, 1e3)}/{_fmt(ph.ttft_p99, 1e3)}"
         e2e = f"{_fmt(ph.e2e_p50, 1, '.2f')}/{_fmt(ph.e2e_p99, 1, '.2f')}"
-        print(f"{ph.phase:<18} {f'{ph.num_ok}/{ph.num_requests}':>9} {ph.output_tok_s:10.1f} "
-              f"{_fmt(ph.ratio_to_offline, 1, '.3f'):>9} {ttft:>17} {_fmt(ph.prefill_s, 1, '.2f'):>9} "
-              f"{e2e:>15} {_fmt(ph.client_cpu_s, 1, '.2f'):>12}")
+        print(
+            f"{ph.phase:<18} {f'{ph.num_ok}/{ph.num_requests}':>9} {ph.output_tok_s:10.1f} "
+            f"{_fmt(ph.ratio_to_offline, 1, '.3f'):>9} {ttft:>17} {_fmt(ph.prefill_s, 1, '.2f'):>9} "
+            f"{e2e:>15} {_fmt(ph.client_cpu_s, 1, '.2f'):>12}"
+        )
         for err in ph.errors:
             print(f"  error: {err}")

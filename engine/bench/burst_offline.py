@@ -1,5 +1,6 @@
 """The burst's offline side: the engine in this process, every request submitted at
 once and stepped to the end, with each request's first-token time recorded."""
+
 from __future__ import annotations
 
 import gc
@@ -17,8 +18,14 @@ class OfflineResult:
     num_tokens: list[int]  # output tokens per request
 
 
-def run_offline(model_dir: str, engine_options: dict, prompts: list[list[int]], output_len: int,
-                warmup_prompts: list[list[int]], warmup_output_len: int) -> OfflineResult:
+def run_offline(
+    model_dir: str,
+    engine_options: dict,
+    prompts: list[list[int]],
+    output_len: int,
+    warmup_prompts: list[list[int]],
+    warmup_output_len: int,
+) -> OfflineResult:
     """Warm up, then the burst; the engine is freed (GPU memory included) on return, so
     a server started next can have the memory."""
     from .. import LLM, SamplingParams
@@ -26,8 +33,7 @@ def run_offline(model_dir: str, engine_options: dict, prompts: list[list[int]], 
     llm = LLM(model_dir, **engine_options)
     try:
         if warmup_prompts:
-            llm.generate(warmup_prompts, SamplingParams(temperature=0.0, max_tokens=warmup_output_len,
-                                                        ignore_eos=True))
+            llm.generate(warmup_prompts, SamplingParams(temperature=0.0, max_tokens=warmup_output_len, ignore_eos=True))
         gc.collect()
         gc.freeze()  # as the server does after start-up: no full collections over the engine's objects
         return _burst(llm.engine, prompts, output_len)

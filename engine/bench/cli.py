@@ -2,6 +2,7 @@
 `burst` (the server against the offline engine on one burst of requests) and
 `throughput` (the engine against transformers). Each subcommand's module is imported
 only when its options are built, so `inferd bench serve` never imports transformers."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,12 +10,16 @@ import importlib
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("engine.bench.serve", "drive the server at rising offered loads; latency, throughput and the knee"),
-    "burst": ("engine.bench.burst", "one burst of N requests, the server against the offline engine: tok/s ratio, "
-              "TTFT, client CPU"),
+    "burst": (
+        "engine.bench.burst",
+        "one burst of N requests, the server against the offline engine: tok/s ratio, TTFT, client CPU",
+    ),
     "throughput": ("engine.bench.throughput", "engine tokens/s against transformers generate"),
     "tp-decode": ("engine.bench.tp_decode", "tensor-parallel decode and throughput, tp=1 against tp=2"),
-    "gpu-decode": ("engine.bench.gpu_decode", "GPU fast path: batch-1 MBU, throughput vs roofline, transformers, "
-                   "prefix TTFT, swap (CUDA)"),
+    "gpu-decode": (
+        "engine.bench.gpu_decode",
+        "GPU fast path: batch-1 MBU, throughput vs roofline, transformers, prefix TTFT, swap (CUDA)",
+    ),
 }
 
 

@@ -7,6 +7,7 @@ the 50 MB L2. Prints one JSON line per measurement and writes them to --out.
 
     python -m engine.bench.gemv_sweep --out results/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,18 @@ from ..fast_path.triton_gemv import GemvConfig, gemv, rms_norm_gemv
 from .gpu_decode import _time_cuda, measure_ceilings, pdl_setting
 
 # name: (N, K, fused op) of llama3-8b-shape: q/k/v fused, o, gate/up fused, down, lm_head.
-SHAPES = {"qkv": (6144, 4096, "norm"), "o": (4096, 4096, None), "gate_up": (28672, 4096, "norm_silu"),
-          "down": (4096, 14336, None), "lm_head": (128256, 4096, "norm")}
-CONFIGS = [GemvConfig(bn, bk, w, s) for bn, bk, w, s in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))
-           if 1024 <= bn * bk <= 16384]
+SHAPES = {
+    "qkv": (6144, 4096, "norm"),
+    "o": (4096, 4096, None),
+    "gate_up": (28672, 4096, "norm_silu"),
+    "down": (4096, 14336, None),
+    "lm_head": (128256, 4096, "norm"),
+}
+CONFIGS = [
+    GemvConfig(bn, bk, w, s)
+    for bn, bk, w, s in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))
+    if 1024 <= bn * bk <= 16384
+]
 
 
 def time_graph(fn, replays: int) -> float:
@@ -45,8 +54,14 @@ def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> Non
     with and without programmatic dependent launch; alternated."""
     dtype, eps, hidden = torch.bfloat16, 1e-5, 4096
     torch.manual_seed(1)
-    ws = [{name: torch.randn(n, k, dtype=dtype, device="cuda") * k**-0.5 for name, (n, k, _) in SHAPES.items()
-           if name != "lm_head"} for _ in range(layers)]
+    ws = [
+        {
+            name: torch.randn(n, k, dtype=dtype, device="cuda") * k**-0.5
+            for name, (n, k, _) in SHAPES.items()
+            if name != "lm_head"
+        }
+        for _ in range(layers)
+    ]
     lm_head = torch.randn(*SHAPES["lm_head"][:2], dtype=dtype, device="cuda") * hidden**-0.5
     norms = [torch.rand(hidden, dtype=dtype, device="cuda") + 0.5 for _ in range(3)]
     x0 = torch.randn(1, hidden, dtype=dtype, device="cuda")
@@ -81,8 +96,15 @@ def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> Non
                 times.setdefault(label, []).append(time_graph(fn, replays))
     for label, seconds in times.items():
         best = min(seconds)
-        record(kind="layers", variant=label, layers=layers, ms=best * 1e3, all_ms=[t * 1e3 for t in seconds],
-               bytes_per_s=nbytes / best, of_copy=nbytes / best / copy_rate)
+        record(
+            kind="layers",
+            variant=label,
+            layers=layers,
+            ms=best * 1e3,
+            all_ms=[t * 1e3 for t in seconds],
+            bytes_per_s=nbytes / best,
+            of_copy=nbytes / best / copy_rate,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop sweeping after this long")
     parser.add_argument("--chain-only", action="store_true", help="skip the sweep: only the 32-layer chain")
-    parser.add_argument("--fused-sweep", action="store_true",
-                        help="sweep every launch shape of the fused (RMSNorm / SiLU) variants too")
+    parser.add_argument(
+        "--fused-sweep", action="store_true", help="sweep every launch shape of the fused (RMSNorm / SiLU) variants too"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -120,8 +143,13 @@ def main(argv: list[str] | None = None) -> None:
             return nbytes / seconds
 
         cublas = time_graph(lambda: [F.linear(x, w) for w in weights], args.replays)
-        record(kind="cublas", shape=name, us=cublas / copies * 1e6, bytes_per_s=rate(cublas),
-               of_copy=rate(cublas) / copy_rate)
+        record(
+            kind="cublas",
+            shape=name,
+            us=cublas / copies * 1e6,
+            bytes_per_s=rate(cublas),
+            of_copy=rate(cublas) / copy_rate,
+        )
         ranked = []
         for config in CONFIGS:
             if k % config.block_k or time.perf_counter() - started > args.budget_s:
@@ -132,16 +160,28 @@ def main(argv: list[str] | None = None) -> None:
                 record(kind="gemv", shape=name, config=str(config), error=repr(exc)[:200])
                 continue
             ranked.append((seconds, config))
-            record(kind="gemv", shape=name, config=str(config), us=seconds / copies * 1e6,
-                   bytes_per_s=rate(seconds), of_copy=rate(seconds) / copy_rate, vs_cublas=cublas / seconds)
+            record(
+                kind="gemv",
+                shape=name,
+                config=str(config),
+                us=seconds / copies * 1e6,
+                bytes_per_s=rate(seconds),
+                of_copy=rate(seconds) / copy_rate,
+                vs_cublas=cublas / seconds,
+            )
         ranked.sort(key=lambda item: item[0])
         best = ranked[0][1] if ranked else GemvConfig()
         # Correctness at the best shape: plain product against cuBLAS, fused against the unfused ops.
         w = weights[0]
         ref = F.linear(x, w).float()
         err = ((gemv(x, w, config=best).float() - ref).norm() / ref.norm()).item()
-        row = dict(kind="best", shape=name, config=str(best), us=ranked[0][0] / copies * 1e6 if ranked else None,
-                   rel_err_vs_cublas=err)
+        row = dict(
+            kind="best",
+            shape=name,
+            config=str(best),
+            us=ranked[0][0] / copies * 1e6 if ranked else None,
+            rel_err_vs_cublas=err,
+        )
         if fused:
             silu = fused == "norm_silu"
             r_ref = residual.clone()
@@ -154,10 +194,21 @@ def main(argv: list[str] | None = None) -> None:
             for candidate in CONFIGS if args.fused_sweep else [c for _, c in ranked[:3]]:
                 if k % candidate.block_k:
                     continue
-                seconds = time_graph(lambda: [rms_norm_gemv(x, residual, norm, eps, w, silu_mul=silu, config=candidate)
-                                              for w in weights], args.replays)
-                record(kind="fused", shape=name, config=str(candidate), us=seconds / copies * 1e6,
-                       bytes_per_s=rate(seconds), of_copy=rate(seconds) / copy_rate, vs_cublas=cublas / seconds)
+                seconds = time_graph(
+                    lambda: [
+                        rms_norm_gemv(x, residual, norm, eps, w, silu_mul=silu, config=candidate) for w in weights
+                    ],
+                    args.replays,
+                )
+                record(
+                    kind="fused",
+                    shape=name,
+                    config=str(candidate),
+                    us=seconds / copies * 1e6,
+                    bytes_per_s=rate(seconds),
+                    of_copy=rate(seconds) / copy_rate,
+                    vs_cublas=cublas / seconds,
+                )
         record(**row)
         weights = w = []  # drop this shape's copies before the next one's
         torch.cuda.empty_cache()

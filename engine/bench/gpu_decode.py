@@ -14,6 +14,7 @@ the `llama3-8b-shape` preset in bf16:
 6. swap: host<->device KV block copies against the pinned copy bandwidth.
 Every figure goes to DIR/results.json; a table is printed last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,26 +113,42 @@ def measure_ceilings(device: torch.device) -> dict:
     h2d_s = _time_cuda(lambda: dev.copy_(host, non_blocking=True), repeat=5)
     d2h_s = _time_cuda(lambda: host.copy_(dev, non_blocking=True), repeat=5)
     nbytes = host.numel() * 2
-    return {"copy_bytes_per_s": 2 * n * 2 / copy_s, "matmul_flops_per_s": 2 * 8192**3 / mm_s,
-            "h2d_pinned_bytes_per_s": nbytes / h2d_s, "d2h_pinned_bytes_per_s": nbytes / d2h_s}
+    return {
+        "copy_bytes_per_s": 2 * n * 2 / copy_s,
+        "matmul_flops_per_s": 2 * 8192**3 / mm_s,
+        "h2d_pinned_bytes_per_s": nbytes / h2d_s,
+        "d2h_pinned_bytes_per_s": nbytes / d2h_s,
+    }
 
 
 def environment() -> dict:
     import triton
 
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30).stdout.strip()
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as exc:
         driver = f"nvidia-smi failed: {exc}"
     try:
         import transformers
+
         tf_version = transformers.__version__
     except ImportError:
         tf_version = None
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
-            "nvidia_smi": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "triton": triton.__version__, "transformers": tf_version, "python": platform.python_version()}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(),
+        "nvidia_smi": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "transformers": tf_version,
+        "python": platform.python_version(),
+    }
 
 
 # --- engine set-up ---------------------------------------------------------------------------
@@ -151,17 +168,29 @@ def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **confi
     from .random_model import make_engine
 
     device = model.embed_tokens.weight.device
-    defaults = dict(dtype=str(model.embed_tokens.weight.dtype).removeprefix("torch."), device=device.type,
-                    mode=mode, kv_cache_bytes=int(kv_gib * (1 << 30)), max_num_seqs=256,
-                    max_num_batched_tokens=8192, swap_space_bytes=0, max_model_len=40960)
+    defaults = dict(
+        dtype=str(model.embed_tokens.weight.dtype).removeprefix("torch."),
+        device=device.type,
+        mode=mode,
+        kv_cache_bytes=int(kv_gib * (1 << 30)),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        swap_space_bytes=0,
+        max_model_len=40960,
+    )
     engine = make_engine(model_dir, model, **{**defaults, **config})
     if device.type == "cpu":  # dry run: the fused decode without graphs (Triton's interpreter)
         from ..fast_path.cuda_graphs import DecodeGraphs
         from ..fast_path.fast_decoder import FastDecoder
 
-        engine.runner.fast_decode = DecodeGraphs(FastDecoder(model, engine.runner.kv_layers),
-                                                 engine.config.block_size, engine.max_model_len, device,
-                                                 pages=engine.runner.pages, use_graphs=False)
+        engine.runner.fast_decode = DecodeGraphs(
+            FastDecoder(model, engine.runner.kv_layers),
+            engine.config.block_size,
+            engine.max_model_len,
+            device,
+            pages=engine.runner.pages,
+            use_graphs=False,
+        )
         engine.fast_path_unavailable = None
     for kv in engine.runner.kv_layers if hasattr(engine.runner, "kv_layers") else engine.kv_cache.layers:
         kv[0].normal_()  # never time on zeros (untouched blocks are read only by padded rows anyway)
@@ -203,6 +232,7 @@ def record_steps(engine, timings: list | None = None) -> list[list[tuple[int, in
             sync()
             timings.append((time.perf_counter() - start, all(it.num_tokens == 1 for it in batch)))
             return result
+
         return recording
 
     runner.execute = wrap(runner.execute)
@@ -220,9 +250,13 @@ def step_time_split(timings: list[tuple[float, bool]], total_s: float, steps: in
     """Runner (model) seconds of decode and of prefill/mixed steps, and the rest (host work)."""
     decode = sum(t for t, is_decode in timings if is_decode)
     other = sum(t for t, is_decode in timings if not is_decode)
-    return {"runner_decode_s": decode, "runner_prefill_mixed_s": other, "host_and_sampling_s": total_s - decode - other,
-            "runner_decode_ms_per_step": 1e3 * decode / max(decode_steps, 1),
-            "runner_prefill_mixed_ms_per_step": 1e3 * other / max(steps - decode_steps, 1)}
+    return {
+        "runner_decode_s": decode,
+        "runner_prefill_mixed_s": other,
+        "host_and_sampling_s": total_s - decode - other,
+        "runner_decode_ms_per_step": 1e3 * decode / max(decode_steps, 1),
+        "runner_prefill_mixed_ms_per_step": 1e3 * other / max(steps - decode_steps, 1),
+    }
 
 
 def profile_prefill(engine, vocab: int, path: str, num: int = 16, length: int = 512) -> None:
@@ -274,16 +308,23 @@ def run_requests(engine, batch_prompts, max_tokens: int) -> dict:
     end = time.perf_counter()
     assert all(len(t) == max_tokens for t in outputs.values()), "a request stopped early"
     all_first = max(first_tokens.values())
-    return {"seconds": end - start, "decode_seconds": end - all_first,
-            "output_tokens": len(batch_prompts) * max_tokens,
-            "tokens": [outputs[f"{base}{i}"] for i in range(len(batch_prompts))]}
+    return {
+        "seconds": end - start,
+        "decode_seconds": end - all_first,
+        "output_tokens": len(batch_prompts) * max_tokens,
+        "tokens": [outputs[f"{base}{i}"] for i in range(len(batch_prompts))],
+    }
 
 
 def bench_engine_decode(engine, batch_prompts, max_tokens: int) -> dict:
     r = run_requests(engine, batch_prompts, max_tokens)
     decode_tokens = len(batch_prompts) * (max_tokens - 1)
-    return {"tok_s": r["output_tokens"] / r["seconds"], "decode_tok_s": decode_tokens / r["decode_seconds"],
-            "seconds": r["seconds"], "tokens": r["tokens"]}
+    return {
+        "tok_s": r["output_tokens"] / r["seconds"],
+        "decode_tok_s": decode_tokens / r["decode_seconds"],
+        "seconds": r["seconds"],
+        "tokens": r["tokens"],
+    }
 
 
 def _load_rows(engine, size: int, context: int):
@@ -295,8 +336,9 @@ def _load_rows(engine, size: int, context: int):
     nblocks = -(-context // bs)
     gen = torch.Generator().manual_seed(size)
     tables = [torch.randperm(engine.kv_cache.num_blocks, generator=gen)[:nblocks].tolist() for _ in range(size)]
-    rows = DecodeInputs([7] * size, [context - 1] * size, [t[-1] * bs + (context - 1) % bs for t in tables],
-                        [context] * size, tables)
+    rows = DecodeInputs(
+        [7] * size, [context - 1] * size, [t[-1] * bs + (context - 1) % bs for t in tables], [context] * size, tables
+    )
     graphs._load(rows)
     return graphs
 
@@ -333,8 +375,12 @@ def batch1_replay_ab(engine, context: int) -> dict[str, float]:
     runs: dict[str, list[float]] = {}
     try:
         for _ in range(2):
-            for label, gemv_on, pdl in (("gemv_pdl", True, "1"), ("gemv_no_pdl", True, "0"),
-                                        ("cublas_pdl", False, "1"), ("cublas_no_pdl", False, "0")):
+            for label, gemv_on, pdl in (
+                ("gemv_pdl", True, "1"),
+                ("gemv_no_pdl", True, "0"),
+                ("cublas_pdl", False, "1"),
+                ("cublas_no_pdl", False, "0"),
+            ):
                 decoder.batch1_gemv = gemv_on and default
                 graphs.graphs.pop((1, 0), None)
                 with pdl_setting(pdl):
@@ -370,22 +416,32 @@ def profile_decode(engine, size: int, context: int, path: str) -> None:
 # --- transformers -------------------------------------------------------------------------
 def bench_hf(hf, batch_prompts, max_tokens: int, compiled: bool = False) -> dict:
     ids = torch.tensor(batch_prompts, device=hf.device)
-    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
-                  attention_mask=torch.ones_like(ids))
+    kwargs = dict(
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
+    )
     with torch.inference_mode():
         if compiled:  # a static cache makes generate compile the forward (same shapes: warm up in full)
             kwargs["cache_implementation"] = "static"
             hf.generate(ids, **kwargs)
         else:
-            hf.generate(ids[:, :16], **{**kwargs, "attention_mask": torch.ones_like(ids[:, :16]),
-                                        "max_new_tokens": 4, "min_new_tokens": 4})
+            hf.generate(
+                ids[:, :16],
+                **{**kwargs, "attention_mask": torch.ones_like(ids[:, :16]), "max_new_tokens": 4, "min_new_tokens": 4},
+            )
         sync()
         start = time.perf_counter()
         out = hf.generate(ids, **kwargs)
         sync()
         elapsed = time.perf_counter() - start
-    return {"tok_s": len(batch_prompts) * max_tokens / elapsed, "seconds": elapsed,
-            "tokens": out[:, ids.shape[1]:].tolist()}
+    return {
+        "tok_s": len(batch_prompts) * max_tokens / elapsed,
+        "seconds": elapsed,
+        "tokens": out[:, ids.shape[1] :].tolist(),
+    }
 
 
 # --- prefix caching and swap ----------------------------------------------------------------
@@ -407,8 +463,13 @@ def bench_prefix(engine, vocab: int) -> dict:
     cold = time_to_first_token(engine, prefix + a)
     warm = time_to_first_token(engine, prefix + b)
     warm2 = time_to_first_token(engine, prefix + c)
-    return {"cold_s": cold, "warm_s": min(warm, warm2), "speedup": cold / min(warm, warm2),
-            "prefix_queries": engine.block_manager.prefix.queries, "prefix_hits": engine.block_manager.prefix.hits}
+    return {
+        "cold_s": cold,
+        "warm_s": min(warm, warm2),
+        "speedup": cold / min(warm, warm2),
+        "prefix_queries": engine.block_manager.prefix.queries,
+        "prefix_hits": engine.block_manager.prefix.hits,
+    }
 
 
 def bench_swap(engine, num_blocks: int) -> dict:
@@ -428,15 +489,19 @@ def bench_swap(engine, num_blocks: int) -> dict:
     sync()
     t2 = time.perf_counter()
     nbytes = num_blocks * kv.block_bytes
-    return {"blocks": num_blocks, "bytes": nbytes, "out_bytes_per_s": nbytes / (t1 - t0),
-            "in_bytes_per_s": nbytes / (t2 - t1)}
+    return {
+        "blocks": num_blocks,
+        "bytes": nbytes,
+        "out_bytes_per_s": nbytes / (t1 - t0),
+        "in_bytes_per_s": nbytes / (t2 - t1),
+    }
 
 
 # --- the run ----------------------------------------------------------------------------------
 def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only: set[str] | None = None) -> dict:
     t_start = time.perf_counter()
     res: dict = {"env": environment(), "errors": {}}
-    log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731
+    log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
 
     def section(name, fn):
         """Run one benchmark; an error is recorded and the others still run."""
@@ -459,8 +524,11 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
     model_dir, model = build()
     cfg = model.config
     cost = ModelCost(cfg)
-    res["model"] = {"weight_bytes_read": cost.weight_bytes_read, "kv_bytes_per_token": cost.kv_bytes_per_token,
-                    "flops_per_token": 2 * cost.matmul_params}
+    res["model"] = {
+        "weight_bytes_read": cost.weight_bytes_read,
+        "kv_bytes_per_token": cost.kv_bytes_per_token,
+        "flops_per_token": 2 * cost.matmul_params,
+    }
     log("model built")
     # Distinct prompts for every engine run (a repeated prompt would hit the prefix cache).
     cmp_prompts = prompts(cfg.vocab_size, 33, 512)  # [0]: batch 1, [1:]: batch 32; same for every system
@@ -485,21 +553,30 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
             b1s = bench_engine_decode(fast, prompts(cfg.vocab_size, 1, 512, seed=21), 256)
         finally:
             fast.config = fast.config.replace(async_scheduling=True)
-        res["batch1_sync_steps"] = {"decode_tok_s": b1s["decode_tok_s"],
-                                    "mbu": b1s["decode_tok_s"] * bytes_per_token / bw}
+        res["batch1_sync_steps"] = {
+            "decode_tok_s": b1s["decode_tok_s"],
+            "mbu": b1s["decode_tok_s"] * bytes_per_token / bw,
+        }
         log(f"batch-1 without async scheduling: {b1s['decode_tok_s']:.1f} tok/s")
-        log(f"batch-1 fast: {b1['decode_tok_s']:.1f} tok/s, MBU {b1['mbu']:.3f}; bare replay {replay * 1e3:.3f} ms "
-            f"(MBU {b1['graph_mbu']:.3f})")
+        log(
+            f"batch-1 fast: {b1['decode_tok_s']:.1f} tok/s, MBU {b1['mbu']:.3f}; bare replay {replay * 1e3:.3f} ms "
+            f"(MBU {b1['graph_mbu']:.3f})"
+        )
         res["graph_replay_ms"] = {}
         for size in (1, 8, 32, 64, 128, 256):
             for ctx in (640, 4096):
                 s = bench_graph_replay(fast, size, ctx)
                 b, f = cost.step([(1, ctx)] * size)
-                res["graph_replay_ms"][f"b{size}_ctx{ctx}"] = {"ms": s * 1e3, "roofline_ms": max(b / bw, f / rate) * 1e3,
-                                                               "share": max(b / bw, f / rate) / s}
+                res["graph_replay_ms"][f"b{size}_ctx{ctx}"] = {
+                    "ms": s * 1e3,
+                    "roofline_ms": max(b / bw, f / rate) * 1e3,
+                    "share": max(b / bw, f / rate) / s,
+                }
         log(f"graph replays: {json.dumps(res['graph_replay_ms'])}")
         res["batch1_replay_ab_ms"] = batch1_replay_ab(fast, avg_ctx)
-        log(f"batch-1 replay, fused GEMVs / cuBLAS, with and without PDL (ms): {json.dumps(res['batch1_replay_ab_ms'])}")
+        log(
+            f"batch-1 replay, fused GEMVs / cuBLAS, with and without PDL (ms): {json.dumps(res['batch1_replay_ab_ms'])}"
+        )
 
     def compare_fast():
         res["cmp_fast_b1"] = strip(bench_engine_decode(fast, cmp_prompts[:1], cmp_tokens))
@@ -536,23 +613,36 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
                 ri = run_requests(fast, prompts(cfg.vocab_size, 256, 512, seed=10 + i), 256)
             finally:
                 fast.config = fast.config.replace(async_scheduling=True)
-            ab.append({"async_scheduling": async_on, "seconds": ri["seconds"], "tok_s": ri["output_tokens"] / ri["seconds"],
-                       "until_last_first_token_s": ri["seconds"] - ri["decode_seconds"],
-                       "after_last_first_token_s": ri["decode_seconds"]})
+            ab.append(
+                {
+                    "async_scheduling": async_on,
+                    "seconds": ri["seconds"],
+                    "tok_s": ri["output_tokens"] / ri["seconds"],
+                    "until_last_first_token_s": ri["seconds"] - ri["decode_seconds"],
+                    "after_last_first_token_s": ri["decode_seconds"],
+                }
+            )
         res["throughput_async_ab"] = ab
         log(f"throughput, synchronous and async steps alternated: {json.dumps(ab)}")
         decode_count = sum(1 for s in timed_steps if all(n == 1 for n, _ in s))
-        res["throughput_split"] = {"seconds": r2["seconds"], **step_time_split(timings, r2["seconds"], len(timed_steps),
-                                                                               decode_count)}
+        res["throughput_split"] = {
+            "seconds": r2["seconds"],
+            **step_time_split(timings, r2["seconds"], len(timed_steps), decode_count),
+        }
         bound = roofline_seconds(cost, steps, bw, rate)
         decode_steps = [s for s in steps if all(n == 1 for n, _ in s)]
-        res["throughput"] = {"tok_s": r["output_tokens"] / r["seconds"], "seconds": r["seconds"], "steps": len(steps),
-                             "pure_decode_steps": len(decode_steps), "roofline_s": bound,
-                             "share_of_bound": bound / r["seconds"],
-                             "roofline_decode_s": roofline_seconds(cost, decode_steps, bw, rate),
-                             "decode_seconds_after_last_first_token": r["decode_seconds"],
-                             "graph_replays": replays,
-                             "mode_after": fast.runner.mode}
+        res["throughput"] = {
+            "tok_s": r["output_tokens"] / r["seconds"],
+            "seconds": r["seconds"],
+            "steps": len(steps),
+            "pure_decode_steps": len(decode_steps),
+            "roofline_s": bound,
+            "share_of_bound": bound / r["seconds"],
+            "roofline_decode_s": roofline_seconds(cost, decode_steps, bw, rate),
+            "decode_seconds_after_last_first_token": r["decode_seconds"],
+            "graph_replays": replays,
+            "mode_after": fast.runner.mode,
+        }
         log(f"throughput: {json.dumps(res['throughput'])}")
         log(f"throughput split (synced re-run): {json.dumps(res['throughput_split'])}")
 
@@ -571,8 +661,14 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
         profile_decode(fast, 256, 640, f"{out_dir}/profile_b256_ctx640.txt")
         profile_prefill(fast, cfg.vocab_size, f"{out_dir}/profile_prefill_16x512.txt")
 
-    for name, fn in (("batch1", batch1), ("compare_fast", compare_fast), ("throughput", throughput),
-                     ("prefix", prefix), ("swap", swap), ("profiles", profiles)):
+    for name, fn in (
+        ("batch1", batch1),
+        ("compare_fast", compare_fast),
+        ("throughput", throughput),
+        ("prefix", prefix),
+        ("swap", swap),
+        ("profiles", profiles),
+    ):
         if only is None or name in only:
             section(name, fn)
     if only is not None:
@@ -629,16 +725,21 @@ def _dump(out_dir: str, res: dict) -> None:
 
 def print_table(res: dict) -> None:
     c = res["ceilings"]
-    print(f"\ncopy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul {c['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
-          f"pinned h2d {c['h2d_pinned_bytes_per_s'] / 1e9:.1f} GB/s, d2h {c['d2h_pinned_bytes_per_s'] / 1e9:.1f} GB/s")
+    print(
+        f"\ncopy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul {c['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
+        f"pinned h2d {c['h2d_pinned_bytes_per_s'] / 1e9:.1f} GB/s, d2h {c['d2h_pinned_bytes_per_s'] / 1e9:.1f} GB/s"
+    )
     if "batch1_fast" in res:
         b1 = res["batch1_fast"]
-        print(f"batch-1 fast      {b1['decode_tok_s']:8.1f} tok/s  MBU {b1['mbu']:.3f} "
-              f"(bare graph {b1['graph_mbu']:.3f})")
+        print(
+            f"batch-1 fast      {b1['decode_tok_s']:8.1f} tok/s  MBU {b1['mbu']:.3f} (bare graph {b1['graph_mbu']:.3f})"
+        )
     if "throughput" in res:
         t = res["throughput"]
-        print(f"throughput        {t['tok_s']:8.1f} tok/s  {t['share_of_bound']:.3f} of roofline "
-              f"({t['roofline_s']:.2f}s of {t['seconds']:.2f}s)")
+        print(
+            f"throughput        {t['tok_s']:8.1f} tok/s  {t['share_of_bound']:.3f} of roofline "
+            f"({t['roofline_s']:.2f}s of {t['seconds']:.2f}s)"
+        )
     for k in ("cmp_fast_b1", "cmp_fast_b32"):
         if k in res:
             print(f"{k:26s}{res[k]['tok_s']:8.1f} tok/s")
@@ -649,27 +750,40 @@ def print_table(res: dict) -> None:
         print(f"prefix TTFT cold {p['cold_s'] * 1e3:.1f} ms, warm {p['warm_s'] * 1e3:.1f} ms")
     if "swap" in res:
         s = res["swap"]
-        print(f"swap out {s['out_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_out']:.2f}), "
-              f"in {s['in_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_in']:.2f})")
+        print(
+            f"swap out {s['out_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_out']:.2f}), "
+            f"in {s['in_bytes_per_s'] / 1e9:.1f} GB/s ({s['share_of_pinned_in']:.2f})"
+        )
     if res.get("errors"):
         print("errors: " + json.dumps(res["errors"])[:1500])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory for results.json and the kernel profiles")
-    parser.add_argument("--budget-s", type=float, default=480.0,
-                        help="seconds the whole run may take; the compiled transformers runs are skipped past it")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="seconds the whole run may take; the compiled transformers runs are skipped past it",
+    )
     parser.add_argument("--no-hf-compile", action="store_true", help="skip transformers with static cache + compile")
-    parser.add_argument("--only", help="comma-separated fast-path sections to run (batch1, compare_fast, throughput, "
-                        "prefix, swap, profiles); the fallback and transformers runs are then skipped")
+    parser.add_argument(
+        "--only",
+        help="comma-separated fast-path sections to run (batch1, compare_fast, throughput, "
+        "prefix, swap, profiles); the fallback and transformers runs are then skipped",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("gpu-decode needs a CUDA GPU; none is visible here")
         return 2
-    run_all(args.out, args.budget_s, hf_compile=not args.no_hf_compile,
-            only=set(args.only.split(",")) if args.only else None)
+    run_all(
+        args.out,
+        args.budget_s,
+        hf_compile=not args.no_hf_compile,
+        only=set(args.only.split(",")) if args.only else None,
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ chunk by chunk, full blocks that leave the hot window are quantized after each c
 as the engine does, until the next chunk no longer fits. Page cost includes the cold
 kind's scale tables, which the engine pays out of the same budget.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,12 +18,19 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 
-def sequences_that_fit(shape: KVShape, budget_bytes: int, kind: str, seq_len: int, hot_window: int,
-                       chunk: int = 256) -> int:
+def sequences_that_fit(
+    shape: KVShape, budget_bytes: int, kind: str, seq_len: int, hot_window: int, chunk: int = 256
+) -> int:
     cold = () if kind == "none" else (kind,)
     page_cost = shape.page_bytes + sum(shape.scale_bytes_per_page(k) for k in cold)
-    bm = BlockManager(budget_bytes // page_cost, 0, shape.block_size, enable_prefix_caching=False,
-                      watermark=0.0, slots_per_page=shape.slots_per_page())
+    bm = BlockManager(
+        budget_bytes // page_cost,
+        0,
+        shape.block_size,
+        enable_prefix_caching=False,
+        watermark=0.0,
+        slots_per_page=shape.slots_per_page(),
+    )
     fitted = 0
     while True:
         seq = Sequence(f"s{fitted}", 0, list(range(seq_len)), SamplingParams(), 0, 0.0, 0)
@@ -59,8 +67,10 @@ def main() -> None:
     print(f"sequences of {args.seq_len} tokens that fit, hot window {args.hot_window}, block 16")
     for name, (shape, budget) in cases.items():
         t = capacity_table(shape, budget, args.seq_len, args.hot_window)
-        print(f"{name:30s} budget {budget >> 20:6d} MiB: none {t['none']:5d}  int8 {t['int8']:5d} "
-              f"({t['int8'] / t['none']:.2f}x)  int4 {t['int4']:5d} ({t['int4'] / t['none']:.2f}x)")
+        print(
+            f"{name:30s} budget {budget >> 20:6d} MiB: none {t['none']:5d}  int8 {t['int8']:5d} "
+            f"({t['int8'] / t['none']:.2f}x)  int4 {t['int4']:5d} ({t['int4'] / t['none']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

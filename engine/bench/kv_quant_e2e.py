@@ -8,6 +8,7 @@ whole step, host work included), the decode tokens/s that gives, and the output
 tokens/s of the whole run.
 Usage: python -m engine.bench.kv_quant_e2e --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
 
     n = len(batch_prompts)
     # Long enough that no request ends before the measured steps; aborted after them.
-    params = SamplingParams(temperature=0.0, max_tokens=engine.max_model_len - len(batch_prompts[0]) - 1,
-                            ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=engine.max_model_len - len(batch_prompts[0]) - 1, ignore_eos=True
+    )
     graphs = engine.runner.fast_decode
     sync()
     start = time.perf_counter()
@@ -54,10 +56,16 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
     sync()
     total = time.perf_counter() - start
     median = statistics.median(step_s) if step_s else float("nan")
-    return {"prefill_s": prefill_s, "blocks_during_decode": blocks, "seconds": total, "decode_steps_at_full_batch": len(step_s),
-            "decode_step_ms_median": median * 1e3, "decode_tok_s": n / median,
-            "e2e_output_tok_s": output_tokens / total,
-            "graph_replays": (graphs.num_replays - replays_before) if graphs is not None else 0}
+    return {
+        "prefill_s": prefill_s,
+        "blocks_during_decode": blocks,
+        "seconds": total,
+        "decode_steps_at_full_batch": len(step_s),
+        "decode_step_ms_median": median * 1e3,
+        "decode_tok_s": n / median,
+        "e2e_output_tok_s": output_tokens / total,
+        "graph_replays": (graphs.num_replays - replays_before) if graphs is not None else 0,
+    }
 
 
 def main() -> int:
@@ -73,15 +81,31 @@ def main() -> int:
     model_dir, model = build()
     vocab = model.embed_tokens.weight.shape[0]
     batch = prompts(vocab, args.batch, args.context)
-    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "context": args.context, "batch": args.batch, "kinds": {}}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "context": args.context,
+        "batch": args.batch,
+        "kinds": {},
+    }
     for kind in args.kinds.split(","):
         t = time.perf_counter()
-        engine = new_engine(model_dir, model, kv_gib=40, kv_cold_dtype=kind, kv_hot_window=128,
-                            max_model_len=args.context + args.decode_steps + 16)
+        engine = new_engine(
+            model_dir,
+            model,
+            kv_gib=40,
+            kv_cold_dtype=kind,
+            kv_hot_window=128,
+            max_model_len=args.context + args.decode_steps + 16,
+        )
         started = time.perf_counter() - t
         r = run_kind(engine, batch, args.decode_steps)
-        r.update(engine_start_s=started, mode_after=engine.config.mode, fastpath_failures=dict(engine.counters.fastpath_failures))
+        r.update(
+            engine_start_s=started,
+            mode_after=engine.config.mode,
+            fastpath_failures=dict(engine.counters.fastpath_failures),
+        )
         results["kinds"][kind] = r
         print(kind, json.dumps(r), flush=True)
         del engine

@@ -7,6 +7,7 @@ weights are drawn on the device with make_model's initialisation (unit-variance
 embeddings, 1/sqrt(fan_in) projections, norms near 1, LM head scaled to a logit std of
 LOGIT_STD). The engine and a transformers model then share that one set of tensors.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -22,8 +23,10 @@ from ..model import LlamaModel
 
 def write_checkpoint_stub(out_dir: str | Path, preset: str = "llama3-8b-shape", dtype: str = "bfloat16") -> Path:
     """make_model's directory without the weights file."""
-    with mock.patch.object(mm, "random_weights", lambda *a, **k: {}), \
-            mock.patch.object(mm, "save_weights", lambda *a, **k: None):
+    with (
+        mock.patch.object(mm, "random_weights", lambda *a, **k: {}),
+        mock.patch.object(mm, "save_weights", lambda *a, **k: None),
+    ):
         return mm.make_model(out_dir, mm.ModelSpec(preset=preset, dtype=dtype))
 
 

@@ -11,6 +11,7 @@ difference). Writes a JSON report and a PNG plot.
 Without --url it starts `inferd serve` in a subprocess on a free loopback port (the
 embedded tiny model unless --model or --preset says otherwise) and stops it after.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,9 @@ class BenchConfig:
         if not self.duration_s > 0:
             raise ValueError(f"duration_s must be > 0, got {self.duration_s!r}")
         if not 1 <= self.prompt_len_min <= self.prompt_len_max:
-            raise ValueError(f"need 1 <= prompt_len_min <= prompt_len_max, got {self.prompt_len_min}, {self.prompt_len_max}")
+            raise ValueError(
+                f"need 1 <= prompt_len_min <= prompt_len_max, got {self.prompt_len_min}, {self.prompt_len_max}"
+            )
         if self.max_tokens < 2:
             raise ValueError(f"max_tokens must be >= 2 (inter-token latency needs two tokens), got {self.max_tokens}")
 
@@ -108,13 +111,22 @@ def make_prompt(rng: random.Random, words: list[str], length: int) -> str:
     return " ".join(rng.choice(words) for _ in range(length))
 
 
-WORDS = ("the engine keeps key value cache blocks sequence table batch step token memory host device "
-         "scheduler prefix swap page fault model layer node socket link").split()
+WORDS = (
+    "the engine keeps key value cache blocks sequence table batch step token memory host device "
+    "scheduler prefix swap page fault model layer node socket link"
+).split()
 
 
 async def _one_request(client, url: str, model: str, prompt: str, max_tokens: int, timeout: float) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     last = None
     result = RequestResult(ok=False)
@@ -166,11 +178,18 @@ async def run_level(url: str, model: str, rate: float, cfg: BenchConfig, rng: ra
     ok = [r for r in results if r.ok]
     itls = [x for r in ok for x in r.itls]
     return LevelResult(
-        offered_rps=rate, sent_rps=len(results) / cfg.duration_s, num_requests=len(results), num_failed=len(results) - len(ok), wall_s=wall,
+        offered_rps=rate,
+        sent_rps=len(results) / cfg.duration_s,
+        num_requests=len(results),
+        num_failed=len(results) - len(ok),
+        wall_s=wall,
         achieved_rps=len(ok) / wall if wall else 0.0,
         output_tokens_per_s=sum(r.num_tokens for r in ok) / wall if wall else 0.0,
-        ttft_p50=percentile([r.ttft for r in ok], 50), ttft_p99=percentile([r.ttft for r in ok], 99),
-        itl_p50=percentile(itls, 50), itl_p99=percentile(itls, 99), e2e_p50=percentile([r.e2e for r in ok], 50),
+        ttft_p50=percentile([r.ttft for r in ok], 50),
+        ttft_p99=percentile([r.ttft for r in ok], 99),
+        itl_p50=percentile(itls, 50),
+        itl_p99=percentile(itls, 99),
+        e2e_p50=percentile([r.e2e for r in ok], 50),
     )
 
 
@@ -255,16 +274,26 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="benchmark a running server (default: start one)")
     parser.add_argument("--model", help="checkpoint directory for the started server")
-    parser.add_argument("--preset", choices=["tiny", "small"], help="make-model preset for the started server "
-                        "(written under a temporary folder); default: the embedded tiny model")
+    parser.add_argument(
+        "--preset",
+        choices=["tiny", "small"],
+        help="make-model preset for the started server "
+        "(written under a temporary folder); default: the embedded tiny model",
+    )
     parser.add_argument("--served-model-name", default=None, help="model name to request (default: the server's)")
-    parser.add_argument("--rates", default="1,2,4,8,16,32", help="offered loads, requests/s, rising (default 1,2,4,8,16,32)")
+    parser.add_argument(
+        "--rates", default="1,2,4,8,16,32", help="offered loads, requests/s, rising (default 1,2,4,8,16,32)"
+    )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per level (default 20)")
     parser.add_argument("--prompt-len", default="16,256", help="prompt length range in words, MIN,MAX (default 16,256)")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of arrival times and prompt lengths")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra option for the started server, e.g. --server-arg=--max-num-seqs=32 (repeatable)")
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra option for the started server, e.g. --server-arg=--max-num-seqs=32 (repeatable)",
+    )
     parser.add_argument("--out", default="bench-serve", help="output prefix: PREFIX.json and PREFIX.png")
 
 
@@ -274,8 +303,14 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         lo, hi = (int(x) for x in args.prompt_len.split(","))
-        cfg = BenchConfig(rates=[float(x) for x in args.rates.split(",")], duration_s=args.duration,
-                          prompt_len_min=lo, prompt_len_max=hi, max_tokens=args.max_tokens, seed=args.seed)
+        cfg = BenchConfig(
+            rates=[float(x) for x in args.rates.split(",")],
+            duration_s=args.duration,
+            prompt_len_min=lo,
+            prompt_len_max=hi,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
     except ValueError as exc:
         log.error("bad option: %s", exc)
         return 2
@@ -299,16 +334,21 @@ def run(args: argparse.Namespace) -> int:
         for rate in cfg.rates:
             level = asyncio.run(run_level(url, served, rate, cfg, rng))
             levels.append(level)
-            print(f"offered {rate:7.2f} req/s (sent {level.sent_rps:6.2f}): achieved {level.achieved_rps:6.2f} req/s, "
-                  f"{level.output_tokens_per_s:8.1f} tok/s, TTFT p50/p99 {level.ttft_p50 * 1e3:7.1f}/"
-                  f"{level.ttft_p99 * 1e3:7.1f} ms, ITL p50/p99 {level.itl_p50 * 1e3:6.1f}/{level.itl_p99 * 1e3:6.1f} ms, "
-                  f"failed {level.num_failed}/{level.num_requests}", flush=True)
+            print(
+                f"offered {rate:7.2f} req/s (sent {level.sent_rps:6.2f}): achieved {level.achieved_rps:6.2f} req/s, "
+                f"{level.output_tokens_per_s:8.1f} tok/s, TTFT p50/p99 {level.ttft_p50 * 1e3:7.1f}/"
+                f"{level.ttft_p99 * 1e3:7.1f} ms, ITL p50/p99 {level.itl_p50 * 1e3:6.1f}/{level.itl_p99 * 1e3:6.1f} ms, "
+                f"failed {level.num_failed}/{level.num_requests}",
+                flush=True,
+            )
     finally:
         if proc is not None:
             stop_server(proc)
     knee = find_knee([lv.offered_rps for lv in levels], [lv.output_tokens_per_s for lv in levels])
     report = {
-        "config": asdict(cfg), "url": url if args.url else "started", "model": served,
+        "config": asdict(cfg),
+        "url": url if args.url else "started",
+        "model": served,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "levels": [asdict(lv) for lv in levels],
         "knee": None if knee is None else {"index": knee, "offered_rps": levels[knee].offered_rps},
@@ -317,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(report, indent=2, default=lambda x: None) + "\n")
     plot(levels, knee, Path(f"{out}.png"))
-    print(f"knee: {'none found' if knee is None else f'{levels[knee].offered_rps:g} req/s'}; "
-          f"wrote {out}.json and {out}.png")
+    print(
+        f"knee: {'none found' if knee is None else f'{levels[knee].offered_rps:g} req/s'}; "
+        f"wrote {out}.json and {out}.png"
+    )
     return 1 if any(lv.num_failed for lv in levels) else 0

@@ -9,6 +9,7 @@ produces exactly the same number of tokens. Prints tokens/s and the ratios; each
 says on stderr when it starts and what it measured, the one-at-a-time phase with a
 progress bar (engine/progress.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,7 +67,9 @@ def bench_hf(model_dir: str, prompts, max_tokens: int, batched: bool) -> float:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="checkpoint directory (e.g. from `inferd make-model --preset small`)")
+    parser.add_argument(
+        "--model", required=True, help="checkpoint directory (e.g. from `inferd make-model --preset small`)"
+    )
     parser.add_argument("--num-prompts", type=int, default=16, help="prompts (16-127 random token ids each)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt, on every side")
     parser.add_argument("--skip-hf-batched", action="store_true", help="skip transformers' padded batch")
@@ -91,11 +94,15 @@ def run(args) -> int:
     if not args.skip_hf_batched:
         result["hf_batched_tok_s"] = bench_hf(args.model, prompts, args.max_tokens, batched=True)
     print(f"engine                      {result['engine_tok_s']:8.1f} tok/s")
-    print(f"transformers, one at a time {result['hf_sequential_tok_s']:8.1f} tok/s  "
-          f"(engine {result['engine_tok_s'] / result['hf_sequential_tok_s']:.2f}x)")
+    print(
+        f"transformers, one at a time {result['hf_sequential_tok_s']:8.1f} tok/s  "
+        f"(engine {result['engine_tok_s'] / result['hf_sequential_tok_s']:.2f}x)"
+    )
     if "hf_batched_tok_s" in result:
-        print(f"transformers, padded batch  {result['hf_batched_tok_s']:8.1f} tok/s  "
-              f"(engine {result['engine_tok_s'] / result['hf_batched_tok_s']:.2f}x)")
+        print(
+            f"transformers, padded batch  {result['hf_batched_tok_s']:8.1f} tok/s  "
+            f"(engine {result['engine_tok_s'] / result['hf_batched_tok_s']:.2f}x)"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -15,6 +15,7 @@ like-for-like comparison of the sharding itself.
 `--device cpu --preset tiny` is the smoke test: gloo, float32, small sizes.
 Results go to DIR/results.json and are printed as a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,19 @@ def new_engine(model_dir: str, tp: int, args, graphs: bool = True):
     from ..config import EngineConfig
     from ..llm_engine import LLMEngine
 
-    engine = LLMEngine(EngineConfig(
-        model=model_dir, dtype=args.dtype, device=args.device, tensor_parallel_size=tp,
-        kv_cache_bytes=int(args.kv_gib * (1 << 30)), swap_space_bytes=0, max_num_seqs=args.requests,
-        max_num_batched_tokens=args.max_batched_tokens, max_model_len=args.input_len + args.output_len + 64))
+    engine = LLMEngine(
+        EngineConfig(
+            model=model_dir,
+            dtype=args.dtype,
+            device=args.device,
+            tensor_parallel_size=tp,
+            kv_cache_bytes=int(args.kv_gib * (1 << 30)),
+            swap_space_bytes=0,
+            max_num_seqs=args.requests,
+            max_num_batched_tokens=args.max_batched_tokens,
+            max_model_len=args.input_len + args.output_len + 64,
+        )
+    )
     if not graphs:
         engine.runner.fast_decode = None  # Triton attention, eager forward: what tp > 1 runs
     return engine
@@ -87,8 +97,12 @@ def serve_all(engine, prompts: list[list[int]], max_tokens: int) -> dict:
     end = time.perf_counter()
     if any(len(t) != max_tokens for t in tokens.values()):
         raise RuntimeError("a request stopped early")
-    return {"seconds": end - start, "decode_seconds": end - max(first.values()), "steps": steps,
-            "tokens": [tokens[f"{base}{i}"] for i in range(len(prompts))]}
+    return {
+        "seconds": end - start,
+        "decode_seconds": end - max(first.values()),
+        "steps": steps,
+        "tokens": [tokens[f"{base}{i}"] for i in range(len(prompts))],
+    }
 
 
 def make_prompts(vocab: int, num: int, length: int, seed: int) -> list[list[int]]:
@@ -105,9 +119,13 @@ def bench_one(model_dir: str, tp: int, args, graphs: bool = True) -> dict:
         serve_all(engine, make_prompts(vocab, 2, 16, seed=99), 4)  # warm-up (and graph capture)
         single = make_prompts(vocab, 1, args.prompt_len, seed=1)
         r1 = serve_all(engine, single, args.decode_len)
-        result = {"tp": tp, "threads_per_rank": torch.get_num_threads(), "graphs": graphs and tp == 1 and engine.runner.fast_decode is not None,
-                  "batch1_decode_tok_s": (args.decode_len - 1) / r1["decode_seconds"],
-                  "batch1_tokens": r1["tokens"][0]}
+        result = {
+            "tp": tp,
+            "threads_per_rank": torch.get_num_threads(),
+            "graphs": graphs and tp == 1 and engine.runner.fast_decode is not None,
+            "batch1_decode_tok_s": (args.decode_len - 1) / r1["decode_seconds"],
+            "batch1_tokens": r1["tokens"][0],
+        }
         if tp > 1:
             timer = engine.runner.model.timer
             timer.enabled = True
@@ -118,9 +136,13 @@ def bench_one(model_dir: str, tp: int, args, graphs: bool = True) -> dict:
             result["collectives_per_step"] = timer.count / r2["steps"]
         many = make_prompts(vocab, args.requests, args.input_len, seed=2)
         r3 = serve_all(engine, many, args.output_len)
-        result.update(throughput_tok_s=args.requests * args.output_len / r3["seconds"],
-                      throughput_seconds=r3["seconds"], throughput_steps=r3["steps"],
-                      preemptions=engine.counters.num_preemptions, throughput_tokens=r3["tokens"])
+        result.update(
+            throughput_tok_s=args.requests * args.output_len / r3["seconds"],
+            throughput_seconds=r3["seconds"],
+            throughput_steps=r3["steps"],
+            preemptions=engine.counters.num_preemptions,
+            throughput_tokens=r3["tokens"],
+        )
         return result
     finally:
         if tp > 1:
@@ -138,8 +160,14 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def environment(args) -> dict:
-    env = {"python": platform.python_version(), "torch": torch.__version__, "device": args.device,
-           "preset": args.preset, "dtype": args.dtype, "cpus": len(os.sched_getaffinity(0))}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": args.device,
+        "preset": args.preset,
+        "dtype": args.dtype,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -177,18 +205,25 @@ def run_bench(args: argparse.Namespace) -> int:
         runs.append(bench_one(model_dir, 1, args, graphs=False))
     runs.append(bench_one(model_dir, args.tp, args))
     base, tp = runs[0], runs[-1]
-    summary: dict[str, Any] = {"environment": environment(args), "args": vars(args),
-               "batch1_token_agreement": agreement([base["batch1_tokens"]], [tp["batch1_tokens"]]),
-               "throughput_token_agreement": agreement(base["throughput_tokens"], tp["throughput_tokens"]),
-               "runs": [{k: v for k, v in r.items() if not k.endswith("tokens")} for r in runs]}
+    summary: dict[str, Any] = {
+        "environment": environment(args),
+        "args": vars(args),
+        "batch1_token_agreement": agreement([base["batch1_tokens"]], [tp["batch1_tokens"]]),
+        "throughput_token_agreement": agreement(base["throughput_tokens"], tp["throughput_tokens"]),
+        "runs": [{k: v for k, v in r.items() if not k.endswith("tokens")} for r in runs],
+    }
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     print(f"{'run':<18}{'batch-1 tok/s':>15}{'allreduce share':>17}{'throughput tok/s':>18}{'preempt':>9}")
     for r in summary["runs"]:
         name = f"tp={r['tp']}" + ("" if r["tp"] > 1 else (" graphs" if r["graphs"] else " eager"))
         share = f"{r['allreduce_share_of_step']:.1%}" if "allreduce_share_of_step" in r else "-"
-        print(f"{name:<18}{r['batch1_decode_tok_s']:>15.1f}{share:>17}{r['throughput_tok_s']:>18.1f}{r['preemptions']:>9}")
-    print(f"token agreement tp={args.tp} vs tp=1: batch-1 {summary['batch1_token_agreement']:.3f}, "
-          f"throughput {summary['throughput_token_agreement']:.3f}")
+        print(
+            f"{name:<18}{r['batch1_decode_tok_s']:>15.1f}{share:>17}{r['throughput_tok_s']:>18.1f}{r['preemptions']:>9}"
+        )
+    print(
+        f"token agreement tp={args.tp} vs tp=1: batch-1 {summary['batch1_token_agreement']:.3f}, "
+        f"throughput {summary['throughput_token_agreement']:.3f}"
+    )
     return 0
 
 

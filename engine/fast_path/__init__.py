@@ -4,6 +4,7 @@ decode steps, greedy sampling on the device.
 Imports cleanly without CUDA or Triton; `attach_fast_path` then leaves the runner on
 the portable path and returns the reason.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["attach_fast_path", "has_triton", "unavailable_reason", "GRAPH_LADDER", "graph_batch_size",
-           "is_pure_decode", "greedy_on_device"]
+__all__ = [
+    "attach_fast_path",
+    "has_triton",
+    "unavailable_reason",
+    "GRAPH_LADDER",
+    "graph_batch_size",
+    "is_pure_decode",
+    "greedy_on_device",
+]
 
 
 def hot_kv_layers(runner: ModelRunner) -> list[tuple]:
@@ -28,8 +36,9 @@ def hot_kv_layers(runner: ModelRunner) -> list[tuple]:
     return [(kv[0], kv[1]) for kv in runner.kv_layers]
 
 
-def attach_fast_path(runner: ModelRunner, max_model_len: int, use_graphs: bool = True,
-                     capture: bool = True) -> str | None:
+def attach_fast_path(
+    runner: ModelRunner, max_model_len: int, use_graphs: bool = True, capture: bool = True
+) -> str | None:
     """Give `runner` the Triton attention and the decode graphs when this device can run
     them, capturing every graph now (`capture`: compile and capture at start, not in the
     middle of serving). Returns None when attached, else why not (the runner keeps the
@@ -47,8 +56,9 @@ def attach_fast_path(runner: ModelRunner, max_model_len: int, use_graphs: bool =
 
     runner.fast_attention = triton_paged_attention
     decoder = FastDecoder(runner.model, runner.kv_layers)
-    runner.fast_decode = DecodeGraphs(decoder, runner.block_size, max_model_len, runner.device,
-                                      pages=runner.pages, use_graphs=use_graphs)
+    runner.fast_decode = DecodeGraphs(
+        decoder, runner.block_size, max_model_len, runner.device, pages=runner.pages, use_graphs=use_graphs
+    )
     if use_graphs and capture:
         start = time.perf_counter()
         try:
@@ -66,6 +76,5 @@ def attach_fast_path(runner: ModelRunner, max_model_len: int, use_graphs: bool =
         except Exception as exc:  # the first real prefill compiles them then (or falls back on its own)
             log.warning("prefill kernel warm-up failed (%s: %s)", type(exc).__name__, exc)
         log.info("compiled the prefill path's kernels in %.1f s", time.perf_counter() - start)
-    log.info("fast path attached: Triton paged attention, fused ops, CUDA graphs %s",
-             "on" if use_graphs else "off")
+    log.info("fast path attached: Triton paged attention, fused ops, CUDA graphs %s", "on" if use_graphs else "off")
     return None

@@ -3,6 +3,7 @@
 Importing this module never needs CUDA or Triton: CPU-only machines import the
 whole `engine.fast_path` package and simply get a reason instead of kernels.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -7,6 +7,7 @@ nothing to decide per tile (attention/cold_prefix.py); other layouts (a run
 time switch between int8 and int4 left both in one sequence, or a block that could not
 be quantized for lack of memory) take the general per-tile kernel.
 """
+
 from __future__ import annotations
 
 import numpy as np

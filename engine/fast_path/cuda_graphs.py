@@ -14,6 +14,7 @@ step is the caller's read of the sampled tokens. Each graph ends with the greedy
 tokens and the finiteness flag of its logits (greedy_head.py), so a greedy step
 needs no kernel outside its graph.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,14 +75,26 @@ class DecodeInputs:
         pad = size - len(self.input_ids)
         if pad < 0:
             raise ValueError(f"{len(self.input_ids)} rows do not fit a graph of {size}")
-        return DecodeInputs(self.input_ids + [0] * pad, self.positions + [0] * pad,
-                            self.slots + [PAD_SLOT] * pad, self.context_lens + [0] * pad,
-                            self.block_tables + [[]] * pad)
+        return DecodeInputs(
+            self.input_ids + [0] * pad,
+            self.positions + [0] * pad,
+            self.slots + [PAD_SLOT] * pad,
+            self.context_lens + [0] * pad,
+            self.block_tables + [[]] * pad,
+        )
 
 
 class DecodeGraphs:
-    def __init__(self, decoder: FastDecoder, block_size: int, max_model_len: int, device: torch.device,
-                 pages: PageAllocator | None = None, ladder: tuple[int, ...] = GRAPH_LADDER, use_graphs: bool = True):
+    def __init__(
+        self,
+        decoder: FastDecoder,
+        block_size: int,
+        max_model_len: int,
+        device: torch.device,
+        pages: PageAllocator | None = None,
+        ladder: tuple[int, ...] = GRAPH_LADDER,
+        use_graphs: bool = True,
+    ):
         if not ladder or min(ladder) < 1:
             raise ValueError(f"ladder must hold positive batch sizes, got {ladder}")
         self.decoder = decoder
@@ -105,9 +118,14 @@ class DecodeGraphs:
         pin = device.type == "cuda"
         # Two sets of host twins, alternating: with a step in flight (async scheduling)
         # the next step's rows are written while the previous copies may be pending.
-        self._host_sets = [(torch.zeros(5, n, dtype=torch.long, pin_memory=pin),
-                            torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
-                            torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)) for _ in range(2)]
+        self._host_sets = [
+            (
+                torch.zeros(5, n, dtype=torch.long, pin_memory=pin),
+                torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
+                torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
+            )
+            for _ in range(2)
+        ]
         self._host_turn = 0
         # (batch size, cold kind code) -> (graph, its logits, its packed greedy tokens and
         # flag); kind 0: no cold block in the batch
@@ -194,8 +212,9 @@ class DecodeGraphs:
             table = page_ids
             slots_host[:n, :width] = torch.from_numpy(slot_ids.astype(np.int32))
             self.block_slots[:n, :width].copy_(slots_host[:n, :width], non_blocking=True)
-        header_host[:4, :n] = torch.tensor([rows.input_ids, rows.positions, rows.slots, rows.context_lens],
-                                           dtype=torch.long)
+        header_host[:4, :n] = torch.tensor(
+            [rows.input_ids, rows.positions, rows.slots, rows.context_lens], dtype=torch.long
+        )
         header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
         tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
         # The whole header (5 x max rows, a few KiB): a column slice is non-contiguous, and
@@ -212,10 +231,17 @@ class DecodeGraphs:
         # define kernels before a test has chosen Triton's interpreter.
         from .greedy_head import greedy_with_flag
 
-        logits = self.decoder.forward(self.input_ids[:size], self.positions[:size], self.slots[:size],
-                                      self.block_tables[:size], self.context_lens[:size], self.num_splits(size),
-                                      cold_kind=kind, block_slots=self.block_slots[:size],
-                                      cold_blocks=self.cold_blocks[:size])
+        logits = self.decoder.forward(
+            self.input_ids[:size],
+            self.positions[:size],
+            self.slots[:size],
+            self.block_tables[:size],
+            self.context_lens[:size],
+            self.num_splits(size),
+            cold_kind=kind,
+            block_slots=self.block_slots[:size],
+            cold_blocks=self.cold_blocks[:size],
+        )
         return logits, greedy_with_flag(logits, live=self.context_lens[:size])
 
     def _capture(self, size: int, kind: int = 0) -> None:

@@ -14,6 +14,7 @@ the two-run cold kernel (attention/cold_prefix.py). Every input of the decode st
 tensor of fixed shape: nothing here reads a tensor back to the host, so the whole step
 can be captured and replayed.
 """
+
 from __future__ import annotations
 
 import os
@@ -77,7 +78,11 @@ class FusedOps(LayerOps):
         super().__init__(model, positions, slots, attend)
         fuse_projections(model)
         cfg = model.config
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.eps = cfg.rms_norm_eps
         self.inv_freq = model.rotary.inv_freq.float().contiguous()
 
@@ -112,22 +117,40 @@ class Batch1Ops(FusedOps):
 
     def attention_input(self, layer: DecoderLayer, x, residual, kv):
         h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv, residual = rms_norm_qkv_rope(x, residual, layer.input_layernorm.weight, self.eps,
-                                          layer.fused_projections["qkv"], h_q, h_kv, self.positions, self.inv_freq,
-                                          kv[0], kv[1], self.slots)
+        qkv, residual = rms_norm_qkv_rope(
+            x,
+            residual,
+            layer.input_layernorm.weight,
+            self.eps,
+            layer.fused_projections["qkv"],
+            h_q,
+            h_kv,
+            self.positions,
+            self.inv_freq,
+            kv[0],
+            kv[1],
+            self.slots,
+        )
         return qkv[:, : h_q * d].view(1, h_q, d), residual
 
     def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
         return gemv(out.reshape(1, -1), layer.self_attn.o_proj.weight)
 
     def mlp(self, layer: DecoderLayer, x, residual):
-        act, residual = rms_norm_gemv(x, residual, layer.post_attention_layernorm.weight, self.eps,
-                                      layer.fused_projections["gate_up"], silu_mul=True)
+        act, residual = rms_norm_gemv(
+            x,
+            residual,
+            layer.post_attention_layernorm.weight,
+            self.eps,
+            layer.fused_projections["gate_up"],
+            silu_mul=True,
+        )
         return gemv(act, layer.mlp.down_proj.weight), residual
 
     def logits(self, x, residual) -> torch.Tensor:
-        logits, _ = rms_norm_gemv(x, residual, self.model.norm.weight, self.eps, self.model.lm_head.weight,
-                                  out_dtype=torch.float32)
+        logits, _ = rms_norm_gemv(
+            x, residual, self.model.norm.weight, self.eps, self.model.lm_head.weight, out_dtype=torch.float32
+        )
         return logits
 
 
@@ -156,8 +179,13 @@ class FastDecoder:
             return False
         layer = self.model.layers[0]
         assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
-        weights = (self.fused[0]["qkv"], layer.self_attn.o_proj.weight, self.fused[0]["gate_up"],
-                   layer.mlp.down_proj.weight, self.model.lm_head.weight)
+        weights = (
+            self.fused[0]["qkv"],
+            layer.self_attn.o_proj.weight,
+            self.fused[0]["gate_up"],
+            layer.mlp.down_proj.weight,
+            self.model.lm_head.weight,
+        )
         configs = [choose_config(*w.shape) for w in weights]
         if not all(w.stride(1) == 1 and c is not None for w, c in zip(weights, configs)):
             return False
@@ -178,9 +206,18 @@ class FastDecoder:
         return tuple(code for code, scales in ((INT8, cold.scales8_k), (INT4, cold.scales4_k)) if scales is not None)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                block_tables: torch.Tensor, context_lens: torch.Tensor, num_splits: int, cold_kind: int = 0,
-                block_slots: torch.Tensor | None = None, cold_blocks: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        num_splits: int,
+        cold_kind: int = 0,
+        block_slots: torch.Tensor | None = None,
+        cold_blocks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits of a decode step. cold_kind 0: every block is hot. Otherwise each row's
         first cold_blocks[b] table entries are cold blocks of that kind (pages in
         block_tables, slots in block_slots), the rest hot."""
@@ -188,11 +225,31 @@ class FastDecoder:
         def attend(q, kv):
             k_cache, v_cache, cold = kv
             if cold_kind:
-                return cold_prefix_decode_attention(q, k_cache, v_cache, cold, block_tables, block_slots, cold_blocks,
-                                                    cold_kind, context_lens, self.scale, num_splits,
-                                                    self.sliding_window)
-            return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, self.scale, num_splits,
-                                          self.sliding_window, inputs_ready=True)  # the step's inputs
+                return cold_prefix_decode_attention(
+                    q,
+                    k_cache,
+                    v_cache,
+                    cold,
+                    block_tables,
+                    block_slots,
+                    cold_blocks,
+                    cold_kind,
+                    context_lens,
+                    self.scale,
+                    num_splits,
+                    self.sliding_window,
+                )
+            return paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                block_tables,
+                context_lens,
+                self.scale,
+                num_splits,
+                self.sliding_window,
+                inputs_ready=True,
+            )  # the step's inputs
 
         ops = Batch1Ops if self.batch1_gemv and input_ids.shape[0] == 1 else FusedOps
         step = ops(self.model, positions, slots, attend)

@@ -4,6 +4,7 @@ the chosen token ids (B integers), not of the [B, vocab] logits.
 Only when every sequence is plain greedy (no penalties, no logprobs, no banned tokens
 left by min_tokens); otherwise the caller runs the full sampler on the host.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,14 @@ def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
     """Is the next token an argmax of the raw logits (no penalties, logprobs or
     min_tokens masking), with `pending` tokens sampled but not yet appended?"""
     p = seq.params
-    return (p.is_greedy and p.logprobs is None and p.repetition_penalty == 1.0 and not p.presence_penalty
-            and not p.frequency_penalty and seq.num_output_tokens + pending >= p.min_tokens)
+    return (
+        p.is_greedy
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and seq.num_output_tokens + pending >= p.min_tokens
+    )
 
 
 def can_sample_greedy_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> bool:

@@ -9,6 +9,7 @@ each holds a fresh prompt, a chunk after a cached prefix and a decode row (the m
 step's decode kernel). Every slot is the padding slot, so no K/V is written; the
 attention reads block 0, whatever it holds, and the results are thrown away.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,18 @@ def warm_decode_splits(decoder, device: torch.device) -> None:
     while splits <= MAX_SPLITS:
         paged_decode_attention(q, k_cache, v_cache, tables, context_lens, decoder.scale, splits)
         if cold is not None:  # with cold KV, a mixed step's decode rows take the per-tile cold kernel
-            cold_paged_decode_attention(q, k_cache, v_cache, cold, tables, torch.zeros_like(tables),
-                                        torch.zeros_like(tables), context_lens, decoder.scale, splits)
+            cold_paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                cold,
+                tables,
+                torch.zeros_like(tables),
+                torch.zeros_like(tables),
+                context_lens,
+                decoder.scale,
+                splits,
+            )
         splits *= 2
 
 
@@ -63,9 +74,12 @@ def synthetic_metadata(step, block_size: int, device: torch.device) -> Attention
         start += n
     max_blocks = -(-max(-(-ctx // block_size) for _, ctx in step) // 16) * 16  # int32, 16-aligned, as in prepare()
     return AttentionMetadata(
-        query_start=query_start, query_lens=[n for n, _ in step],
+        query_start=query_start,
+        query_lens=[n for n, _ in step],
         context_lens=torch.tensor([ctx for _, ctx in step], device=device),
         block_tables=torch.zeros(len(step), max_blocks, dtype=torch.int32, device=device),
         slot_mapping=torch.full((start,), PAD_SLOT, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
-        max_query_len=max(n for n, _ in step), max_context_len=max(ctx for _, ctx in step))
+        max_query_len=max(n for n, _ in step),
+        max_context_len=max(ctx for _, ctx in step),
+    )

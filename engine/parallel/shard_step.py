@@ -5,6 +5,7 @@ failure on one rank must not skip the rest of its forward: the guard records it,
 returns zeros instead, and after the forward the ranks all-reduce a failure flag, so
 all of them learn of it together and rank 0 re-runs the step on the portable path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,14 @@ class GuardedAttention:
         return torch.zeros_like(q)
 
 
-def run_shard(model: ShardedLlamaModel, input_ids: torch.Tensor, meta: AttentionMetadata, kv_layers: list,
-              attention_fn, sample_rows: list[int]) -> tuple[torch.Tensor | None, bool, Exception | None]:
+def run_shard(
+    model: ShardedLlamaModel,
+    input_ids: torch.Tensor,
+    meta: AttentionMetadata,
+    kv_layers: list,
+    attention_fn,
+    sample_rows: list[int],
+) -> tuple[torch.Tensor | None, bool, Exception | None]:
     """(logits on rank 0 else None, whether attention failed on any rank, this rank's error)."""
     guarded = GuardedAttention(attention_fn)
     hidden = model(input_ids, meta, kv_layers, guarded)
@@ -42,13 +49,20 @@ def run_shard(model: ShardedLlamaModel, input_ids: torch.Tensor, meta: Attention
 
 def meta_to(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
     """A copy of `meta` with its tensors on `device`."""
+
     def move(t):
         return None if t is None else t.to(device)
 
     return AttentionMetadata(
-        query_start=list(meta.query_start), query_lens=list(meta.query_lens),
-        context_lens=move(meta.context_lens), block_tables=move(meta.block_tables),
-        slot_mapping=move(meta.slot_mapping), positions=move(meta.positions),
-        max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
-        sliding_window=meta.sliding_window, block_kinds=move(meta.block_kinds), block_slots=move(meta.block_slots),
+        query_start=list(meta.query_start),
+        query_lens=list(meta.query_lens),
+        context_lens=move(meta.context_lens),
+        block_tables=move(meta.block_tables),
+        slot_mapping=move(meta.slot_mapping),
+        positions=move(meta.positions),
+        max_query_len=meta.max_query_len,
+        max_context_len=meta.max_context_len,
+        sliding_window=meta.sliding_window,
+        block_kinds=move(meta.block_kinds),
+        block_slots=move(meta.block_slots),
     )

@@ -6,6 +6,7 @@ swapped for their parallel forms: o_proj and down_proj all-reduce their partial
 sums, the embedding looks up only its own vocabulary rows and all-reduces, and the
 LM head's logits are gathered to rank 0.
 """
+
 from __future__ import annotations
 
 import time
@@ -106,8 +107,9 @@ class ShardedLlamaModel(LlamaModel):
         return torch.cat(parts, dim=-1) if parts is not None else None
 
 
-def load_sharded_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device,
-                       spec: ShardSpec) -> ShardedLlamaModel:
+def load_sharded_model(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device, spec: ShardSpec
+) -> ShardedLlamaModel:
     """This rank's shard, reading only its slices of the checkpoint."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
@@ -120,12 +122,16 @@ def load_sharded_model(model_dir: str | Path, dtype: torch.dtype, device: torch.
     loaded = read_shards(model_dir, expected, spec, dtype)
     missing = sorted(expected - set(loaded))
     if missing:
-        raise ValueError(f"checkpoint {model_dir} lacks weights: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-    state = {(n[len("model."):] if n.startswith("model.") else n): t for n, t in loaded.items()}
+        raise ValueError(
+            f"checkpoint {model_dir} lacks weights: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+        )
+    state = {(n[len("model.") :] if n.startswith("model.") else n): t for n, t in loaded.items()}
     for name, tensor in state.items():
         want = tuple(params[name].shape)
         if tuple(tensor.shape) != want:
-            raise ValueError(f"{name}: rank {spec.rank} slice has shape {tuple(tensor.shape)}, the model expects {want}")
+            raise ValueError(
+                f"{name}: rank {spec.rank} slice has shape {tuple(tensor.shape)}, the model expects {want}"
+            )
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

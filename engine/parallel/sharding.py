@@ -12,6 +12,7 @@ For rank r of n (Megatron-style):
   logits gathered to rank 0);
 - norms: replicated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -115,8 +116,10 @@ def read_shards(model_dir: str | Path, names: set[str], spec: ShardSpec, dtype: 
                     tensor = view[:]
                 else:
                     if shape[dim] % spec.world_size:
-                        raise ValueError(f"{name}: dimension {dim} of size {shape[dim]} in {path.name} "
-                                         f"is not divisible by {spec.world_size}")
+                        raise ValueError(
+                            f"{name}: dimension {dim} of size {shape[dim]} in {path.name} "
+                            f"is not divisible by {spec.world_size}"
+                        )
                     lo, hi = spec.bounds(shape[dim])
                     tensor = view[lo:hi] if dim == 0 else view[:, lo:hi]
                 out[name] = tensor.to(dtype=dtype)

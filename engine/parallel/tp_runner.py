@@ -18,6 +18,7 @@ after the group timeout at worst) and by a monitor thread (which aborts an NCCL
 group a dead peer would otherwise leave hanging). The runner then stops the other
 workers and raises TensorParallelError; every later call raises it again.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,9 @@ def rank_devices(device: torch.device, world_size: int) -> list[torch.device]:
     base = device.index or 0
     visible = torch.cuda.device_count()
     if base + world_size > visible:
-        raise ValueError(f"tensor_parallel_size={world_size} needs GPUs cuda:{base}..cuda:{base + world_size - 1}; "
-                         f"{visible} visible")
+        raise ValueError(
+            f"tensor_parallel_size={world_size} needs GPUs cuda:{base}..cuda:{base + world_size - 1}; {visible} visible"
+        )
     return [torch.device("cuda", base + r) for r in range(world_size)]
 
 
@@ -109,8 +111,11 @@ class WorkerGroup:
             self.conns.append(parent)
 
     def dead(self) -> list[str]:
-        return [f"rank {spec.rank} (pid {proc.pid}) exited with code {proc.exitcode}"
-                for spec, proc in zip(self.specs, self.procs) if proc.exitcode is not None]
+        return [
+            f"rank {spec.rank} (pid {proc.pid}) exited with code {proc.exitcode}"
+            for spec, proc in zip(self.specs, self.procs)
+            if proc.exitcode is not None
+        ]
 
     def error_reports(self) -> list[str]:
         """Tracebacks the workers sent before exiting."""
@@ -132,11 +137,13 @@ class WorkerGroup:
         for spec, proc, conn in zip(self.specs, self.procs, self.conns):
             while not conn.poll(0.1):
                 if not proc.is_alive():
-                    raise TensorParallelError(f"tensor-parallel worker rank {spec.rank} exited with code "
-                                              f"{proc.exitcode} while starting")
+                    raise TensorParallelError(
+                        f"tensor-parallel worker rank {spec.rank} exited with code {proc.exitcode} while starting"
+                    )
                 if time.monotonic() > deadline:
-                    raise TensorParallelError(f"tensor-parallel worker rank {spec.rank} sent no {tag!r} "
-                                              f"within {timeout_s:.0f} s")
+                    raise TensorParallelError(
+                        f"tensor-parallel worker rank {spec.rank} sent no {tag!r} within {timeout_s:.0f} s"
+                    )
             try:
                 message = pickle.loads(conn.recv_bytes())
             except EOFError:
@@ -144,7 +151,9 @@ class WorkerGroup:
             if message[0] == "error":
                 raise TensorParallelError(f"tensor-parallel worker rank {spec.rank} failed:\n{message[1]}")
             if message[0] != tag:
-                raise TensorParallelError(f"tensor-parallel worker rank {spec.rank} sent {message[0]!r}, expected {tag!r}")
+                raise TensorParallelError(
+                    f"tensor-parallel worker rank {spec.rank} sent {message[0]!r}, expected {tag!r}"
+                )
             payloads.append(message[1])
         return payloads
 
@@ -233,17 +242,30 @@ def _shutdown(group: WorkerGroup, owns_process_group: list[bool]) -> None:
 class TPRunner(ModelRunner):
     model: ShardedLlamaModel  # rank 0's shard
 
-    def __init__(self, model_dir: str, model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 world_size: int, num_blocks: int, num_host_blocks: int, block_size: int,
-                 current_mode: Callable[[], str],
-                 host_numa_node: int | None, cold_kinds: tuple[str, ...] = (),
-                 pages=None, timeout_s: float | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        model_config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        world_size: int,
+        num_blocks: int,
+        num_host_blocks: int,
+        block_size: int,
+        current_mode: Callable[[], str],
+        host_numa_node: int | None,
+        cold_kinds: tuple[str, ...] = (),
+        pages=None,
+        timeout_s: float | None = None,
+    ):
         if world_size < 2:
             raise ValueError(f"TPRunner needs tensor_parallel_size >= 2, got {world_size}")
         check_divisible(model_config, world_size)
         if dist.is_initialized():
-            raise RuntimeError("a torch.distributed process group already exists in this process; "
-                               "one tensor-parallel engine per process")
+            raise RuntimeError(
+                "a torch.distributed process group already exists in this process; "
+                "one tensor-parallel engine per process"
+            )
         timeout_s = timeout_s if timeout_s is not None else timeout_from_env()
         devices = rank_devices(device, world_size)
         os.environ.update(MULTICAST_OFF)  # rank 0 joins the same NCCL communicator; workers inherit it too
@@ -251,12 +273,24 @@ class TPRunner(ModelRunner):
             torch.cuda.set_device(devices[0])
         init_method = f"tcp://127.0.0.1:{free_port()}"
         dtype_name = str(dtype).removeprefix("torch.")
-        specs = [WorkerSpec(rank=r, world_size=world_size, model_dir=str(model_dir), dtype=dtype_name,
-                            device=str(devices[r]) if devices[r].type == "cuda" else "cpu", init_method=init_method,
-                            timeout_s=timeout_s, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
-                            block_size=block_size, cold_kinds=tuple(cold_kinds), num_threads=torch.get_num_threads(),
-                            log_level=logging.getLogger().getEffectiveLevel())
-                 for r in range(1, world_size)]
+        specs = [
+            WorkerSpec(
+                rank=r,
+                world_size=world_size,
+                model_dir=str(model_dir),
+                dtype=dtype_name,
+                device=str(devices[r]) if devices[r].type == "cuda" else "cpu",
+                init_method=init_method,
+                timeout_s=timeout_s,
+                num_blocks=num_blocks,
+                num_host_blocks=num_host_blocks,
+                block_size=block_size,
+                cold_kinds=tuple(cold_kinds),
+                num_threads=torch.get_num_threads(),
+                log_level=logging.getLogger().getEffectiveLevel(),
+            )
+            for r in range(1, world_size)
+        ]
         self.timeout_s = timeout_s
         self.failure: str | None = None
         self.workers = WorkerGroup(specs)
@@ -264,30 +298,55 @@ class TPRunner(ModelRunner):
         self._finalizer = weakref.finalize(self, _shutdown, self.workers, self._owns_pg)
         try:
             self.workers.expect("hello", timeout_s)
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method,
-                                    rank=0, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                init_method=init_method,
+                rank=0,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
             self._owns_pg[0] = True
             model = load_sharded_model(model_dir, dtype, devices[0], ShardSpec(0, world_size))
             cfg = model.config
-            local = KVCache(cfg.num_hidden_layers, num_blocks, num_host_blocks, block_size, cfg.num_key_value_heads,
-                            cfg.head_dim, dtype, devices[0], host_numa_node, cold_kinds=tuple(cold_kinds))
+            local = KVCache(
+                cfg.num_hidden_layers,
+                num_blocks,
+                num_host_blocks,
+                block_size,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                dtype,
+                devices[0],
+                host_numa_node,
+                cold_kinds=tuple(cold_kinds),
+            )
             self.worker_info = self.workers.expect("ready", timeout_s)
         except BaseException:
             self._finalizer()
             raise
         # ShardedKVCache has KVCache's interface (forwarded to every rank) but is no subclass;
         # ModelRunner's parameter names the class
-        super().__init__(model, ShardedKVCache(local, self._send), block_size, current_mode,  # type: ignore[arg-type]
-                         fast_attention=fast_attention_for(devices[0], dtype), pages=pages)
+        super().__init__(
+            model,
+            ShardedKVCache(local, self._send),
+            block_size,
+            current_mode,  # type: ignore[arg-type]
+            fast_attention=fast_attention_for(devices[0], dtype),
+            pages=pages,
+        )
         self.world_size = world_size
         # Triton attention where available; the decode graphs (FastDecoder) are single-rank
         # code and are not attached, so every TP step runs the eager forward.
         self.fast_path_unavailable = unavailable_reason(devices[0], dtype)
         self._monitor = threading.Thread(target=self._watch_workers, name="inferd-tp-monitor", daemon=True)
         self._monitor.start()
-        log.info("tensor parallel: %d ranks on %s (%s), workers %s", world_size,
-                 ", ".join(map(str, devices)), "nccl" if device.type == "cuda" else "gloo",
-                 ", ".join(f"rank {i['rank']} pid {i['pid']} node {i['numa_node']}" for i in self.worker_info))
+        log.info(
+            "tensor parallel: %d ranks on %s (%s), workers %s",
+            world_size,
+            ", ".join(map(str, devices)),
+            "nccl" if device.type == "cuda" else "gloo",
+            ", ".join(f"rank {i['rank']} pid {i['pid']} node {i['numa_node']}" for i in self.worker_info),
+        )
 
     # --- failure handling -----------------------------------------------------------
     def _watch_workers(self) -> None:
@@ -356,8 +415,9 @@ class TPRunner(ModelRunner):
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
         if self.mode == "fast" and fast_handles_batch:
             try:
-                return RunnerOutput(self._forward(input_ids, meta, sample_rows, self._fast_attention_checked,
-                                                  check=True))
+                return RunnerOutput(
+                    self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
+                )
             except FastPathError as exc:
                 self._switch_to_fallback(exc)
         return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
@@ -367,7 +427,9 @@ class TPRunner(ModelRunner):
         attention = "portable" if attention_fn is paged_attention else "fast"
         self._send(("step", host_ids, host_meta, sample_rows, attention))
         try:
-            logits, failed_somewhere, error = run_shard(self.model, input_ids, meta, self.kv_layers, attention_fn, sample_rows)
+            logits, failed_somewhere, error = run_shard(
+                self.model, input_ids, meta, self.kv_layers, attention_fn, sample_rows
+            )
         except Exception as exc:  # a collective failed: a peer died or timed out
             raise self._fail(f"{type(exc).__name__} in a step: {exc}") from exc
         if error is not None:

@@ -12,6 +12,7 @@ Commands: ("step", input_ids, meta, sample_rows, attention), ("swap", out, in),
 ("probe",), ("shutdown",). Replies (to start-up and probe only): ("hello", pid),
 ("ready", info), ("probe", info), ("error", traceback).
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,7 +58,9 @@ class WorkerSpec:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.num_blocks < 1 or self.num_host_blocks < 0:
-            raise ValueError(f"num_blocks must be >= 1 and num_host_blocks >= 0, got {self.num_blocks}, {self.num_host_blocks}")
+            raise ValueError(
+                f"num_blocks must be >= 1 and num_host_blocks >= 0, got {self.num_blocks}, {self.num_host_blocks}"
+            )
 
 
 def node_cpus(node: int, sysfs_root: str = "/sys") -> set[int]:
@@ -100,14 +103,28 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.numa_node = bind_to_device_node(self.device, spec.sysfs_root)
-        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", init_method=spec.init_method,
-                                rank=spec.rank, world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s))
+        dist.init_process_group(
+            "nccl" if self.device.type == "cuda" else "gloo",
+            init_method=spec.init_method,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timedelta(seconds=spec.timeout_s),
+        )
         dtype = getattr(torch, spec.dtype)
         self.model = load_sharded_model(spec.model_dir, dtype, self.device, ShardSpec(spec.rank, spec.world_size))
         cfg = self.model.config  # this rank's shapes
-        self.kv_cache = KVCache(cfg.num_hidden_layers, spec.num_blocks, spec.num_host_blocks, spec.block_size,
-                                cfg.num_key_value_heads, cfg.head_dim, dtype, self.device, self.numa_node,
-                                cold_kinds=tuple(spec.cold_kinds))
+        self.kv_cache = KVCache(
+            cfg.num_hidden_layers,
+            spec.num_blocks,
+            spec.num_host_blocks,
+            spec.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            dtype,
+            self.device,
+            self.numa_node,
+            cold_kinds=tuple(spec.cold_kinds),
+        )
         self.refresh_kv_views()
         self.portable_attention = paged_attention
         self.fast_attention = fast_attention_for(self.device, dtype)
@@ -116,10 +133,15 @@ class Worker:
         self.kv_layers = [self.kv_cache.layer_views(i) for i in range(self.model.config.num_hidden_layers)]
 
     def info(self) -> dict:
-        return {"rank": self.spec.rank, "pid": os.getpid(), "device": str(self.device), "numa_node": self.numa_node,
-                "cpus": sorted(os.sched_getaffinity(0)),
-                "env": {name: os.environ.get(name) for name in MULTICAST_OFF},
-                "num_kv_heads": self.model.config.num_key_value_heads}
+        return {
+            "rank": self.spec.rank,
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "numa_node": self.numa_node,
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "env": {name: os.environ.get(name) for name in MULTICAST_OFF},
+            "num_kv_heads": self.model.config.num_key_value_heads,
+        }
 
     def send(self, message) -> None:
         self.conn.send_bytes(pickle.dumps(message))
@@ -149,7 +171,9 @@ class Worker:
             input_ids, meta, sample_rows, attention = args
             fn = self.fast_attention if attention == "fast" else self.portable_attention
             with torch.inference_mode():
-                run_shard(self.model, input_ids.to(self.device), meta_to(meta, self.device), self.kv_layers, fn, sample_rows)
+                run_shard(
+                    self.model, input_ids.to(self.device), meta_to(meta, self.device), self.kv_layers, fn, sample_rows
+                )
         elif op == "swap":
             self.kv_cache.swap(*args)
         elif op == "quantize":

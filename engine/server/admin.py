@@ -11,6 +11,7 @@ the token compared in constant time. With no token configured the admin API is o
 (403 saying so). The request bodies are parsed here, not by FastAPI; their schemas
 (`openapi_extra`) are what these handlers accept.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -51,16 +52,33 @@ def _json_body(schema: dict) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-CONFIG_SCHEMA = {"type": "object", "required": ["config", "bounds", "path", "path_reason"], "properties": {
-    "config": {"type": "object", "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}},
-    "bounds": {"type": "object"},
-    "path": {"type": "string", "enum": ["fast", "portable"]},
-    "path_reason": {"type": ["string", "null"]}}}
-CHANGES_SCHEMA = {"type": "object", "minProperties": 1, "additionalProperties": False,
-                  "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}}
-MODE_SCHEMA = {"type": "object", "required": ["mode"], "additionalProperties": False,
-               "properties": {"mode": _tunable_schema(TUNABLE_BOUNDS["mode"])}}
-FAULT_SCHEMA = {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string", "enum": list(FAULT_KINDS)}}}
+CONFIG_SCHEMA = {
+    "type": "object",
+    "required": ["config", "bounds", "path", "path_reason"],
+    "properties": {
+        "config": {"type": "object", "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()}},
+        "bounds": {"type": "object"},
+        "path": {"type": "string", "enum": ["fast", "portable"]},
+        "path_reason": {"type": ["string", "null"]},
+    },
+}
+CHANGES_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {name: _tunable_schema(b) for name, b in TUNABLE_BOUNDS.items()},
+}
+MODE_SCHEMA = {
+    "type": "object",
+    "required": ["mode"],
+    "additionalProperties": False,
+    "properties": {"mode": _tunable_schema(TUNABLE_BOUNDS["mode"])},
+}
+FAULT_SCHEMA = {
+    "type": "object",
+    "required": ["kind"],
+    "properties": {"kind": {"type": "string", "enum": list(FAULT_KINDS)}},
+}
 _Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=`: status -> OpenAPI response
 # Every admin route: the token, and an engine core that is up. The body routes add 422.
 _ADMIN_ERRORS: _Responses = {
@@ -69,14 +87,22 @@ _ADMIN_ERRORS: _Responses = {
     500: {"description": "the engine core failed to carry out the call"},
     503: {"description": "the engine core is loading or not running"},
 }
-_INVALID_BODY: _Responses = {422: {"description": "the body is not a JSON object, or a value is outside its bound (param names it)"}}
-_CONFIG_OK: _Responses = {200: {"description": "the tunables in force and their bounds",
-                               "content": {"application/json": {"schema": CONFIG_SCHEMA}}}}
+_INVALID_BODY: _Responses = {
+    422: {"description": "the body is not a JSON object, or a value is outside its bound (param names it)"}
+}
+_CONFIG_OK: _Responses = {
+    200: {
+        "description": "the tunables in force and their bounds",
+        "content": {"application/json": {"schema": CONFIG_SCHEMA}},
+    }
+}
 _SECURED: dict[str, Any] = {"security": [{"adminToken": []}]}
 
 
 def _bounds() -> dict[str, Any]:
-    return {name: (list(b) if isinstance(b[0], str) else {"min": b[0], "max": b[1]}) for name, b in TUNABLE_BOUNDS.items()}
+    return {
+        name: (list(b) if isinstance(b[0], str) else {"min": b[0], "max": b[1]}) for name, b in TUNABLE_BOUNDS.items()
+    }
 
 
 async def _json_object(request: Request) -> dict:
@@ -96,8 +122,13 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
 
     def authorize(request: Request) -> None:
         if expected is None:
-            raise ApiError(403, "the admin API is off: no admin token is configured (set INFERD_ADMIN_TOKEN "
-                           "or start with --admin-token-file)", None, "admin_disabled")
+            raise ApiError(
+                403,
+                "the admin API is off: no admin token is configured (set INFERD_ADMIN_TOKEN "
+                "or start with --admin-token-file)",
+                None,
+                "admin_disabled",
+            )
         header = request.headers.get("authorization", "")
         scheme, _, given = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
@@ -119,8 +150,11 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         authorize(request)
         return config_body(await engine.get_tunables())
 
-    @router.patch("/config", responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
-                  openapi_extra={**_SECURED, **_json_body(CHANGES_SCHEMA)})
+    @router.patch(
+        "/config",
+        responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
+        openapi_extra={**_SECURED, **_json_body(CHANGES_SCHEMA)},
+    )
     async def patch_config(request: Request):
         authorize(request)
         changes = await _json_object(request)
@@ -137,14 +171,18 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         log.info("admin: applied %s", changes)
         return config_body(config)
 
-    @router.post("/mode", responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
-                 openapi_extra={**_SECURED, **_json_body(MODE_SCHEMA)})
+    @router.post(
+        "/mode",
+        responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
+        openapi_extra={**_SECURED, **_json_body(MODE_SCHEMA)},
+    )
     async def set_mode(request: Request):
         authorize(request)
         body = await _json_object(request)
         if set(body) != {"mode"}:
-            raise ApiError(422, f"body must be {{\"mode\": \"fast\" | \"fallback\"}}, got keys {sorted(body)}",
-                           "mode", "invalid_value")
+            raise ApiError(
+                422, f'body must be {{"mode": "fast" | "fallback"}}, got keys {sorted(body)}', "mode", "invalid_value"
+            )
         try:
             validate_tunable("mode", body["mode"])
             config = await engine.set_mode(body["mode"])
@@ -155,16 +193,28 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
 
     fault_ok = {"type": "object", "required": ["injected"], "properties": {"injected": {"type": "string"}}}
 
-    @router.post("/fault", responses={200: {"description": "a fast-path failure was injected",
-                                            "content": {"application/json": {"schema": fault_ok}}},
-                                      **_ADMIN_ERRORS, **_INVALID_BODY,
-                                      404: {"description": "fault injection is off (--enable-fault-injection)"}},
-                 openapi_extra={**_SECURED, **_json_body(FAULT_SCHEMA)})
+    @router.post(
+        "/fault",
+        responses={
+            200: {
+                "description": "a fast-path failure was injected",
+                "content": {"application/json": {"schema": fault_ok}},
+            },
+            **_ADMIN_ERRORS,
+            **_INVALID_BODY,
+            404: {"description": "fault injection is off (--enable-fault-injection)"},
+        },
+        openapi_extra={**_SECURED, **_json_body(FAULT_SCHEMA)},
+    )
     async def inject_fault(request: Request):
         authorize(request)
         if not enable_fault_injection:
-            raise ApiError(404, "fault injection is off (start the server with --enable-fault-injection)",
-                           None, "fault_injection_disabled")
+            raise ApiError(
+                404,
+                "fault injection is off (start the server with --enable-fault-injection)",
+                None,
+                "fault_injection_disabled",
+            )
         body = await _json_object(request)
         kind = body.get("kind")
         if kind not in FAULT_KINDS:

@@ -8,6 +8,7 @@ temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides OpenAI's fields
 extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
 skip_special_tokens) and `priority` are accepted.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -70,8 +71,9 @@ class _Lenient(BaseModel):
     def reject_unknown_fields(self) -> None:
         extra = sorted(self.model_extra or {})
         if extra:
-            raise ApiError(400, f"Unrecognized request argument supplied: {', '.join(extra)}", extra[0],
-                           "unrecognized_argument")
+            raise ApiError(
+                400, f"Unrecognized request argument supplied: {', '.join(extra)}", extra[0], "unrecognized_argument"
+            )
 
 
 class StreamOptions(_Lenient):
@@ -106,8 +108,11 @@ class SamplingFields(_Lenient):
         # First, so that no later check, message or the tokenizer ever sees a surrogate.
         where = first_non_unicode(self.model_dump(exclude_none=True))
         if where is not None:
-            raise bad_request(f"{where} is not valid Unicode text (it holds a lone surrogate such as \\ud800); "
-                              "send UTF-8 text", where, "invalid_encoding")
+            raise bad_request(
+                f"{where} is not valid Unicode text (it holds a lone surrogate such as \\ud800); send UTF-8 text",
+                where,
+                "invalid_encoding",
+            )
         self.reject_unknown_fields()
         if self.stream_options is not None:
             self.stream_options.reject_unknown_fields()
@@ -123,9 +128,13 @@ class SamplingFields(_Lenient):
             # As vLLM does: logits / 1e-300 overflow to inf and the draw fails for the whole batch.
             temperature = MIN_TEMPERATURE
         if self.repetition_penalty is not None and not (
-                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY):
-            raise bad_request(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], "
-                              f"got {self.repetition_penalty!r}", "repetition_penalty")
+            MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY
+        ):
+            raise bad_request(
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], "
+                f"got {self.repetition_penalty!r}",
+                "repetition_penalty",
+            )
         values: dict[str, Any] = dict(
             n=1 if self.n is None else self.n,
             max_tokens=max_tokens,
@@ -198,8 +207,10 @@ class ChatMessage(_Lenient):
 
     def check_role(self, index: int) -> None:
         if self.role not in CHAT_ROLES:
-            raise bad_request(f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)}; got {self.role!r}",
-                              f"messages[{index}].role")
+            raise bad_request(
+                f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)}; got {self.role!r}",
+                f"messages[{index}].role",
+            )
 
     def text(self, index: int) -> str:
         if self.content is None:
@@ -209,8 +220,10 @@ class ChatMessage(_Lenient):
         parts = []
         for j, part in enumerate(self.content):
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{index}].content[{j}]: only text parts are supported, got type "
-                                  f"{part.get('type')!r}", f"messages[{index}].content")
+                raise bad_request(
+                    f"messages[{index}].content[{j}]: only text parts are supported, got type {part.get('type')!r}",
+                    f"messages[{index}].content",
+                )
             parts.append(part["text"])
         return "".join(parts)
 
@@ -237,8 +250,11 @@ class ChatCompletionRequest(SamplingFields):
         if self.tools:
             raise bad_request("tools are not supported by this server", "tools", "unsupported_parameter")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise bad_request("response_format other than text is not supported by this server",
-                              "response_format", "unsupported_parameter")
+            raise bad_request(
+                "response_format other than text is not supported by this server",
+                "response_format",
+                "unsupported_parameter",
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
 

@@ -16,6 +16,7 @@ answer while the model loads) and stops with it.
   route, FastAPI, the body-limit middleware or an unexpected exception raised it, has
   the OpenAI error shape (`ERROR_SCHEMA`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,10 +67,17 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.served_model_name, str) or not self.served_model_name:
             raise ValueError("served_model_name must be a non-empty string")
-        if isinstance(self.max_body_bytes, bool) or not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
+        if (
+            isinstance(self.max_body_bytes, bool)
+            or not isinstance(self.max_body_bytes, int)
+            or self.max_body_bytes < 1024
+        ):
             raise ValueError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
-        if isinstance(self.shutdown_timeout_s, bool) or not isinstance(self.shutdown_timeout_s, (int, float)) \
-                or self.shutdown_timeout_s < 0:
+        if (
+            isinstance(self.shutdown_timeout_s, bool)
+            or not isinstance(self.shutdown_timeout_s, (int, float))
+            or self.shutdown_timeout_s < 0
+        ):
             raise ValueError(f"shutdown_timeout_s must be a number >= 0, got {self.shutdown_timeout_s!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token must not be blank (leave it unset to turn the admin API off)")
@@ -77,16 +85,27 @@ class ServerSettings:
 
 # --- the OpenAPI document -----------------------------------------------------------------
 
-ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type", "param", "code"],
-    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                   "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                   "code": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            },
+        }
+    },
+}
 # The body-limit middleware runs before routing: any request can get it.
 COMMON_ERRORS = {413: "the request body is larger than --max-body-bytes"}
 GENERATION_ERRORS = {
     400: "a value out of range or not supported, an unknown request argument, a prompt too long for the context, "
-         "a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
+    "a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
     404: "the model does not exist",
     422: "the body is not a JSON object of the documented types",
     500: "the engine failed while serving the request (code engine_error)",
@@ -95,8 +114,11 @@ GENERATION_ERRORS = {
 _NOT_READY = "the engine core is not running (engine_dead); /ready also: loading, engine_stalled or draining"
 # Before Open API 3.2 a text/event-stream schema is one event's: data is a chunk's JSON, then [DONE].
 _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
-_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-          "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+_USAGE = {
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+}
 
 
 # The values the checks after pydantic's (SamplingParams, the requests' check(), the serving
@@ -107,28 +129,55 @@ _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "
 _TEXT = {"type": "string", "minLength": 1}
 _TOKENS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 _VALUES = {
-    "n": {"minimum": 1, "maximum": 64}, "max_tokens": {"minimum": 1}, "max_completion_tokens": {"minimum": 1},
-    "min_tokens": {"minimum": 0}, "temperature": {"minimum": 0}, "top_p": {"exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"minimum": -1}, "min_p": {"minimum": 0, "maximum": 1},
+    "n": {"minimum": 1, "maximum": 64},
+    "max_tokens": {"minimum": 1},
+    "max_completion_tokens": {"minimum": 1},
+    "min_tokens": {"minimum": 0},
+    "temperature": {"minimum": 0},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": -1},
+    "min_p": {"minimum": 0, "maximum": 1},
     "repetition_penalty": {"minimum": MIN_REPETITION_PENALTY, "maximum": MAX_REPETITION_PENALTY},
-    "presence_penalty": {"minimum": -2, "maximum": 2}, "frequency_penalty": {"minimum": -2, "maximum": 2},
-    "seed": {"minimum": 0, "maximum": 2**63 - 1}, "logprobs": {"minimum": 0, "maximum": 20},
-    "top_logprobs": {"minimum": 0, "maximum": 20}, "stop_token_ids": {"items": {"type": "integer", "minimum": 0}},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "seed": {"minimum": 0, "maximum": 2**63 - 1},
+    "logprobs": {"minimum": 0, "maximum": 20},
+    "top_logprobs": {"minimum": 0, "maximum": 20},
+    "stop_token_ids": {"items": {"type": "integer", "minimum": 0}},
 }
 _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
-    "prompt": {"anyOf": [_TEXT, _TOKENS, {"type": "array", "minItems": 1, "items": _TEXT},
-                         {"type": "array", "minItems": 1, "items": _TOKENS}]},
+    "prompt": {
+        "anyOf": [
+            _TEXT,
+            _TOKENS,
+            {"type": "array", "minItems": 1, "items": _TEXT},
+            {"type": "array", "minItems": 1, "items": _TOKENS},
+        ]
+    },
     "stop": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT}, {"type": "null"}]},
-    "echo": {"enum": [False, None]}, "suffix": {"enum": ["", None]},
+    "echo": {"enum": [False, None]},
+    "suffix": {"enum": ["", None]},
     "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
     "tools": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
-    "response_format": {"anyOf": [{"type": "object", "properties": {"type": {"enum": ["text", None]}}},
-                                  {"type": "null"}]},
+    "response_format": {
+        "anyOf": [{"type": "object", "properties": {"type": {"enum": ["text", None]}}}, {"type": "null"}]
+    },
     "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
     "role": {"enum": list(CHAT_ROLES)},
-    "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-        "type": "object", "required": ["type", "text"],
-        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+    "content": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "null"},
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "text"],
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                },
+            },
+        ]
+    },
 }
 
 
@@ -145,14 +194,32 @@ def _document_request_values(schemas: dict) -> None:
 
 
 def _generation_ok(choice: dict) -> dict:
-    body = {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
-        "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": _USAGE,
-        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason"],
-                                               "properties": {"index": {"type": "integer"}, **choice}}}}}
-    return {200: {"description": "the completion; with stream true, server-sent events ending in data: [DONE]",
-                  "content": {"application/json": {"schema": body}, "text/event-stream": {"schema": _SSE_EVENT}}},
-            **{code: {"description": text} for code, text in GENERATION_ERRORS.items()}}
+    body = {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "usage": _USAGE,
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "finish_reason"],
+                    "properties": {"index": {"type": "integer"}, **choice},
+                },
+            },
+        },
+    }
+    return {
+        200: {
+            "description": "the completion; with stream true, server-sent events ending in data: [DONE]",
+            "content": {"application/json": {"schema": body}, "text/event-stream": {"schema": _SSE_EVENT}},
+        },
+        **{code: {"description": text} for code, text in GENERATION_ERRORS.items()},
+    }
 
 
 def _json_ok(description: str, schema: dict) -> dict:
@@ -218,8 +285,9 @@ class Drain:
 
 def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: ServerMetrics | None = None) -> FastAPI:
     if metrics is None:
-        metrics = ServerMetrics(settings.served_model_name, engine.max_model_len, engine.snapshot,
-                                cache_config_labels(engine.config))
+        metrics = ServerMetrics(
+            settings.served_model_name, engine.max_model_len, engine.snapshot, cache_config_labels(engine.config)
+        )
         engine.stat_logger = metrics.stats
     serving = OpenAIServing(engine, settings.served_model_name)
     drain = Drain(engine, settings.shutdown_timeout_s)
@@ -284,8 +352,13 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
         # /admin/config are two routes: the document has them all (every path here is static).
         methods = [m.upper() for m in app.openapi()["paths"].get(request.url.path, {})]
         headers = {"Allow": ", ".join(methods)} if methods else getattr(exc, "headers", None)
-        return error_response(405, f"method {request.method} not allowed on {request.url.path}", None,
-                              "method_not_allowed", headers=headers)
+        return error_response(
+            405,
+            f"method {request.method} not allowed on {request.url.path}",
+            None,
+            "method_not_allowed",
+            headers=headers,
+        )
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception):
@@ -293,9 +366,10 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
         return error_response(500, f"internal error: {type(exc).__name__}", None, "internal_error")
 
     text_choice = {"text": {"type": "string"}, "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
-    chat_choice = {"message": {"type": "object", "properties": {"role": {"type": "string"},
-                                                                "content": {"type": "string"}}},
-                   "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
+    chat_choice = {
+        "message": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"type": "string"}}},
+        "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    }
 
     @app.post("/v1/completions", responses=_generation_ok(text_choice))
     async def completions(body: CompletionRequest, request: Request):
@@ -307,39 +381,76 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
         drain.check()
         return await serving.chat_completions(body, request)
 
-    model_list = {"type": "object", "required": ["object", "data"], "properties": {
-        "object": {"const": "list"}, "data": {"type": "array", "items": {
-            "type": "object", "required": ["id", "object", "max_model_len"],
-            "properties": {"id": {"type": "string"}, "object": {"const": "model"},
-                           "max_model_len": {"type": "integer"}}}}}}
+    model_list = {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["id", "object", "max_model_len"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "object": {"const": "model"},
+                        "max_model_len": {"type": "integer"},
+                    },
+                },
+            },
+        },
+    }
 
     @app.get("/v1/models", responses=_json_ok("the served model", model_list))
     async def models():
         return serving.models()
 
-    @app.get("/health", response_class=Response, responses={200: {"description": "the engine core process lives (empty body)", "content": {}},
-                                   503: {"description": _NOT_READY.split(";")[0]}})
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={
+            200: {"description": "the engine core process lives (empty body)", "content": {}},
+            503: {"description": _NOT_READY.split(";")[0]},
+        },
+    )
     async def health():
         if not engine.is_alive:
             return error_response(503, f"the engine core is not running ({engine.state})", None, "engine_dead")
         return Response(status_code=200)
 
-    @app.get("/ready", responses={**_json_ok("ready to serve", {"type": "object", "required": ["status"],
-                                                                   "properties": {"status": {"const": "ready"}}}),
-                                  503: {"description": _NOT_READY}})
+    @app.get(
+        "/ready",
+        responses={
+            **_json_ok(
+                "ready to serve",
+                {"type": "object", "required": ["status"], "properties": {"status": {"const": "ready"}}},
+            ),
+            503: {"description": _NOT_READY},
+        },
+    )
     async def ready():
         state = "draining" if drain.active and engine.is_alive else engine.state
         if state == "ready":
             return {"status": "ready"}
-        messages = {"loading": "the engine is still loading the model",
-                    "engine_stalled": f"the engine core has not been heard from for over {engine.stall_timeout_s:g} s",
-                    "engine_dead": "the engine core is not running",
-                    "draining": "the server is shutting down"}
+        messages = {
+            "loading": "the engine is still loading the model",
+            "engine_stalled": f"the engine core has not been heard from for over {engine.stall_timeout_s:g} s",
+            "engine_dead": "the engine core is not running",
+            "draining": "the server is shutting down",
+        }
         headers = {"Retry-After": str(RETRY_AFTER_S)} if state in ("loading", "draining") else None
         return error_response(503, messages.get(state, state), None, state, headers=headers)
 
-    @app.get("/metrics", response_class=Response, responses={200: {"description": "Prometheus text exposition",
-                                          "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}})
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus text exposition",
+                "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def prometheus_metrics():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -348,8 +459,12 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                              description="OpenAI-compatible completions, health, metrics and the admin API")
+            doc = get_openapi(
+                title=app.title,
+                version=app.version,
+                routes=app.routes,
+                description="OpenAI-compatible completions, health, metrics and the admin API",
+            )
             doc.setdefault("components", {})["securitySchemes"] = {"adminToken": {"type": "http", "scheme": "bearer"}}
             _document_request_values(doc["components"]["schemas"])
             app.openapi_schema = _document_errors(doc, ERROR_SCHEMA, COMMON_ERRORS)

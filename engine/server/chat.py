@@ -11,6 +11,7 @@ documented plain default below is used:
 
 (one "role: content" line per message, then "assistant:" when a reply is wanted).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -39,12 +40,21 @@ def _compile(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def render_chat(messages: list[dict], chat_template: str | None, bos_token: str | None = None,
-                eos_token: str | None = None, add_generation_prompt: bool = True) -> str:
+def render_chat(
+    messages: list[dict],
+    chat_template: str | None,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
     template = _compile(chat_template or DEFAULT_CHAT_TEMPLATE)
     try:
-        return template.render(messages=messages, bos_token=bos_token or "", eos_token=eos_token or "",
-                               add_generation_prompt=add_generation_prompt)
+        return template.render(
+            messages=messages,
+            bos_token=bos_token or "",
+            eos_token=eos_token or "",
+            add_generation_prompt=add_generation_prompt,
+        )
     except ChatTemplateError:
         raise
     except Exception as exc:  # the template runs on client messages: any failure is theirs to fix

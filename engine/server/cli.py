@@ -15,6 +15,7 @@ written once under $XDG_CACHE_HOME/inferd/models/tiny (~/.cache when unset) and 
 The admin token comes from --admin-token-file or INFERD_ADMIN_TOKEN; with neither,
 the admin API is off.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,21 +70,36 @@ def _engine_fields() -> list[dataclasses.Field]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="checkpoint directory (default: the embedded tiny model, created once "
-                        "under the user's cache folder)")
+    parser.add_argument(
+        "--model",
+        help="checkpoint directory (default: the embedded tiny model, created once under the user's cache folder)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--served-model-name", help="model name clients use (default: the --model argument)")
-    parser.add_argument("--admin-token-file", help="file holding the admin bearer token (else INFERD_ADMIN_TOKEN; "
-                        "with neither the admin API is off)")
+    parser.add_argument(
+        "--admin-token-file",
+        help="file holding the admin bearer token (else INFERD_ADMIN_TOKEN; with neither the admin API is off)",
+    )
     parser.add_argument("--otlp-endpoint", help="OTLP/HTTP collector, e.g. http://127.0.0.1:4318: one span per request")
     parser.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default 4 MiB)")
-    parser.add_argument("--enable-fault-injection", action="store_true",
-                        help="allow POST /admin/fault (for remediation end-to-end tests)")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
-                        help="on SIGTERM, how long requests in flight may run before they are aborted (default 30 s)")
-    parser.add_argument("--stall-timeout", type=float, default=10.0,
-                        help="/ready turns 503 engine_stalled when the engine core is silent this long (default 10 s)")
+    parser.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="allow POST /admin/fault (for remediation end-to-end tests)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long requests in flight may run before they are aborted (default 30 s)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=10.0,
+        help="/ready turns 503 engine_stalled when the engine core is silent this long (default 10 s)",
+    )
     group = parser.add_argument_group("engine", "EngineConfig fields (see engine/config.py)")
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -99,13 +115,13 @@ def engine_config_from_args(args: argparse.Namespace, model_dir: str) -> EngineC
     return EngineConfig.from_dict({"model": model_dir, **values})
 
 
-
 def served_name(model_arg: str | None) -> str:
     """The name clients use by default: the --model argument, as vLLM does, except for the
     embedded default model (given or implied), which is simply called by its preset."""
     if not model_arg or Path(model_arg).resolve() == default_model_dir().resolve():
         return DEFAULT_MODEL_PRESET
     return model_arg
+
 
 EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE
 
@@ -180,8 +196,12 @@ def run(args: argparse.Namespace) -> int:
             from .tracing import otlp_traces_url
 
             otlp_traces_url(args.otlp_endpoint)  # a bad URL fails here, not in the engine core
-        client = EngineCoreClient(config, otlp_endpoint=args.otlp_endpoint, stall_timeout_s=args.stall_timeout,
-                                  log_level=args.log_level.upper())
+        client = EngineCoreClient(
+            config,
+            otlp_endpoint=args.otlp_endpoint,
+            stall_timeout_s=args.stall_timeout,
+            log_level=args.log_level.upper(),
+        )
     except (ValueError, OSError) as exc:
         log.error("%s", exc)
         return 2

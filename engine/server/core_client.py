@@ -13,6 +13,7 @@ core has said nothing for longer than `stall_timeout_s` (a step, an idle heartbe
 a live core always speaks within its heartbeat); `engine_dead` once the process has
 exited or reported failure, after which every call raises `EngineUnavailable`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -108,7 +109,7 @@ class _Live:
                 if s.logprobs is None:
                     s.logprobs = []
                 s.logprobs.extend(d.new_logprobs)
-            s.text = s.text[:d.text_keep] + d.text_add
+            s.text = s.text[: d.text_keep] + d.text_add
             s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
@@ -118,11 +119,21 @@ class _Live:
     def output(self) -> RequestOutput:
         # The lists keep growing as deltas arrive: each output takes its length now and
         # copies that prefix only when read (see CompletionOutput).
-        outs = [CompletionOutput(i, s.text, s.token_ids, s.logprobs if self.params.logprobs is not None else None,
-                                 s.finish_reason, s.stop_reason, None if self.finished else len(s.token_ids))
-                for i, s in enumerate(self.seqs)]
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished,
-                             self.num_cached_tokens)
+        outs = [
+            CompletionOutput(
+                i,
+                s.text,
+                s.token_ids,
+                s.logprobs if self.params.logprobs is not None else None,
+                s.finish_reason,
+                s.stop_reason,
+                None if self.finished else len(s.token_ids),
+            )
+            for i, s in enumerate(self.seqs)
+        ]
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.num_cached_tokens
+        )
 
     def finish_as_aborted(self) -> None:
         for s in self.seqs:
@@ -133,10 +144,18 @@ class _Live:
 
 
 class EngineCoreClient:
-    def __init__(self, config: EngineConfig, *, otlp_endpoint: str | None = None, stall_timeout_s: float = 10.0,
-                 heartbeat_s: float = 1.0, engine_factory: Callable[[EngineConfig], Any] | None = None,
-                 on_dead: Callable[[str], None] | None = None, log_level: str = "INFO",
-                 torch_num_threads: int | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        otlp_endpoint: str | None = None,
+        stall_timeout_s: float = 10.0,
+        heartbeat_s: float = 1.0,
+        engine_factory: Callable[[EngineConfig], Any] | None = None,
+        on_dead: Callable[[str], None] | None = None,
+        log_level: str = "INFO",
+        torch_num_threads: int | None = None,
+    ):
         if not stall_timeout_s > heartbeat_s:
             raise ValueError(f"stall_timeout_s ({stall_timeout_s}) must exceed heartbeat_s ({heartbeat_s})")
         self.config = config
@@ -185,9 +204,17 @@ class EngineCoreClient:
         self._from_core.setsockopt(zmq.RCVHWM, 0)
         self._from_core.setsockopt(zmq.LINGER, 0)
         self._from_core.bind(from_core)
-        options = CoreOptions(self.config, to_core, from_core, os.getpid(), self._otlp_endpoint, self._heartbeat_s,
-                              log_level=self._log_level, torch_num_threads=self._torch_num_threads,
-                              engine_factory=self._engine_factory)
+        options = CoreOptions(
+            self.config,
+            to_core,
+            from_core,
+            os.getpid(),
+            self._otlp_endpoint,
+            self._heartbeat_s,
+            log_level=self._log_level,
+            torch_num_threads=self._torch_num_threads,
+            engine_factory=self._engine_factory,
+        )
         # spawn, not fork: the server process has threads and an event loop, and CUDA
         # must be initialised in the core alone.
         ctx = multiprocessing.get_context("spawn")
@@ -264,23 +291,38 @@ class EngineCoreClient:
         assert self._validator is not None
         return self._validator.validate(prompt, params)
 
-    async def generate(self, request_id: str, prompt: str | list[int], prompt_token_ids: list[int],
-                       params: SamplingParams, priority: int = 0,
-                       trace_headers: dict[str, str] | None = None,
-                       final_only: bool = False) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        trace_headers: dict[str, str] | None = None,
+        final_only: bool = False,
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Cumulative outputs of one request until it finishes (with `final_only`, just the
         last). Leaving early (the client went away, the task was cancelled) aborts the
         request in the engine at once."""
         self.check_can_serve()
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
-        live = _Live(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
-                     [_SeqState() for _ in range(params.n)], wake_on_finish_only=final_only)
+        live = _Live(
+            request_id,
+            prompt if isinstance(prompt, str) else None,
+            prompt_token_ids,
+            params,
+            [_SeqState() for _ in range(params.n)],
+            wake_on_finish_only=final_only,
+        )
         self._live[request_id] = live
         finished = False
         try:
-            self._send(AddRequest(request_id, live.prompt, prompt_token_ids, params, priority, time.time(),
-                                  trace_headers, final_only))
+            self._send(
+                AddRequest(
+                    request_id, live.prompt, prompt_token_ids, params, priority, time.time(), trace_headers, final_only
+                )
+            )
             while True:
                 await live.changed.wait()
                 live.changed.clear()
@@ -374,8 +416,7 @@ class EngineCoreClient:
                 continue
             live.apply(delta)
             if delta.finished and stats is not None:
-                stats.record_request(live.params.n, live.params.max_tokens,
-                                     max(len(s.token_ids) for s in live.seqs))
+                stats.record_request(live.params.n, live.params.max_tokens, max(len(s.token_ids) for s in live.seqs))
         for err in msg.errors:
             live = self._live.get(err.request_id)
             if live is not None:
@@ -393,8 +434,11 @@ class EngineCoreClient:
         if msg.error_type is None:
             future.set_result(msg.result)
         elif msg.error_type == "ValueError":
-            future.set_exception(TunableError(msg.error_field, msg.error_message or "") if msg.error_field
-                                 else ValueError(msg.error_message))
+            future.set_exception(
+                TunableError(msg.error_field, msg.error_message or "")
+                if msg.error_field
+                else ValueError(msg.error_message)
+            )
         else:
             future.set_exception(RuntimeError(f"{msg.error_type}: {msg.error_message}"))
 

@@ -12,6 +12,7 @@ logprobs, and how its text changed (`text_keep` characters of what was sent stay
 cuts the tail, so text is not append-only). The API side rebuilds cumulative
 `RequestOutput`s from them.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -45,6 +46,7 @@ class AbortRequests(msgspec.Struct, tag="abort", array_like=True):
 class UtilityCall(msgspec.Struct, tag="call", array_like=True):
     """A command run between steps: get_tunables, reconfigure, set_mode or
     inject_fastpath_failure (engine_core.EngineCore._call)."""
+
     call_id: int
     method: str
     args: list[Any]
@@ -78,6 +80,7 @@ class RequestDelta(msgspec.Struct, array_like=True):
 
 class RequestError(msgspec.Struct, array_like=True):
     """The engine dropped this request: a step failed under it, or it was refused at add."""
+
     request_id: str
     message: str
     is_client_error: bool  # the add was refused for a reason the client can fix (a 4xx)
@@ -112,6 +115,7 @@ class CoreReady(msgspec.Struct, tag="ready", array_like=True):
 
 class CoreFailed(msgspec.Struct, tag="failed", array_like=True):
     """The core could not start (bad checkpoint, no memory) or its loop died."""
+
     message: str
 
 

@@ -15,6 +15,7 @@ SIGTERM and SIGINT are ignored here: the server drains first and then sends Shut
 (the agent signals the whole process group). The core exits on its own when the
 process that started it is gone.
 """
+
 from __future__ import annotations
 
 import gc
@@ -76,8 +77,9 @@ class CoreOptions:
 
 def run_engine_core(options: CoreOptions) -> None:
     """Process entry point (multiprocessing spawn target)."""
-    logging.basicConfig(level=options.log_level, format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=options.log_level, format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s", stream=sys.stderr
+    )
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = zmq.Context()
@@ -108,8 +110,17 @@ def run_engine_core(options: CoreOptions) -> None:
     gc.collect()
     gc.freeze()
     core = EngineCore(engine, outputs, options, tracer)
-    outputs.send(enc.encode(CoreReady(os.getpid(), engine.request_limits, engine.config.tunables(),
-                                      take_snapshot(engine, time.time()), engine.fast_path_unavailable)))
+    outputs.send(
+        enc.encode(
+            CoreReady(
+                os.getpid(),
+                engine.request_limits,
+                engine.config.tunables(),
+                take_snapshot(engine, time.time()),
+                engine.fast_path_unavailable,
+            )
+        )
+    )
     code = core.run(commands)
     if provider is not None:
         provider.shutdown()  # flushes the spans still queued
@@ -145,6 +156,7 @@ def _default_engine(config: EngineConfig):
 @dataclass(slots=True)
 class _Sent:
     """What the API side already has of one sequence."""
+
     num_tokens: int = 0
     text: str = ""
 
@@ -210,9 +222,14 @@ class EngineCore:
 
     def _add(self, msg: AddRequest) -> None:
         try:
-            self.engine.add_request(msg.request_id, msg.prompt if msg.prompt is not None else msg.prompt_token_ids,
-                                    msg.params, priority=msg.priority, prompt_token_ids=msg.prompt_token_ids,
-                                    arrival_time=msg.arrival_time)
+            self.engine.add_request(
+                msg.request_id,
+                msg.prompt if msg.prompt is not None else msg.prompt_token_ids,
+                msg.params,
+                priority=msg.priority,
+                prompt_token_ids=msg.prompt_token_ids,
+                arrival_time=msg.arrival_time,
+            )
         except ValueError as exc:
             self._errors.append(RequestError(msg.request_id, str(exc), True))
             return
@@ -220,8 +237,14 @@ class EngineCore:
         if msg.final_only:
             self._final_only.add(msg.request_id)
         if self.tracer is not None:
-            self.tracer.queued(msg.request_id, len(msg.prompt_token_ids), msg.params, msg.priority,
-                               int(msg.arrival_time * 1e9), msg.trace_headers)
+            self.tracer.queued(
+                msg.request_id,
+                len(msg.prompt_token_ids),
+                msg.params,
+                msg.priority,
+                int(msg.arrival_time * 1e9),
+                msg.trace_headers,
+            )
 
     def _abort(self, request_id: str) -> None:
         self._sent.pop(request_id, None)
@@ -293,8 +316,9 @@ class EngineCore:
             self._sent.pop(out.request_id, None)
             self._final_only.discard(out.request_id)
             if self.tracer is not None:
-                self.tracer.finished(out.request_id, out.outputs[0].finish_reason or "abort",
-                                     sum(s.num_tokens for s in sent))
+                self.tracer.finished(
+                    out.request_id, out.outputs[0].finish_reason or "abort", sum(s.num_tokens for s in sent)
+                )
         return RequestDelta(out.request_id, seqs, out.finished, out.num_cached_tokens)
 
     def _fail_all(self, exc: BaseException) -> None:

@@ -4,6 +4,7 @@ Client mistakes are `ApiError`s with a 4xx status; the app turns them (and FastA
 HTTP and validation errors) into this shape, so the official client raises its usual
 `BadRequestError` / `NotFoundError` / ... with our message.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,12 +42,23 @@ def printable(text: str | None) -> str | None:
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": printable(message), "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": printable(param), "code": printable(code)}}
+    return {
+        "error": {
+            "message": printable(message),
+            "type": ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": printable(param),
+            "code": printable(code),
+        }
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 

@@ -5,6 +5,7 @@ order and then the chosen one (when it is not among them). Token texts are the
 single-token decodes (a byte-level token that is part of a character decodes to U+FFFD;
 `bytes` then carries its UTF-8 bytes as OpenAI does for chat).
 """
+
 from __future__ import annotations
 
 from ..outputs import CompletionOutput
@@ -37,6 +38,7 @@ def chat_logprobs(tokenizer, o: CompletionOutput, top_k: int, start: int) -> dic
         for tid, lp in list(entry.items())[:top_k]:
             t = _token_text(tokenizer, tid)
             top.append({"token": t, "logprob": lp, "bytes": list(t.encode())})
-        content.append({"token": text, "logprob": entry.get(token_id), "bytes": list(text.encode()),
-                        "top_logprobs": top})
+        content.append(
+            {"token": text, "logprob": entry.get(token_id), "bytes": list(text.encode()), "top_logprobs": top}
+        )
     return {"content": content}

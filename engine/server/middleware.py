@@ -3,6 +3,7 @@
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would stand between a
 streaming response and the client's disconnect.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import error_body
 from .metrics import HttpMetrics
 
-KNOWN_HANDLERS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
-                            "/admin/config", "/admin/mode", "/admin/fault"})
+KNOWN_HANDLERS = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/health",
+        "/ready",
+        "/metrics",
+        "/admin/config",
+        "/admin/mode",
+        "/admin/fault",
+    }
+)
 # Labels come from the request line, which the client writes: anything else is counted as
 # "other", so made-up paths or methods cannot add series without bound.
 KNOWN_METHODS = frozenset({"GET", "POST", "PATCH", "PUT", "DELETE", "HEAD", "OPTIONS"})
@@ -57,9 +69,12 @@ class BodyLimitAndMetrics:
         finally:
             if self.http_metrics is not None:
                 path, method = scope.get("path", ""), scope.get("method", "")
-                self.http_metrics.observe(path if path in KNOWN_HANDLERS else "other",
-                                          method if method in KNOWN_METHODS else "other",
-                                          status["code"], time.perf_counter() - started)
+                self.http_metrics.observe(
+                    path if path in KNOWN_HANDLERS else "other",
+                    method if method in KNOWN_METHODS else "other",
+                    status["code"],
+                    time.perf_counter() - started,
+                )
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, bool | None]:
         chunks: list[bytes] = []
@@ -77,9 +92,23 @@ class BodyLimitAndMetrics:
                 return b"".join(chunks), False
 
     async def _too_large(self, send: Send) -> None:
-        payload = json.dumps(error_body(413, f"request body is larger than the limit of {self.max_body_bytes} "
-                                        "bytes (--max-body-bytes)", None, "request_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                                (b"connection", b"close")]})
+        payload = json.dumps(
+            error_body(
+                413,
+                f"request body is larger than the limit of {self.max_body_bytes} bytes (--max-body-bytes)",
+                None,
+                "request_too_large",
+            )
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

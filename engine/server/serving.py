@@ -7,6 +7,7 @@ hold back (a) a trailing U+FFFD, the byte-level tokenizer's partial UTF-8 charac
 until the next token completes it, and (b) the last len(longest stop string) - 1
 characters, which a stop string matched later would cut away.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,6 +56,7 @@ class _ChoiceState:
 @dataclass(slots=True)
 class _Job:
     """One API request: its prompts (a batch for completions), params and ids."""
+
     request_id: str
     created: int
     model: str
@@ -77,7 +79,7 @@ def streamable_text(text: str, finished: bool, holdback: int) -> str:
     end = len(text) - holdback
     while end > 0 and text[end - 1] == REPLACEMENT_CHAR:
         end -= 1
-    return text[:max(end, 0)]
+    return text[: max(end, 0)]
 
 
 class OpenAIServing:
@@ -107,27 +109,49 @@ class OpenAIServing:
     @staticmethod
     def _check_sequences(num_prompts: int, n: int | None) -> None:
         if num_prompts * (n or 1) > MAX_SEQUENCES_PER_REQUEST:
-            raise bad_request(f"this request would start {num_prompts * (n or 1)} sequences ({num_prompts} prompt(s) x "
-                              f"n={n}); at most {MAX_SEQUENCES_PER_REQUEST} are allowed per request", "n")
+            raise bad_request(
+                f"this request would start {num_prompts * (n or 1)} sequences ({num_prompts} prompt(s) x "
+                f"n={n}); at most {MAX_SEQUENCES_PER_REQUEST} are allowed per request",
+                "n",
+            )
 
     def _check_length(self, num_prompt: int, max_tokens: int, param: str) -> None:
         if num_prompt + max_tokens > self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} in the completion). "
-                f"Please reduce the prompt or the completion length.", param, "context_length_exceeded")
+                f"Please reduce the prompt or the completion length.",
+                param,
+                "context_length_exceeded",
+            )
 
     def _params(self, body: SamplingFields, max_tokens: int, logprobs: int | None, param: str) -> SamplingParams:
         if isinstance(max_tokens, int) and max_tokens < 1:
             raise bad_request(f"{param} must be an integer >= 1, got {max_tokens}", param)
         return body.sampling_params(max_tokens, logprobs)
 
-    def _job(self, body: SamplingFields, prompts: list[_Prompt], params: SamplingParams, chat: bool,
-             top_logprobs: int | None = None) -> _Job:
+    def _job(
+        self,
+        body: SamplingFields,
+        prompts: list[_Prompt],
+        params: SamplingParams,
+        chat: bool,
+        top_logprobs: int | None = None,
+    ) -> _Job:
         prefix = "chatcmpl" if chat else "cmpl"
-        return _Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), self.model_name, prompts, params,
-                    body.priority, bool(body.stream), body.include_usage,
-                    bool(body.stream_options and body.stream_options.continuous_usage_stats), chat, top_logprobs)
+        return _Job(
+            f"{prefix}-{uuid.uuid4().hex}",
+            int(time.time()),
+            self.model_name,
+            prompts,
+            params,
+            body.priority,
+            bool(body.stream),
+            body.include_usage,
+            bool(body.stream_options and body.stream_options.continuous_usage_stats),
+            chat,
+            top_logprobs,
+        )
 
     # --- endpoints ----------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -136,8 +160,9 @@ class OpenAIServing:
         raw_prompts = body.prompts()
         self._check_sequences(len(raw_prompts), body.n)
         # Without max_tokens the prompt decides it; check the other values against the longest possible.
-        probe = self._params(body, body.max_tokens if body.max_tokens is not None else self.max_model_len,
-                             body.logprobs, "max_tokens")
+        probe = self._params(
+            body, body.max_tokens if body.max_tokens is not None else self.max_model_len, body.logprobs, "max_tokens"
+        )
         prompts = []
         for i, p in enumerate(raw_prompts):
             if isinstance(p, list) and not p:
@@ -159,8 +184,10 @@ class OpenAIServing:
         self._check_sequences(1, body.n)
         for i, m in enumerate(body.messages):
             m.check_role(i)
-        messages = [{"role": m.role, "content": m.text(i)} | ({"name": m.name} if m.name else {})
-                    for i, m in enumerate(body.messages)]
+        messages = [
+            {"role": m.role, "content": m.text(i)} | ({"name": m.name} if m.name else {})
+            for i, m in enumerate(body.messages)
+        ]
         tok = self.tokenizer
         try:
             text = render_chat(messages, tok.chat_template, tok.bos_token, tok.eos_token, body.add_generation_prompt)
@@ -168,14 +195,16 @@ class OpenAIServing:
             raise bad_request(str(exc), "messages") from None
         # A template writes its own special tokens; the plain default relies on the tokenizer's.
         add_special = tok.chat_template is None
-        ids = (await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special)
-               if len(text) >= TOKENIZE_IN_THREAD_CHARS else tok.encode(text, add_special_tokens=add_special))
+        ids = (
+            await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special)
+            if len(text) >= TOKENIZE_IN_THREAD_CHARS
+            else tok.encode(text, add_special_tokens=add_special)
+        )
         if not ids:
             raise bad_request("messages render to an empty prompt", "messages")
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.requested_max_tokens
-        probe = self._params(body, requested if requested is not None else self.max_model_len, body.num_logprobs,
-                             param)
+        probe = self._params(body, requested if requested is not None else self.max_model_len, body.num_logprobs, param)
         if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
         await self._validate_prompt(ids, probe, "messages")
@@ -202,8 +231,15 @@ class OpenAIServing:
         """(prompt index, cumulative output) from all of the job's prompts, as they come."""
         if len(job.prompts) == 1:
             p = job.prompts[0]
-            gen = self.engine.generate(job.request_id, p.text, p.token_ids, job.params, job.priority,
-                                       job.trace_headers, final_only=not job.stream)
+            gen = self.engine.generate(
+                job.request_id,
+                p.text,
+                p.token_ids,
+                job.params,
+                job.priority,
+                job.trace_headers,
+                final_only=not job.stream,
+            )
             try:
                 async for out in gen:
                     yield 0, out
@@ -214,8 +250,15 @@ class OpenAIServing:
         remaining = len(job.prompts)
 
         async def pump(i: int, p: _Prompt) -> None:
-            gen = self.engine.generate(f"{job.request_id}-{i}", p.text, p.token_ids, job.params, job.priority,
-                                       job.trace_headers, final_only=not job.stream)
+            gen = self.engine.generate(
+                f"{job.request_id}-{i}",
+                p.text,
+                p.token_ids,
+                job.params,
+                job.priority,
+                job.trace_headers,
+                final_only=not job.stream,
+            )
             try:
                 async for out in gen:
                     await merged.put((i, out))
@@ -259,33 +302,68 @@ class OpenAIServing:
             for o in out.outputs:
                 index = i * n + o.index
                 if job.chat:
-                    choices.append({"index": index, "message": {"role": "assistant", "content": o.text},
-                                    "logprobs": chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, 0) if job.params.logprobs is not None
-                                    else None,
-                                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+                    choices.append(
+                        {
+                            "index": index,
+                            "message": {"role": "assistant", "content": o.text},
+                            "logprobs": chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, 0)
+                            if job.params.logprobs is not None
+                            else None,
+                            "finish_reason": o.finish_reason,
+                            "stop_reason": o.stop_reason,
+                        }
+                    )
                 else:
-                    choices.append({"index": index, "text": o.text,
-                                    "logprobs": completion_logprobs(self.tokenizer, o, 0) if job.params.logprobs is not None
-                                    else None,
-                                    "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
-        return {"id": job.request_id, "object": "chat.completion" if job.chat else "text_completion",
-                "created": job.created, "model": job.model, "choices": choices, "usage": self._usage(job, finals)}
+                    choices.append(
+                        {
+                            "index": index,
+                            "text": o.text,
+                            "logprobs": completion_logprobs(self.tokenizer, o, 0)
+                            if job.params.logprobs is not None
+                            else None,
+                            "finish_reason": o.finish_reason,
+                            "stop_reason": o.stop_reason,
+                        }
+                    )
+        return {
+            "id": job.request_id,
+            "object": "chat.completion" if job.chat else "text_completion",
+            "created": job.created,
+            "model": job.model,
+            "choices": choices,
+            "usage": self._usage(job, finals),
+        }
 
     # --- streaming ----------------------------------------------------------------------
     async def _stream(self, job: _Job) -> AsyncGenerator[str, None]:
         n = job.params.n
         holdback = max((len(s) for s in job.params.stop), default=1) - 1
         latest: list[RequestOutput | None] = [None] * len(job.prompts)
-        base: dict[str, Any] = {"id": job.request_id,
-                                "object": "chat.completion.chunk" if job.chat else "text_completion",
-                                "created": job.created, "model": job.model}
+        base: dict[str, Any] = {
+            "id": job.request_id,
+            "object": "chat.completion.chunk" if job.chat else "text_completion",
+            "created": job.created,
+            "model": job.model,
+        }
         outputs = self._outputs(job)
         try:
             if job.chat:
                 # The role comes first, as OpenAI sends it.
-                yield sse(base | {"choices": [{"index": i * n + j, "delta": {"role": "assistant", "content": ""},
-                                               "logprobs": None, "finish_reason": None}
-                                              for i in range(len(job.prompts)) for j in range(n)]})
+                yield sse(
+                    base
+                    | {
+                        "choices": [
+                            {
+                                "index": i * n + j,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                            for i in range(len(job.prompts))
+                            for j in range(n)
+                        ]
+                    }
+                )
             async for i, out in outputs:
                 latest[i] = out
                 choices = []
@@ -314,26 +392,50 @@ class OpenAIServing:
     def _delta(self, job: _Job, index: int, o: CompletionOutput, state: _ChoiceState, holdback: int) -> dict | None:
         finished = o.finish_reason is not None
         text = streamable_text(o.text, finished, holdback)
-        delta_text = text[state.sent_chars:] if len(text) > state.sent_chars else ""
+        delta_text = text[state.sent_chars :] if len(text) > state.sent_chars else ""
         new_tokens = len(o.token_ids) - state.sent_tokens
         if not delta_text and not finished and not (job.params.logprobs is not None and new_tokens > 0):
             return None
         logprobs = None
         if job.params.logprobs is not None:
-            logprobs = (chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, state.sent_tokens) if job.chat
-                        else completion_logprobs(self.tokenizer, o, state.sent_tokens))
+            logprobs = (
+                chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, state.sent_tokens)
+                if job.chat
+                else completion_logprobs(self.tokenizer, o, state.sent_tokens)
+            )
         state.sent_chars = max(state.sent_chars, len(text))
         state.sent_tokens = len(o.token_ids)
         state.done = finished
         if job.chat:
             delta = {"content": delta_text} if delta_text or not finished else {}
-            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": o.finish_reason,
-                    "stop_reason": o.stop_reason}
-        return {"index": index, "text": delta_text, "logprobs": logprobs, "finish_reason": o.finish_reason,
-                "stop_reason": o.stop_reason}
+            return {
+                "index": index,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": o.finish_reason,
+                "stop_reason": o.stop_reason,
+            }
+        return {
+            "index": index,
+            "text": delta_text,
+            "logprobs": logprobs,
+            "finish_reason": o.finish_reason,
+            "stop_reason": o.stop_reason,
+        }
 
     # --- models -------------------------------------------------------------------------
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": 0, "owned_by": "inferd",
-            "root": self.engine.model_name, "parent": None, "max_model_len": self.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "inferd",
+                    "root": self.engine.model_name,
+                    "parent": None,
+                    "max_model_len": self.max_model_len,
+                }
+            ],
+        }

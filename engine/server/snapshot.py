@@ -1,5 +1,6 @@
 """A copy of the engine's state for readers outside the engine core (/metrics): taken in
 the core process, sent to the API server with the step outputs."""
+
 from __future__ import annotations
 
 import copy

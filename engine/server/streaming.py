@@ -6,6 +6,7 @@ on the next failed send and leaves closing the generator to the garbage collecto
 so the request is aborted in the engine and its KV blocks are freed immediately.
 `until_disconnected` does the same for non-streaming handlers.
 """
+
 from __future__ import annotations
 
 import asyncio

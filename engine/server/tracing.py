@@ -6,6 +6,7 @@ export is not: spans go to a `BatchSpanProcessor`, whose own thread sends them o
 OTLP/HTTP; when the collector is slow or down its bounded queue drops spans instead
 of blocking a step.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,8 +30,9 @@ def otlp_traces_url(endpoint: str) -> str:
     return endpoint if "/" in rest.rstrip("/") else endpoint.rstrip("/") + TRACES_PATH
 
 
-def make_tracer(endpoint: str, service_name: str = "inferd-engine", exporter=None,
-                export_timeout_s: float = 5.0) -> tuple[Tracer, Any]:
+def make_tracer(
+    endpoint: str, service_name: str = "inferd-engine", exporter=None, export_timeout_s: float = 5.0
+) -> tuple[Tracer, Any]:
     """A tracer exporting to `endpoint` over OTLP/HTTP in the background; returns
     (tracer, provider) so the caller can shut the provider down (flushing spans)."""
     from opentelemetry.sdk.resources import Resource
@@ -62,20 +64,32 @@ class RequestTracer:
         self._tracer = tracer
         self._tracked: dict[str, _Tracked] = {}
 
-    def queued(self, request_id: str, num_prompt_tokens: int, params, priority: int, arrival_ns: int,
-               trace_headers: dict[str, str] | None = None) -> None:
+    def queued(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        params,
+        priority: int,
+        arrival_ns: int,
+        trace_headers: dict[str, str] | None = None,
+    ) -> None:
         # A caller's W3C `traceparent` makes the request span its child.
         parent = extract(trace_headers) if trace_headers else None
-        span = self._tracer.start_span("llm_request", context=parent, kind=SpanKind.SERVER, start_time=arrival_ns,
-                                       attributes={
-            "gen_ai.request.id": request_id,
-            "gen_ai.usage.prompt_tokens": num_prompt_tokens,
-            "gen_ai.request.max_tokens": params.max_tokens,
-            "gen_ai.request.n": params.n,
-            "gen_ai.request.temperature": float(params.temperature),
-            "gen_ai.request.top_p": float(params.top_p),
-            "inferd.priority": priority,
-        })
+        span = self._tracer.start_span(
+            "llm_request",
+            context=parent,
+            kind=SpanKind.SERVER,
+            start_time=arrival_ns,
+            attributes={
+                "gen_ai.request.id": request_id,
+                "gen_ai.usage.prompt_tokens": num_prompt_tokens,
+                "gen_ai.request.max_tokens": params.max_tokens,
+                "gen_ai.request.n": params.n,
+                "gen_ai.request.temperature": float(params.temperature),
+                "gen_ai.request.top_p": float(params.top_p),
+                "inferd.priority": priority,
+            },
+        )
         span.add_event("queued", timestamp=arrival_ns)
         self._tracked[request_id] = _Tracked(span)
 
@@ -88,19 +102,24 @@ class RequestTracer:
             seqs = req.seqs
             if not t.scheduled and any(s.times.first_scheduled is not None for s in seqs):
                 t.scheduled = True
-                t.span.add_event("scheduled", timestamp=_ns(min(s.times.first_scheduled for s in seqs
-                                                                if s.times.first_scheduled is not None)))
+                t.span.add_event(
+                    "scheduled",
+                    timestamp=_ns(min(s.times.first_scheduled for s in seqs if s.times.first_scheduled is not None)),
+                )
             if not t.first_token and any(s.times.first_token is not None for s in seqs):
                 t.first_token = True
-                t.span.add_event("first_token", timestamp=_ns(min(s.times.first_token for s in seqs
-                                                                  if s.times.first_token is not None)))
+                t.span.add_event(
+                    "first_token",
+                    timestamp=_ns(min(s.times.first_token for s in seqs if s.times.first_token is not None)),
+                )
             preemptions = sum(s.num_preemptions for s in seqs)
             if preemptions > t.preemptions:
                 t.span.add_event("preempted", attributes={"inferd.preemptions": preemptions})
                 t.preemptions = preemptions
 
-    def finished(self, request_id: str, finish_reason: str, num_generation_tokens: int,
-                 error: str | None = None) -> None:
+    def finished(
+        self, request_id: str, finish_reason: str, num_generation_tokens: int, error: str | None = None
+    ) -> None:
         t = self._tracked.pop(request_id, None)
         if t is None:
             return

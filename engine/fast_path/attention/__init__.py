@@ -10,6 +10,7 @@
 Importing this package defines the kernels: the engine imports it only when it attaches
 the fast path, after a test has had the chance to choose Triton's interpreter.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,8 +39,9 @@ __all__ = [
 _mixed_step = MixedStepAttention(paged_decode_attention, cold_paged_decode_attention, choose_num_splits)
 
 
-def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           meta: AttentionMetadata, scale: float, cold=None) -> torch.Tensor:
+def triton_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, cold=None
+) -> torch.Tensor:
     """Drop-in for `paged_attention`: the Triton kernels for decode rows (hot blocks,
     cold blocks leading each table, or any mix), grouped SDPA for prefill rows (also
     over cold blocks); prefill over sliding windows: the portable path."""
@@ -54,14 +56,36 @@ def triton_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         assert kinds is not None and slots is not None  # a batch with cold blocks sets both
         if meta.cold_prefix_blocks is not None:
             tables = meta.block_tables.to(torch.int32).contiguous()
-            return cold_prefix_decode_attention(q, k_cache, v_cache, cold, tables,
-                                                slots.to(torch.int32).contiguous(), meta.cold_prefix_blocks,
-                                                meta.cold_prefix_kind, meta.context_lens, scale, splits,
-                                                meta.sliding_window)
-        return cold_paged_decode_attention(q, k_cache, v_cache, cold, meta.block_tables, kinds,
-                                           slots, meta.context_lens, scale, splits, meta.sliding_window)
-    return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
-                                  splits, meta.sliding_window)
+            return cold_prefix_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                cold,
+                tables,
+                slots.to(torch.int32).contiguous(),
+                meta.cold_prefix_blocks,
+                meta.cold_prefix_kind,
+                meta.context_lens,
+                scale,
+                splits,
+                meta.sliding_window,
+            )
+        return cold_paged_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            cold,
+            meta.block_tables,
+            kinds,
+            slots,
+            meta.context_lens,
+            scale,
+            splits,
+            meta.sliding_window,
+        )
+    return paged_decode_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, splits, meta.sliding_window
+    )
 
 
 triton_paged_attention.supports_cold_kv = True  # type: ignore[attr-defined]  # mypy has no function attributes

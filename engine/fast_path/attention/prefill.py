@@ -15,6 +15,7 @@ rows go to the cold-aware decode kernel and a prefill group's gathered context i
 dequantized as it is gathered (that group's context only, for this layer; the cache
 itself stays quantized). Sliding windows stay on the portable path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,8 +98,15 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
             kinds = cold[0].index_select(0, index)[:, :blocks]
             slots = cold[1].index_select(0, index)[:, :blocks]
         groups.append(PrefillGroup(n, ctx, device_index(rows, device), tables, mask, kinds, slots))
-    return StepPlan(decode_rows, decode_tables, decode_ctx,
-                    max((context_lens[i] for i in decode), default=0), groups, decode_kinds, decode_slots)
+    return StepPlan(
+        decode_rows,
+        decode_tables,
+        decode_ctx,
+        max((context_lens[i] for i in decode), default=0),
+        groups,
+        decode_kinds,
+        decode_slots,
+    )
 
 
 class MixedStepAttention:
@@ -118,8 +126,15 @@ class MixedStepAttention:
         assert self._plan is not None  # set together with _plan_for
         return self._plan
 
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 meta: AttentionMetadata, scale: float, cold=None) -> torch.Tensor:
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        cold=None,
+    ) -> torch.Tensor:
         _, block_size, kv_heads, head_dim = k_cache.shape
         heads = q.shape[1]
         plan = self.plan(meta, block_size, q.device)
@@ -129,12 +144,22 @@ class MixedStepAttention:
             splits = self.choose_splits(num, kv_heads, plan.decode_max_context)
             q_dec = q.index_select(0, plan.decode_rows)
             if cold is not None and plan.decode_kinds is not None:
-                dec = self.cold_decode_attention(q_dec, k_cache, v_cache, cold, plan.decode_tables,
-                                                 plan.decode_kinds, plan.decode_slots, plan.decode_context_lens,
-                                                 scale, splits)
+                dec = self.cold_decode_attention(
+                    q_dec,
+                    k_cache,
+                    v_cache,
+                    cold,
+                    plan.decode_tables,
+                    plan.decode_kinds,
+                    plan.decode_slots,
+                    plan.decode_context_lens,
+                    scale,
+                    splits,
+                )
             else:
-                dec = self.decode_attention(q_dec, k_cache, v_cache, plan.decode_tables, plan.decode_context_lens,
-                                            scale, splits)
+                dec = self.decode_attention(
+                    q_dec, k_cache, v_cache, plan.decode_tables, plan.decode_context_lens, scale, splits
+                )
             out.index_copy_(0, plan.decode_rows, dec)
         group = heads // kv_heads
         for g in plan.groups:
