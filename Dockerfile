@@ -52,11 +52,13 @@ RUN python -c 'import sys, tomllib; print("\n".join(d for d in tomllib.load(open
 
 # ---- the project as a wheel (not an editable install) ----------------------------------
 FROM build AS project
-COPY agent /src/agent
-COPY engine /src/engine
-COPY exporters /src/exporters
-COPY ebpf /src/ebpf
-COPY dashboards /src/dashboards
+# the wheel's one namespace: inferd/ holds the design's folders (links to them in the checkout)
+COPY inferd/__init__.py /src/inferd/__init__.py
+COPY agent /src/inferd/agent
+COPY engine /src/inferd/engine
+COPY exporters /src/inferd/exporters
+COPY ebpf /src/inferd/ebpf
+COPY dashboards /src/inferd/dashboards
 RUN cp /wheels/pyproject.toml /src/ && pip wheel --no-deps --wheel-dir /dist /src
 
 # ---- the GPU variant ---------------------------------------------------------------------

@@ -16,15 +16,15 @@ import sys
 # name -> (module, one-line help). A command with subcommands names every one of them
 # here (tests/test_cli_help.py checks it against the parser).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "make-model": ("engine.make_model", "write a random Llama-family checkpoint (HF format)"),
-    "generate": ("engine.generate_cmd", "generate text offline with the engine"),
-    "serve": ("engine.server.cli", "run the OpenAI-compatible engine server"),
-    "bench": ("engine.bench.cli", "benchmarks: serve, burst, throughput, tp-decode, gpu-decode"),
-    "agent": ("agent.main", "run the node agent (collectors, /metrics, engine supervision)"),
-    "topo": ("agent.topo_cmd", "print GPU / PCIe / NUMA topology"),
-    "gpu": ("exporters.gpu_cmd", "GPU tools: record (NVML snapshots for the replay back end)"),
-    "stack": ("agent.stack", "the stack without Docker: up, down, status, token, default-model"),
-    "report": ("agent.report", "write a static HTML report from Prometheus"),
+    "make-model": ("inferd.engine.make_model", "write a random Llama-family checkpoint (HF format)"),
+    "generate": ("inferd.engine.generate_cmd", "generate text offline with the engine"),
+    "serve": ("inferd.engine.server.cli", "run the OpenAI-compatible engine server"),
+    "bench": ("inferd.engine.bench.cli", "benchmarks: serve, burst, throughput, tp-decode, gpu-decode"),
+    "agent": ("inferd.agent.main", "run the node agent (collectors, /metrics, engine supervision)"),
+    "topo": ("inferd.agent.topo_cmd", "print GPU / PCIe / NUMA topology"),
+    "gpu": ("inferd.exporters.gpu_cmd", "GPU tools: record (NVML snapshots for the replay back end)"),
+    "stack": ("inferd.agent.stack", "the stack without Docker: up, down, status, token, default-model"),
+    "report": ("inferd.agent.report", "write a static HTML report from Prometheus"),
 }
 
 

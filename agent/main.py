@@ -25,14 +25,14 @@ from pathlib import Path
 
 import uvicorn
 
-from agent.collectors import COLLECTOR_MODULES
-from agent.placement import best_node_for_gpus
-from agent.server import AgentState, create_app, load_extra_routers
-from agent.supervisor import Supervisor, SupervisorConfig
-from agent.topology import discover
-from agent.webhook import add_arguments as add_webhook_arguments
-from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
-from exporters.registry import (
+from inferd.agent.collectors import COLLECTOR_MODULES
+from inferd.agent.placement import best_node_for_gpus
+from inferd.agent.server import AgentState, create_app, load_extra_routers
+from inferd.agent.supervisor import Supervisor, SupervisorConfig
+from inferd.agent.topology import discover
+from inferd.agent.webhook import add_arguments as add_webhook_arguments
+from inferd.exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
+from inferd.exporters.registry import (
     BuildContext,
     Built,
     CollectorSet,
@@ -91,7 +91,7 @@ def engine_command(args: argparse.Namespace) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "agent.cli",
+        "inferd.agent.cli",
         "serve",
         "--model",
         str(args.model),

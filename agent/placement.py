@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.topology import GpuTopology, Topology
+from inferd.agent.topology import GpuTopology, Topology
 
 HOP_PENALTY = 0.1
 CROSS_SOCKET_PENALTY = 2.0

@@ -41,9 +41,9 @@ from typing import Any, Protocol
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agent.audit import AuditLog
-from agent.engine_client import EngineError
-from agent.remediation_rules import DEFAULT_RULES, Bounds, Facts, Plan, PolicyConfig, Rule, credit, judge  # noqa: F401 (re-exported)
+from inferd.agent.audit import AuditLog
+from inferd.agent.engine_client import EngineError
+from inferd.agent.remediation_rules import DEFAULT_RULES, Bounds, Facts, Plan, PolicyConfig, Rule, credit, judge  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

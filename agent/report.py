@@ -21,8 +21,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dashboards.promql import expand, legend
-from dashboards.spec import Board, Panel
+from inferd.dashboards.promql import expand, legend
+from inferd.dashboards.spec import Board, Panel
 
 COLORS = {
     "green": "#37872d",
@@ -179,7 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dashboards.boards import BOARDS
+    from inferd.dashboards.boards import BOARDS
 
     try:
         config = ReportConfig(args.prometheus, args.minutes, args.out.expanduser().resolve(), args.step)

@@ -23,10 +23,10 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agent.supervisor import Supervisor
-from exporters.engine_metrics import EngineMetricsReader
-from exporters.exposition import render_exposition
-from exporters.registry import CollectorSet
+from inferd.agent.supervisor import Supervisor
+from inferd.exporters.engine_metrics import EngineMetricsReader
+from inferd.exporters.exposition import render_exposition
+from inferd.exporters.registry import CollectorSet
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _TEXT = {"schema": {"type": "string"}}
@@ -193,7 +193,7 @@ def document_errors(doc: dict, error_schema: dict) -> dict:
 
 
 def load_extra_routers(
-    state: AgentState, modules: Iterable[str] = ("agent.webhook",), log: Callable[[str], None] = print
+    state: AgentState, modules: Iterable[str] = ("inferd.agent.webhook",), log: Callable[[str], None] = print
 ):
     """Routers from optional agent modules that define make_router(state).
 

@@ -131,7 +131,7 @@ def inferd_command() -> str:
         return "inferd"
     script = Path(sys.executable).parent / "inferd"
     if not script.exists():
-        return f"{sys.executable} -m agent.cli"
+        return f"{sys.executable} -m inferd.agent.cli"
     try:
         return str(script.relative_to(Path.cwd()))
     except ValueError:
@@ -180,7 +180,7 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
             (
                 sys.executable,
                 "-m",
-                "agent.cli",
+                "inferd.agent.cli",
                 "agent",
                 *engine,
                 "--webhook-token-file",
@@ -489,7 +489,7 @@ def token(config: StackConfig) -> int:
 
 def default_model() -> Path:
     """The engine's embedded default model, written once under the user's cache folder."""
-    from engine.server.cli import default_model_dir, ensure_default_model
+    from inferd.engine.server.cli import default_model_dir, ensure_default_model
 
     return ensure_default_model(default_model_dir())
 

@@ -3,7 +3,7 @@
 - Binding: the child's CPU affinity and memory policy are set before the engine's own
   code runs. With `numactl` installed the command is prefixed with
   `numactl --physcpubind=CPUS --membind=NODE`; otherwise with this module's own
-  launcher (`python -m agent.supervisor --cpus ... --membind ... -- CMD`), which calls
+  launcher (`python -m inferd.agent.supervisor --cpus ... --membind ... -- CMD`), which calls
   sched_setaffinity and set_mempolicy(MPOL_BIND) through ctypes and then execs the
   command (both survive exec). A launcher keeps the work out of a fork-time
   preexec_fn, which is unsafe in a process with threads. When the memory policy
@@ -58,9 +58,13 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+import inferd
+
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# the folder that holds the inferd package (a source checkout or site-packages): the
+# launcher child imports inferd.agent.supervisor from it
+IMPORT_ROOT = Path(inferd.__file__).resolve().parent.parent
 MPOL_BIND = 2
 SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
 
@@ -141,7 +145,7 @@ def bound_command(config: SupervisorConfig) -> tuple[list[str], str]:
             prefix.append(f"--membind={config.mem_node}")
         how = "numactl"
     else:
-        prefix = [sys.executable, "-m", "agent.supervisor"]
+        prefix = [sys.executable, "-m", "inferd.agent.supervisor"]
         if cpus is not None:
             prefix += ["--cpus", format_cpus(cpus)]
         if config.mem_node is not None:
@@ -378,8 +382,8 @@ class Supervisor:
 
     def _spawn(self) -> subprocess.Popen:
         env = dict(os.environ if self.config.env is None else self.config.env)
-        # the launcher runs as `python -m agent.supervisor`; make sure it is importable
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        # the launcher runs as `python -m inferd.agent.supervisor`; make sure it is importable
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
         self._stderr_tail.clear()
         process = subprocess.Popen(
             self.command, env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True
@@ -492,7 +496,7 @@ class EngineCollector:
             )
 
 
-# -- the launcher: `python -m agent.supervisor --cpus 0,1 --membind 0 -- CMD ...` --
+# -- the launcher: `python -m inferd.agent.supervisor --cpus 0,1 --membind 0 -- CMD ...` --
 
 
 def set_membind(node: int) -> None:
@@ -510,7 +514,7 @@ def set_membind(node: int) -> None:
 
 
 def launcher_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.supervisor", description="bind, then exec a command")
+    parser = argparse.ArgumentParser(prog="python -m inferd.agent.supervisor", description="bind, then exec a command")
     parser.add_argument("--cpus", help="comma-separated CPU ids")
     parser.add_argument("--membind", type=int, help="NUMA node for MPOL_BIND")
     parser.add_argument("command", nargs=argparse.REMAINDER)

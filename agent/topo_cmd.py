@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.topology import discover
+    from inferd.agent.topology import discover
 
     try:
         topology = discover(args.sysfs_root)
@@ -73,8 +73,8 @@ def shared_upstream_links(topology) -> list[dict]:
 
 
 def report_dict(topology) -> dict:
-    from agent.placement import best_node_for_gpus, best_node_per_gpu, score_all
-    from agent.topology import connection_type
+    from inferd.agent.placement import best_node_for_gpus, best_node_per_gpu, score_all
+    from inferd.agent.topology import connection_type
 
     return {
         "topology": topology.to_dict(),
@@ -124,7 +124,7 @@ def _hop_text(hop) -> str:
 
 
 def _tree_lines(topology, sysfs_root: str) -> list[str]:
-    from exporters.sysfs import format_cpulist
+    from inferd.exporters.sysfs import format_cpulist
 
     lines = [f"Topology under {sysfs_root}"]
     # node -> host bridge -> nested {device: (hop, children)} built from root port down
@@ -168,8 +168,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _gpu_matrix_lines(topology) -> list[str]:
-    from agent.topology import CONNECTION_LEGEND, connection_type
-    from exporters.sysfs import format_cpulist
+    from inferd.agent.topology import CONNECTION_LEGEND, connection_type
+    from inferd.exporters.sysfs import format_cpulist
 
     header = [""] + [f"GPU{g.index}" for g in topology.gpus] + ["CPU Affinity", "NUMA Affinity", "Link"]
     rows = []
@@ -189,7 +189,7 @@ def _gpu_matrix_lines(topology) -> list[str]:
 
 
 def _numa_matrix_lines(topology) -> list[str]:
-    from agent.placement import best_node_for_gpus, best_node_per_gpu, score
+    from inferd.agent.placement import best_node_for_gpus, best_node_per_gpu, score
 
     best = best_node_per_gpu(topology)
     header = ["placement score"] + [f"node{n.node}" for n in topology.nodes] + ["best", "bottleneck"]

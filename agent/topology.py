@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.numa import list_nodes, node_root
-from exporters.pcie_parsers import generation_of, link_capacity_bytes_per_second, nvml_bus_id
-from exporters.pcie_topology import GpuPciPath, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
-from exporters.sysfs import format_cpulist, parse_cpulist, read_optional, read_text
+from inferd.exporters.numa import list_nodes, node_root
+from inferd.exporters.pcie_parsers import generation_of, link_capacity_bytes_per_second, nvml_bus_id
+from inferd.exporters.pcie_topology import GpuPciPath, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
+from inferd.exporters.sysfs import format_cpulist, parse_cpulist, read_optional, read_text
 
 _MEM_TOTAL = re.compile(r"MemTotal:\s+(\d+)\s*kB")
 

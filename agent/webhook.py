@@ -26,7 +26,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from agent.remediation import Alert, RemediationPolicy
+from inferd.agent.remediation import Alert, RemediationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -294,10 +294,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=None) -> RemediationPolicy:
     import yaml
 
-    from agent.audit import AuditLog
-    from agent.engine_client import TOKEN_ENV, EngineClient, token_from
-    from agent.engine_host import SupervisorHost
-    from agent.remediation import PolicyConfig, PrometheusQuery
+    from inferd.agent.audit import AuditLog
+    from inferd.agent.engine_client import TOKEN_ENV, EngineClient, token_from
+    from inferd.agent.engine_host import SupervisorHost
+    from inferd.agent.remediation import PolicyConfig, PrometheusQuery
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine/Prometheus call is noise
     settings: dict[str, Any] = {}

@@ -1,1 +1,1 @@
-"""inferd's Grafana boards as code: `python -m dashboards.generate` writes dashboards/generated/."""
+"""inferd's Grafana boards as code: `python -m inferd.dashboards.generate` writes dashboards/generated/."""

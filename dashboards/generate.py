@@ -1,7 +1,7 @@
 """Write every board's JSON to dashboards/generated/, or with --check fail when it differs.
 
-python -m dashboards.generate           # rewrite the committed JSON
-python -m dashboards.generate --check   # exit 1 and name the files that drifted
+python -m inferd.dashboards.generate           # rewrite the committed JSON
+python -m inferd.dashboards.generate --check   # exit 1 and name the files that drifted
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def drifted(directory: Path = GENERATED_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m inferd.dashboards.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the committed JSON differs")
     parser.add_argument(
         "--out", type=Path, default=GENERATED_DIR, help="output directory (default dashboards/generated)"
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = drifted(args.out)
         for name in problems:
             print(
-                f"{args.out / name}: differs from what dashboards/ generates; run python -m dashboards.generate",
+                f"{args.out / name}: differs from what dashboards/ generates; run python -m inferd.dashboards.generate",
                 file=sys.stderr,
             )
         return 1 if problems else 0

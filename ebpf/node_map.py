@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.sysfs import parse_cpulist
+from inferd.exporters.sysfs import parse_cpulist
 
 _NODE_DIR = re.compile(r"node(\d+)$")
 _MEMORY_BLOCK = re.compile(r"memory(\d+)$")

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ebpf.node_map import FrameRange
-from ebpf.tracefs import function_tracing_problem, has_event
-from ebpf.watch import COMM_LEN
+from inferd.ebpf.node_map import FrameRange
+from inferd.ebpf.tracefs import function_tracing_problem, has_event
+from inferd.ebpf.watch import COMM_LEN
 
 C_DIR = Path(__file__).with_name("c")
 

@@ -38,7 +38,7 @@ def run(args) -> int:
     problem = model_dir_problem(args.model)
     if problem:
         return fail(f"--model {problem}")
-    from engine import LLM, SamplingParams
+    from inferd.engine import LLM, SamplingParams
 
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)

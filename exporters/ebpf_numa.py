@@ -46,8 +46,8 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ebpf.node_map import FrameRange, read_cpu_nodes, read_frame_ranges
-from ebpf.probes import (
+from inferd.ebpf.node_map import FrameRange, read_cpu_nodes, read_frame_ranges
+from inferd.ebpf.probes import (
     NUMA_HINT_FAULTS,
     PAGE_ALLOCS,
     PAGE_FAULTS,
@@ -59,9 +59,9 @@ from ebpf.probes import (
     bpf_permission_problem,
     load_probes,
 )
-from ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
-from ebpf.watch import OTHER_TGID, DepartedProcessFolder, WatchList
-from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
+from inferd.ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
+from inferd.ebpf.watch import OTHER_TGID, DepartedProcessFolder, WatchList
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.registry import CollectorUnavailable
+from inferd.exporters.registry import CollectorUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
 
-from exporters import gpu_reading as gr
-from exporters.gpu_backends import GpuBackend, LazyBackend, open_backend
-from exporters.gpu_nvml import NvmlBackend
-from exporters.registry import BuildContext, Built, CollectorEntry
+from inferd.exporters import gpu_reading as gr
+from inferd.exporters.gpu_backends import GpuBackend, LazyBackend, open_backend
+from inferd.exporters.gpu_nvml import NvmlBackend
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry
 
 MIB = 1024 * 1024
 DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from exporters.gpu_nvml import NvmlBackend
-from exporters.gpu_reading import GpuSnapshot
-from exporters.gpu_replay import ReplayBackend
-from exporters.registry import CollectorUnavailable
+from inferd.exporters.gpu_nvml import NvmlBackend
+from inferd.exporters.gpu_reading import GpuSnapshot
+from inferd.exporters.gpu_replay import ReplayBackend
+from inferd.exporters.registry import CollectorUnavailable
 
 
 class GpuBackend(Protocol):

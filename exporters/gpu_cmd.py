@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def record(path: Path, interval_s: float, count: int, note: str = "", backend=None) -> int:
     """Write `count` snapshots taken `interval_s` apart; returns the number written."""
-    from exporters.gpu_nvml import NvmlBackend
-    from exporters.gpu_replay import write_replay
+    from inferd.exporters.gpu_nvml import NvmlBackend
+    from inferd.exporters.gpu_replay import write_replay
 
     if interval_s <= 0:
         raise ValueError(f"--interval must be > 0, got {interval_s}")
@@ -60,7 +60,7 @@ def record(path: Path, interval_s: float, count: int, note: str = "", backend=No
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporters.registry import CollectorUnavailable
+    from inferd.exporters.registry import CollectorUnavailable
 
     try:
         written = record(args.path, args.interval, args.count, args.note)

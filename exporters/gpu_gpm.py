@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from exporters.gpu_reading import GPM_METRICS
+from inferd.exporters.gpu_reading import GPM_METRICS
 
 log = logging.getLogger(__name__)
 

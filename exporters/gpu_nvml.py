@@ -8,9 +8,9 @@ import socket
 import time
 from typing import Any
 
-from exporters.gpu_gpm import GpmSampler
-from exporters.gpu_reading import FIELD_PCIE_LANE_ERRORS, SCALAR_FIELDS, GpuReading, GpuSnapshot, field_key
-from exporters.registry import CollectorUnavailable, SourceAbsent
+from inferd.exporters.gpu_gpm import GpmSampler
+from inferd.exporters.gpu_reading import FIELD_PCIE_LANE_ERRORS, SCALAR_FIELDS, GpuReading, GpuSnapshot, field_key
+from inferd.exporters.registry import CollectorUnavailable, SourceAbsent
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from exporters.gpu_reading import GpuSnapshot
+from inferd.exporters.gpu_reading import GpuSnapshot
 
 REPLAY_FORMAT = "inferd-gpu-replay/1"
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
-from exporters.sysfs import parse_cpulist, parse_key_value_counts, read_optional, read_text
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
+from inferd.exporters.sysfs import parse_cpulist, parse_key_value_counts, read_optional, read_text
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters.pcie_parsers import nvml_bus_id, parse_aer_counters
-from exporters.pcie_topology import (
+from inferd.exporters.pcie_parsers import nvml_bus_id, parse_aer_counters
+from inferd.exporters.pcie_topology import (
     GpuLayout,
     GpuPciPath,
     PciDevice,
@@ -41,8 +41,8 @@ from exporters.pcie_topology import (
     pci_devices_dir,
     read_gpu_paths,
 )
-from exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable, SourceAbsent
-from exporters.sysfs import read_optional
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable, SourceAbsent
+from inferd.exporters.sysfs import read_optional
 
 AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from exporters.sysfs import parse_key_value_counts
+from inferd.exporters.sysfs import parse_key_value_counts
 
 _BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _SPEED = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s")

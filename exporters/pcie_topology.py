@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exporters.pcie_parsers import (
+from inferd.exporters.pcie_parsers import (
     bdf_sort_key,
     is_bdf,
     link_capacity_bytes_per_second,
@@ -21,7 +21,7 @@ from exporters.pcie_parsers import (
     parse_link_speed,
     parse_link_width,
 )
-from exporters.sysfs import parse_cpulist, read_optional, read_text
+from inferd.exporters.sysfs import parse_cpulist, read_optional, read_text
 
 NVIDIA_VENDOR_ID = 0x10DE
 GPU_CLASS_PREFIXES = (0x0300, 0x0302)  # VGA compatible, 3D controller (class >> 8)

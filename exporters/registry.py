@@ -151,10 +151,10 @@ class CollectorSet(_PromCollector):
 # ---- the registry ----
 
 ENTRY_MODULES = (
-    "exporters.gpu",
-    "exporters.pcie",
-    "exporters.numa",
-    "exporters.ebpf_numa",
+    "inferd.exporters.gpu",
+    "inferd.exporters.pcie",
+    "inferd.exporters.numa",
+    "inferd.exporters.ebpf_numa",
 )
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -59,12 +59,12 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
 def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from agent.supervisor import EngineCollector
-    from exporters.gpu import GpuCollector
-    from exporters.gpu_replay import ReplayBackend
-    from exporters.numa import NumaCollector
-    from exporters.pcie import PcieCollector
-    from exporters.registry import CollectorSet
+    from inferd.agent.supervisor import EngineCollector
+    from inferd.exporters.gpu import GpuCollector
+    from inferd.exporters.gpu_replay import ReplayBackend
+    from inferd.exporters.numa import NumaCollector
+    from inferd.exporters.pcie import PcieCollector
+    from inferd.exporters.registry import CollectorSet
 
     from fixture_trees import ENGINE_PID
 
@@ -76,7 +76,7 @@ def in_process(roots, iterations: int) -> dict[str, tuple[float, float, float]]:
             EngineCollector(None),
         ]
     )
-    from exporters.exposition import render_exposition
+    from inferd.exporters.exposition import render_exposition
 
     families = list(collectors.collect())
 
@@ -120,7 +120,7 @@ def agent_process(roots, requests: int, ebpf: bool) -> tuple[tuple[float, float,
     command = [
         sys.executable,
         "-m",
-        "agent.cli",
+        "inferd.agent.cli",
         "agent",
         "--no-engine",
         "--port",
@@ -180,7 +180,7 @@ def agent_cpu_share(roots, seconds: float) -> float:
         [
             sys.executable,
             "-m",
-            "agent.cli",
+            "inferd.agent.cli",
             "agent",
             "--no-engine",
             "--port",

@@ -31,7 +31,7 @@ def scrape_every_second(url: str, stop: threading.Event) -> None:
 
 
 def main() -> int:
-    from engine.bench.throughput import bench_engine, make_prompts
+    from inferd.engine.bench.throughput import bench_engine, make_prompts
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
@@ -47,7 +47,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "agent.cli",
+                "inferd.agent.cli",
                 "agent",
                 "--no-engine",
                 "--port",

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from exporters.ebpf_numa import EbpfNumaCollector
+from inferd.exporters.ebpf_numa import EbpfNumaCollector
 
 
 def touch_pages(num_bytes: int, loops: int) -> tuple[float, float]:

@@ -62,7 +62,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # --- 1. kernel -----------------------------------------------------------------------------
 def check_attention_kernel() -> None:
-    from engine.fast_path.attention import paged_decode_attention
+    from inferd.engine.fast_path.attention import paged_decode_attention
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     heads, kv_heads, dim, bs, layers = 32, 8, 128, 16, 2
@@ -102,7 +102,7 @@ def check_attention_kernel() -> None:
 
 
 def check_fused_ops() -> None:
-    from engine.fast_path import fused_ops as ops
+    from inferd.engine.fast_path import fused_ops as ops
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     dt = torch.bfloat16
@@ -127,9 +127,9 @@ def check_fused_ops() -> None:
     k = qkv[:, heads * dim : (heads + kvh) * dim].view(tokens, kvh, dim)
     v = qkv[:, (heads + kvh) * dim :].view(tokens, kvh, dim)
     pos = torch.randint(0, 32768, (tokens,), device="cuda", generator=gen)
-    from engine.make_model import PRESETS
-    from engine.model import rope_inv_freq
-    from engine.model_config import ModelConfig
+    from inferd.engine.make_model import PRESETS
+    from inferd.engine.model import rope_inv_freq
+    from inferd.engine.model_config import ModelConfig
 
     cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "head_dim": dim, **PRESETS["llama3-8b-shape"]})
     inv = rope_inv_freq(cfg).cuda()
@@ -167,7 +167,7 @@ def record_logits(engine) -> dict[str, list[torch.Tensor]]:
 
 
 def generate(engine, batch_prompts, max_tokens, tag):
-    from engine import SamplingParams
+    from inferd.engine import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     ids = [f"{tag}-{i}" for i in range(len(batch_prompts))]
@@ -192,8 +192,8 @@ def agree(a: list[int], b: list[int]) -> int:
 
 
 def check_model() -> None:
-    from engine.bench.gpu_decode import build, new_engine
-    from engine.bench.random_model import hf_model_sharing_weights
+    from inferd.engine.bench.gpu_decode import build, new_engine
+    from inferd.engine.bench.random_model import hf_model_sharing_weights
 
     model_dir, model = build(PRESET, device=DEVICE, dtype=DTYPE_NAME if DEVICE == "cuda" else None)
     vocab = model.config.vocab_size
@@ -237,7 +237,7 @@ def check_model() -> None:
 
 def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
     """Greedy agreement and logit error on 32 tokens."""
-    from engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_decode import prompts
 
     lens = (5, 17, 100, 600)
     ps = [prompts(vocab, 1, n, seed=n)[0] for n in lens]
@@ -287,7 +287,7 @@ def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
 
 def check_batch_invariance(fast, vocab, fast_logits, **_):
     """One prompt alone, in a batch of 8, in a batch of 40 (graph 64); graphs against eager."""
-    from engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_decode import prompts
 
     graphs = fast.runner.fast_decode
     n_others, n_tok = (39, 16) if DEVICE == "cuda" else (9, 3)
@@ -322,7 +322,7 @@ def check_batch_invariance(fast, vocab, fast_logits, **_):
 
 def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
     """Contexts across block and split boundaries, end to end."""
-    from engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_decode import prompts
 
     for n in CONTEXTS if DEVICE == "cuda" else (1, 15, 16, 17, 40):
         p = prompts(vocab, 1, n, seed=1000 + n)[0]
@@ -336,8 +336,8 @@ def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
 def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
-    from engine.attention import paged_attention
-    from engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
 
     lens = (600, 2000) if DEVICE == "cuda" else (40, 70)
     ps = [prompts(vocab, 1, n, seed=2000 + n)[0] for n in lens]
@@ -386,8 +386,8 @@ def check_sampling(fast, vocab, fast_logits, **_):
     reported: in bf16 the two batches run different graph sizes whose logits differ
     slightly, which may change a sampled token; the check records whether every
     difference follows a logit difference (numerics) rather than a sampler one."""
-    from engine import SamplingParams
-    from engine.bench.gpu_decode import prompts
+    from inferd.engine import SamplingParams
+    from inferd.engine.bench.gpu_decode import prompts
 
     ps = prompts(vocab, 6, 40, seed=77)
     seeded = [
@@ -450,8 +450,8 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
     """Decode steps launched ahead on the device's tokens (async scheduling) give the same
     greedy tokens as synchronous steps: requests of different lengths and limits, so rows
     leave the batch while steps are in flight."""
-    from engine import SamplingParams
-    from engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
+    from inferd.engine import SamplingParams
+    from inferd.engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
 
     ahead = new_engine(
         model_dir,
@@ -493,8 +493,8 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
 
 def check_injected_failure(fast, slow, vocab, **_):
     """An injected failure mid-decode: fallback, same tokens, counted; then back to fast."""
-    from engine import SamplingParams
-    from engine.bench.gpu_decode import prompts
+    from inferd.engine import SamplingParams
+    from inferd.engine.bench.gpu_decode import prompts
 
     ps2 = [prompts(vocab, 1, 50, seed=5)[0], prompts(vocab, 1, 70, seed=6)[0]]
     want, _ = generate(slow, ps2, 12, "inject-ref")
@@ -524,7 +524,13 @@ def quick_timing(fast, slow, vocab, model, **_):
     """Batch-1 decode, fast and fallback; bare graph replays."""
     if DEVICE == "cpu":
         return
-    from engine.bench.gpu_decode import ModelCost, bench_engine_decode, bench_graph_replay, measure_ceilings, prompts
+    from inferd.engine.bench.gpu_decode import (
+        ModelCost,
+        bench_engine_decode,
+        bench_graph_replay,
+        measure_ceilings,
+        prompts,
+    )
 
     ceil = measure_ceilings(torch.device("cuda"))
     cost = ModelCost(model.config)
@@ -550,7 +556,7 @@ def time_fused_ops() -> None:
     """Triton kernels against torch.compile of the same maths and eager, at batch 1 and 256."""
     from triton.testing import do_bench
 
-    from engine.fast_path import fused_ops as ops
+    from inferd.engine.fast_path import fused_ops as ops
 
     out = {}
     dt = torch.bfloat16
@@ -621,7 +627,7 @@ def main() -> int:
         DEVICE, PRESET = "cpu", "tiny"
         steps = (check_model,)
     else:
-        from engine.bench.gpu_decode import environment
+        from inferd.engine.bench.gpu_decode import environment
 
         results["env"] = environment()
         log(json.dumps(results["env"]))

@@ -31,10 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from exporters.gpu import snapshot_families
-from exporters.gpu_nvml import NvmlBackend
-from exporters.gpu_reading import GpuSnapshot
-from exporters.gpu_replay import write_replay
+from inferd.exporters.gpu import snapshot_families
+from inferd.exporters.gpu_nvml import NvmlBackend
+from inferd.exporters.gpu_reading import GpuSnapshot
+from inferd.exporters.gpu_replay import write_replay
 
 PHASES = ("idle", "matmul", "copy_d2d", "copy_d2d_half", "copy_h2d", "copy_d2h")
 

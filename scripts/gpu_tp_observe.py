@@ -3,7 +3,7 @@
 Run on a host with two or more GPUs, from the repo root:
     PYTHONPATH=. python scripts/gpu_tp_observe.py --out DIR -- [tp_decode arguments]
 
-Starts `python -m engine.bench.tp_decode --out DIR/bench ...` as a child and meanwhile
+Starts `python -m inferd.engine.bench.tp_decode --out DIR/bench ...` as a child and meanwhile
 scrapes the real collector (NvmlBackend + the metric families `/metrics` serves) every
 --scrape-interval seconds. Afterwards it reports, per GPU, the DCGM-named SM activity,
 GPU utilisation, framebuffer use and PCIe byte rates seen while the child ran: the
@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from exporters.gpu import snapshot_families
-from exporters.gpu_nvml import NvmlBackend
-from exporters.gpu_reading import GpuSnapshot
+from inferd.exporters.gpu import snapshot_families
+from inferd.exporters.gpu_nvml import NvmlBackend
+from inferd.exporters.gpu_reading import GpuSnapshot
 
 WATCHED = (
     "DCGM_FI_PROF_SM_ACTIVE",
@@ -67,7 +67,7 @@ def main() -> int:
 
     backend = NvmlBackend(gpm_interval_s=args.scrape_interval)
     child = subprocess.Popen(
-        [sys.executable, "-m", "engine.bench.tp_decode", "--out", str(args.out / "bench"), *bench_args],
+        [sys.executable, "-m", "inferd.engine.bench.tp_decode", "--out", str(args.out / "bench"), *bench_args],
         env=dict(os.environ),
     )
     scrapes: list[dict] = []

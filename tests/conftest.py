@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.make_model import ModelSpec, make_model
+from inferd.engine.make_model import ModelSpec, make_model
 
 from server_fixtures import live_stack_ports
 

@@ -114,8 +114,8 @@ def without_volatile_values(exposition: str) -> str:
 def scrape(*collectors) -> str:
     """The exposition /metrics would serve for a CollectorSet of these collectors
     (exporters.exposition), volatile values removed (without_volatile_values)."""
-    from exporters.exposition import render_exposition
-    from exporters.registry import CollectorSet
+    from inferd.exporters.exposition import render_exposition
+    from inferd.exporters.registry import CollectorSet
 
     return without_volatile_values(render_exposition(CollectorSet(collectors).collect()).decode())
 

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import uvicorn
 
-from engine.config import EngineConfig
-from engine.server.app import ServerSettings, create_app
-from engine.server.core_client import EngineCoreClient
+from inferd.engine.config import EngineConfig
+from inferd.engine.server.app import ServerSettings, create_app
+from inferd.engine.server.core_client import EngineCoreClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "tiny"
@@ -190,7 +190,7 @@ def free_port() -> int:
 
 def serve(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "agent.cli", "serve", "--log-level", "WARNING", *args],
+        [sys.executable, "-m", "inferd.agent.cli", "serve", "--log-level", "WARNING", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         stdout=subprocess.PIPE,

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.stats import FinishedRequestStats
+from inferd.engine import EngineConfig, LLMEngine, SamplingParams
+from inferd.engine.stats import FinishedRequestStats
 
 from server_fixtures import MODEL_NAME, running_server
 
@@ -55,7 +55,7 @@ def test_request_that_cannot_fit_is_refused(tiny_model):
 
 
 def test_max_model_len_is_clamped_to_the_pool(tiny_model, caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.llm_engine"):
+    with caplog.at_level(logging.WARNING, logger="inferd.engine.llm_engine"):
         engine = small_engine(tiny_model)
     assert engine.model_config.max_position_embeddings > pool_tokens(engine)
     assert engine.max_model_len == engine.request_limits.max_model_len == pool_tokens(engine)
@@ -66,7 +66,7 @@ def test_max_model_len_is_clamped_to_the_pool(tiny_model, caplog):
 
 
 def test_max_model_len_that_fits_is_kept(tiny_model, caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.llm_engine"):
+    with caplog.at_level(logging.WARNING, logger="inferd.engine.llm_engine"):
         engine = small_engine(tiny_model, max_model_len=512)
     assert engine.max_model_len == 512
     assert not any("clamped" in r.getMessage() for r in caplog.records)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.placement import best_node_for_gpus
-from agent.topology import discover
+from inferd.agent.placement import best_node_for_gpus
+from inferd.agent.topology import discover
 
 from fixture_trees import promtool_check_metrics, write_host
 
@@ -53,7 +53,17 @@ class Agent:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agent.cli", "agent", "--port", str(self.port), "--no-collector", "ebpf", *args],
+            [
+                sys.executable,
+                "-m",
+                "inferd.agent.cli",
+                "agent",
+                "--port",
+                str(self.port),
+                "--no-collector",
+                "ebpf",
+                *args,
+            ],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -130,7 +140,7 @@ def test_agent_scrape_passes_promtool_and_serves_topology(fixture_host):
 def test_bad_model_path_is_a_clear_error_not_a_restart_loop(tmp_path, make, message):
     model = make(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", "--model", str(model), "--port", str(free_port())],
+        [sys.executable, "-m", "inferd.agent.cli", "agent", "--model", str(model), "--port", str(free_port())],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -296,11 +306,11 @@ def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
     from prometheus_client import CollectorRegistry, Counter, Enum, Histogram, Info, Summary, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from exporters.exposition import render_exposition
-    from exporters.gpu import GpuCollector
-    from exporters.gpu_replay import ReplayBackend
-    from exporters.numa import NumaCollector
-    from exporters.pcie import PcieCollector
+    from inferd.exporters.exposition import render_exposition
+    from inferd.exporters.gpu import GpuCollector
+    from inferd.exporters.gpu_replay import ReplayBackend
+    from inferd.exporters.numa import NumaCollector
+    from inferd.exporters.pcie import PcieCollector
 
     families = [
         f
@@ -331,8 +341,8 @@ def test_fast_renderer_writes_exactly_what_generate_latest_writes(fixture_host):
 
 
 def test_registry_lists_every_collector_once_with_a_description():
-    from agent.collectors import COLLECTOR_MODULES
-    from exporters.registry import load_entries
+    from inferd.agent.collectors import COLLECTOR_MODULES
+    from inferd.exporters.registry import load_entries
 
     entries = load_entries(COLLECTOR_MODULES)
     assert [e.name for e in entries] == ["gpu", "pcie", "numa", "ebpf", "engine", "otlp", "remediation"]
@@ -343,7 +353,7 @@ def test_registry_lists_every_collector_once_with_a_description():
 def test_enabled_names_default_on_enable_and_disable():
     import argparse
 
-    from exporters.registry import Built, CollectorEntry, add_collector_arguments, enabled_names
+    from inferd.exporters.registry import Built, CollectorEntry, add_collector_arguments, enabled_names
 
     build = lambda context: None  # noqa: E731
     entries = [CollectorEntry("a", "on", build), CollectorEntry("b", "off", build, default_on=False)]
@@ -365,7 +375,7 @@ def test_enabled_names_default_on_enable_and_disable():
 def test_build_entries_in_phases_and_a_disabled_name_is_never_added(tmp_path):
     import argparse
 
-    from exporters.registry import BuildContext, Built, CollectorEntry, CollectorSet, build_entries
+    from inferd.exporters.registry import BuildContext, Built, CollectorEntry, CollectorSet, build_entries
 
     class Named:
         def __init__(self, name):

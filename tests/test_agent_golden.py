@@ -23,7 +23,7 @@ from test_agent import EIGHT_GPUS, REPO, Agent, free_port
 
 from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, without_volatile_values, write_host
 
-GOLDEN = FIXTURES / "agent.prom"
+GOLDEN = FIXTURES / "inferd.agent.prom"
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_golden_passes_promtool():
 
 def test_unknown_collector_name_is_an_error_naming_the_known_ones():
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", "--no-engine", "--no-collector", "pcei"],
+        [sys.executable, "-m", "inferd.agent.cli", "agent", "--no-engine", "--no-collector", "pcei"],
         cwd=REPO,
         capture_output=True,
         text=True,

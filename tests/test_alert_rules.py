@@ -97,7 +97,7 @@ def test_every_alert_is_complete():
 
 
 def test_remediate_label_matches_the_policy():
-    from agent.remediation import DEFAULT_RULES
+    from inferd.agent.remediation import DEFAULT_RULES
 
     remediated = {name for name, rule in _rules().items() if rule["labels"].get("remediate") == "true"}
     assert remediated == set(DEFAULT_RULES)
@@ -216,7 +216,7 @@ def test_every_metric_in_the_rules_is_in_the_contract():
 
 
 def test_policy_target_queries_are_valid_promql(tmp_path):
-    from agent.remediation import DEFAULT_RULES
+    from inferd.agent.remediation import DEFAULT_RULES
 
     targets = [
         r.target.format(sel='job="inferd-engine",instance="h:8000"', engine='job="inferd-engine"', window="120s")

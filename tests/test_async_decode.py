@@ -14,8 +14,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.fast_path import has_triton
+from inferd.engine import LLM, SamplingParams
+from inferd.engine.fast_path import has_triton
 
 pytestmark = [
     pytest.mark.skipif(
@@ -31,9 +31,9 @@ PROMPTS = [list(range(3, 3 + n)) for n in (21, 5, 13)]
 def fast_llm(model: str, **config) -> tuple[LLM, list]:
     """An LLM whose runner has the fused decode step (eager, no graphs) attached, and a
     list that records, per decode launch, whether its input ids came from the device."""
-    from engine.fast_path.attention import triton_paged_attention
-    from engine.fast_path.cuda_graphs import DecodeGraphs
-    from engine.fast_path.fast_decoder import FastDecoder
+    from inferd.engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.fast_path.cuda_graphs import DecodeGraphs
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
 
     llm = LLM(model, block_size=8, **config)
     runner = llm.engine.runner
@@ -159,7 +159,7 @@ def test_sampled_requests_keep_the_synchronous_path(tiny_model):
 
 
 def test_async_scheduling_must_be_a_bool():
-    from engine.config import EngineConfig
+    from inferd.engine.config import EngineConfig
 
     with pytest.raises(ValueError, match="async_scheduling must be true or false"):
         EngineConfig(async_scheduling="yes")

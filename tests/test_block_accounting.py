@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.sequence import SequenceStatus
+from inferd.engine import EngineConfig, LLMEngine, SamplingParams
+from inferd.engine.sequence import SequenceStatus
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_random_workloads_keep_blocks_consistent(engine_factory, actions, mode, 
 def test_fragmentation_is_the_unfilled_tails_not_a_full_pool(tiny_model):
     """A pool filled by one long request with another waiting is full, not fragmented:
     the ratio counts only the unfilled slots of the running sequences' last blocks."""
-    from engine import EngineConfig, LLMEngine, SamplingParams
+    from inferd.engine import EngineConfig, LLMEngine, SamplingParams
 
     probe = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
     engine = LLMEngine(

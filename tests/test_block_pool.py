@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.block_pool import BlockPool, block_hash
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.block_pool import BlockPool, block_hash
+from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.sequence import Sequence
 
 
 def seq(tokens, rid="r"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import COMMANDS, _top_help, command_parser, main
+from inferd.agent.cli import COMMANDS, _top_help, command_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 _SUBCOMMANDS = re.compile(r"^[a-z][a-z0-9-]*(\|[a-z][a-z0-9-]*)*$")
@@ -123,7 +123,7 @@ def test_every_option_shows_its_default(monkeypatch):
 
 def test_the_installed_entry_point_prints_the_same_top_level_help():
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "inferd.agent.cli", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stdout.strip() == _top_help()
     for name in COMMANDS:
@@ -133,7 +133,7 @@ def test_the_installed_entry_point_prints_the_same_top_level_help():
 @pytest.mark.parametrize("model", ["/nonexistent", "README.md"])
 def test_generate_with_a_bad_model_is_one_line_and_exit_2(model):
     result = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "generate", "--model", model, "hi"],
+        [sys.executable, "-m", "inferd.agent.cli", "generate", "--model", model, "hi"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -234,7 +234,7 @@ def test_agent_commands_use_flags_the_agent_accepts():
     import argparse
     import shlex
 
-    main = pytest.importorskip("agent.main", reason="agent/main.py has not landed")
+    main = pytest.importorskip("inferd.agent.main", reason="agent/main.py has not landed")
     parser = argparse.ArgumentParser()
     main.add_arguments(parser)
     known = {opt for action in parser._actions for opt in action.option_strings}

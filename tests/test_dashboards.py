@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk not installed (pip install -e '.[test]')")
 
-from dashboards import generate
-from dashboards.boards import BOARDS
-from dashboards.common import PROMETHEUS_UID, REMEDIATION_ANNOTATIONS
-from dashboards.spec import REQUIREMENT_NOTES, Panel, Query, Threshold
+from inferd.dashboards import generate
+from inferd.dashboards.boards import BOARDS
+from inferd.dashboards.common import PROMETHEUS_UID, REMEDIATION_ANNOTATIONS
+from inferd.dashboards.spec import REQUIREMENT_NOTES, Panel, Query, Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "dashboards" / "generated"
@@ -32,7 +32,7 @@ def data_panels(board: dict) -> list[dict]:
 
 
 def test_committed_json_matches_generated():
-    assert generate.drifted() == [], "run: python -m dashboards.generate"
+    assert generate.drifted() == [], "run: python -m inferd.dashboards.generate"
 
 
 def test_drift_check_notices_an_edited_file(tmp_path):
@@ -167,7 +167,7 @@ import time  # noqa: E402
 import urllib.parse  # noqa: E402
 import urllib.request  # noqa: E402
 
-from dashboards.promql import expand  # noqa: E402
+from inferd.dashboards.promql import expand  # noqa: E402
 
 from server_fixtures import live_stack_ports  # noqa: E402
 
@@ -212,7 +212,7 @@ def _post_alert(name: str) -> None:
     import datetime
     import uuid
 
-    from agent.stack import token_file
+    from inferd.agent.stack import token_file
 
     now = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
     labels = {"alertname": name, "severity": "warning", "remediate": "true", "job": "inferd-engine"}
@@ -265,7 +265,7 @@ def live_stack(tmp_path_factory):
         from fixture_trees import write_host
 
         roots = write_host(tmp_path_factory.mktemp("host"))
-        cmd = [sys.executable, "-m", "agent.cli", "stack"]
+        cmd = [sys.executable, "-m", "inferd.agent.cli", "stack"]
         agent_args = [
             f"--agent-arg=--gpu-backend=replay:{REPLAY}",
             f"--agent-arg=--sysfs-root={roots.sysfs}",

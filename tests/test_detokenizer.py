@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenizer import Tokenizer
+from inferd.engine.detokenizer import IncrementalDetokenizer
+from inferd.engine.tokenizer import Tokenizer
 
 TEXTS = ["Hello, world!", "héllo wörld — ça va? 日本語のテキスト 🙂🚀", "a\u00a0b\u200dc\r\n\t  x", "€" * 7 + "𝄞"]
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -147,9 +147,9 @@ def test_only_byte_level_decoders_count_as_concatenative(tok, tmp_path_factory):
 
 @pytest.mark.parametrize("skip", [True, False])
 def test_engine_text_equals_full_decode_at_every_step(tiny_model, skip):
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sampling_params import SamplingParams
+    from inferd.engine.config import EngineConfig
+    from inferd.engine.llm_engine import LLMEngine
+    from inferd.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=tiny_model, device="cpu", seed=3))
     params = SamplingParams(max_tokens=40, temperature=1.5, ignore_eos=True, skip_special_tokens=skip)

@@ -29,7 +29,7 @@ import httpx
 import pytest
 import yaml
 
-from agent.remediation_rules import Bounds
+from inferd.agent.remediation_rules import Bounds
 
 from server_fixtures import child_pids, metric_value
 
@@ -178,7 +178,7 @@ class Stack:
         agent = [
             PY,
             "-m",
-            "agent.cli",
+            "inferd.agent.cli",
             "agent",
             "--model",
             str(model),
@@ -334,7 +334,10 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e-remediation")
     model = tmp / "tiny"
     subprocess.run(
-        [PY, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"], check=True, cwd=ROOT, capture_output=True
+        [PY, "-m", "inferd.agent.cli", "make-model", str(model), "--preset", "tiny"],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
     )
     s = Stack(tmp)
     try:

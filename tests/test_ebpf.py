@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ebpf.node_map import FrameRange, merge_ranges, parse_zoneinfo, read_cpu_nodes, read_frame_ranges
-from ebpf.probes import PROBES, bpf_permission_problem, parse_cap_eff
-from ebpf.tracefs import find_tracefs, function_tracing_problem, parse_print_symbolic
-from ebpf.watch import DepartedProcessFolder, WatchList
-from exporters.ebpf_numa import EbpfNumaCollector
+from inferd.ebpf.node_map import FrameRange, merge_ranges, parse_zoneinfo, read_cpu_nodes, read_frame_ranges
+from inferd.ebpf.probes import PROBES, bpf_permission_problem, parse_cap_eff
+from inferd.ebpf.tracefs import find_tracefs, function_tracing_problem, parse_print_symbolic
+from inferd.ebpf.watch import DepartedProcessFolder, WatchList
+from inferd.exporters.ebpf_numa import EbpfNumaCollector
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -316,7 +316,7 @@ def test_exited_engine_moves_to_other_and_balancing_off_hides_hint_faults(tmp_pa
 
 
 def test_collect_while_probes_load_reports_the_collector_unavailable(tmp_path):
-    from exporters.registry import CollectorSet, CollectorUnavailable
+    from inferd.exporters.registry import CollectorSet, CollectorUnavailable
 
     collector = EbpfNumaCollector(procfs_root=tmp_path)
     with collector._start_lock:  # what start() holds while compiling in the agent's thread
@@ -462,7 +462,7 @@ def test_every_probe_loads_or_says_why(live):
 @pytest.mark.root
 def test_a_probe_that_fails_to_compile_leaves_the_others_loaded(tmp_path, monkeypatch):
     """load_probes compiles probes together, then alone when that fails, to isolate the culprit."""
-    from ebpf import probes
+    from inferd.ebpf import probes
 
     for source in probes.C_DIR.iterdir():
         shutil.copy(source, tmp_path / source.name)
@@ -488,7 +488,7 @@ def test_hint_fault_programs_compile_and_the_kprobe_one_verifies():
     """
     import bcc
 
-    from ebpf.probes import program_text
+    from inferd.ebpf.probes import program_text
 
     class CompileOnly(bcc.BPF):
         def _trace_autoload(self):
@@ -659,8 +659,8 @@ NO_CAPS_CHILD = textwrap.dedent(
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
-    from exporters.ebpf_numa import EbpfNumaCollector
-    from exporters.registry import CollectorSet
+    from inferd.exporters.ebpf_numa import EbpfNumaCollector
+    from inferd.exporters.registry import CollectorSet
 
     class Uptime:
         name = "uptime"
@@ -674,8 +674,8 @@ NO_CAPS_CHILD = textwrap.dedent(
     registry.register(CollectorSet([EbpfNumaCollector(watch_pids=(1,)), Uptime()]))
     sys.stdout.write(generate_latest(registry).decode())
     try:  # past the collector's own check: does the kernel refuse too?
-        from ebpf.probes import PROBES, ProbeUnavailable, load_probe
-        from ebpf.tracefs import find_tracefs
+        from inferd.ebpf.probes import PROBES, ProbeUnavailable, load_probe
+        from inferd.ebpf.tracefs import find_tracefs
         load_probe(PROBES["page_faults"], tracefs=find_tracefs())
         print("# raw load: loaded")
     except ProbeUnavailable as exc:

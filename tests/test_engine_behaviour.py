@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from inferd.engine import LLM, EngineConfig, LLMEngine, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +269,7 @@ def test_extreme_sampling_values_do_not_fail_the_batch(llm):
 def test_failed_swap_resize_changes_nothing(tiny_model, monkeypatch):
     """A host allocation that fails mid-reconfigure leaves the old host pool and the
     swapped-out sequences' tables in place; every request still finishes as alone."""
-    import engine.kv_cache as kv_cache
+    import inferd.engine.kv_cache as kv_cache
 
     busy = busy_llm(tiny_model, "swap")
     engine = busy.engine
@@ -310,7 +310,7 @@ def test_failed_swap_resize_changes_nothing(tiny_model, monkeypatch):
 
 
 def test_swap_resize_beyond_host_memory_is_refused_up_front(tiny_model, monkeypatch):
-    import engine.llm_engine as llm_engine
+    import inferd.engine.llm_engine as llm_engine
 
     engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
     monkeypatch.setattr(llm_engine, "available_host_bytes", lambda: 10 * engine.block_bytes)

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from inferd.engine import LLM, SamplingParams
 
 from hf_reference import hf_greedy, hf_logits, load_hf
 

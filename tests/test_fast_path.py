@@ -14,13 +14,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import LLM, SamplingParams
-from engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, has_triton, unavailable_reason
-from engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
-from engine.fast_path.gpu_sampling import can_sample_greedy_on_device
-from engine.fast_path.greedy_head import greedy_with_flag_reference
-from engine.runner_output import RunnerOutput
-from engine.runner_protocol import ModelRunnerProtocol
+from inferd.engine import LLM, SamplingParams
+from inferd.engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_size, has_triton, unavailable_reason
+from inferd.engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
+from inferd.engine.fast_path.gpu_sampling import can_sample_greedy_on_device
+from inferd.engine.fast_path.greedy_head import greedy_with_flag_reference
+from inferd.engine.runner_output import RunnerOutput
+from inferd.engine.runner_protocol import ModelRunnerProtocol
 
 needs_triton = pytest.mark.skipif(
     not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
@@ -181,7 +181,7 @@ def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, m
     """On the fast decode path a plain-greedy step's tokens come back together with the
     non-finite check (one host synchronisation); a non-finite step still falls back and
     every request gets the portable path's tokens."""
-    import engine.model_runner as model_runner
+    import inferd.engine.model_runner as model_runner
 
     def greedy_anywhere(logits, seqs):  # the real check also demands CUDA logits
         return all(s.params.is_greedy and s.params.logprobs is None for s in seqs)
@@ -268,7 +268,7 @@ def _arena(num_pages, layers, bs, kv_heads, dim, dtype=torch.float32):
 @pytest.mark.parametrize("splits", [1, 2, 8])
 @pytest.mark.parametrize("window", [None, 20])
 def test_decode_attention_matches_reference_across_block_and_split_boundaries(splits, window):
-    from engine.fast_path.attention import paged_decode_attention
+    from inferd.engine.fast_path.attention import paged_decode_attention
 
     gen = torch.Generator().manual_seed(splits * 100 + (window or 0))
     _, k_cache, v_cache = _arena(48, 2, 16, 2, 32)
@@ -285,7 +285,7 @@ def test_decode_attention_matches_reference_across_block_and_split_boundaries(sp
 
 @needs_triton
 def test_fused_small_ops_match_torch_references():
-    from engine.fast_path import fused_ops as ops
+    from inferd.engine.fast_path import fused_ops as ops
 
     gen = torch.Generator().manual_seed(1)
     x, res = torch.randn(3, 100, generator=gen), torch.randn(3, 100, generator=gen)
@@ -302,7 +302,7 @@ def test_fused_small_ops_match_torch_references():
 @needs_triton
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (12, 4), (20, 4), (1, 1)])  # q heads in one, two, three parts
 def test_fused_rope_and_cache_matches_torch_reference(heads, kv_heads):
-    from engine.fast_path import fused_ops as ops
+    from inferd.engine.fast_path import fused_ops as ops
 
     gen = torch.Generator().manual_seed(heads)
     tokens, dim = 4, 32
@@ -330,8 +330,8 @@ def test_fused_rope_and_cache_matches_torch_reference(heads, kv_heads):
 @pytest.mark.slow
 def test_fused_decode_step_matches_portable_path(tiny_model):
     """The whole fused decode step (eager, no graphs on CPU) inside the engine."""
-    from engine.fast_path import hot_kv_layers
-    from engine.fast_path.fast_decoder import FastDecoder
+    from inferd.engine.fast_path import hot_kv_layers
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
 
     expected = LLM(tiny_model, mode="fallback", block_size=8)
     llm = LLM(tiny_model, block_size=8)
@@ -351,8 +351,8 @@ def test_fused_decode_step_matches_portable_path(tiny_model):
 def test_mixed_step_attention_matches_portable_path():
     """Decode rows, fresh prompts (causal), chunks after a cached prefix (bottom-right
     mask), two prompts of one shape (one grouped SDPA call), in one step."""
-    from engine.attention import AttentionMetadata, paged_attention
-    from engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.attention import AttentionMetadata, paged_attention
+    from inferd.engine.fast_path.attention import triton_paged_attention
 
     gen = torch.Generator().manual_seed(3)
     bs, kv_heads, heads, dim = 8, 2, 8, 16
@@ -384,7 +384,7 @@ def test_mixed_step_attention_matches_portable_path():
 def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
     """Engine level: chunked prefill, prefix-cache hits and mixed steps on the fast
     attention (no decode graphs on CPU) give the portable path's tokens."""
-    from engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.fast_path.attention import triton_paged_attention
 
     shared = list(range(5, 45))
     prompts = [shared + [50, 51, 52], shared + [60], list(range(100, 131)), [7, 8]]
@@ -400,9 +400,9 @@ def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
 
 
 def test_benchmark_cost_model_counts_the_8b_shape_by_hand():
-    from engine.bench.gpu_decode import ModelCost, roofline_seconds
-    from engine.make_model import PRESETS
-    from engine.model_config import ModelConfig
+    from inferd.engine.bench.gpu_decode import ModelCost, roofline_seconds
+    from inferd.engine.make_model import PRESETS
+    from inferd.engine.model_config import ModelConfig
 
     cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], **PRESETS["llama3-8b-shape"]})
     cost = ModelCost(cfg)
@@ -421,7 +421,7 @@ def test_benchmark_cost_model_counts_the_8b_shape_by_hand():
 def test_gpu_decode_bench_refuses_cleanly_without_cuda(tmp_path, capsys):
     import argparse
 
-    from engine.bench import gpu_decode
+    from inferd.engine.bench import gpu_decode
 
     parser = argparse.ArgumentParser()
     gpu_decode.add_arguments(parser)
@@ -435,9 +435,9 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
     older than `window` are quantized, block j of sequence i to kind_of(i, j), into slots
     from first_cold_page[kind] on. Returns (k, v, cold, decode metadata, padded
     (tables, kinds, slots))."""
-    from engine.attention import AttentionMetadata, write_kv
-    from engine.block_pool import KIND_CODE
-    from engine.kv_cache import KVCache
+    from inferd.engine.attention import AttentionMetadata, write_kv
+    from inferd.engine.block_pool import KIND_CODE
+    from inferd.engine.kv_cache import KVCache
 
     cache = KVCache(1, num_pages, 0, bs, kv_heads, hd, torch.float32, torch.device("cpu"), None, tuple(first_cold_page))
     k, v, cold = cache.layer_views(0)
@@ -489,8 +489,8 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
 def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
     dequantizing in registers) equals the portable path's dequantize-then-attend."""
-    from engine.attention import paged_attention
-    from engine.fast_path.attention import cold_paged_decode_attention, triton_paged_attention
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.fast_path.attention import cold_paged_decode_attention, triton_paged_attention
 
     gen = torch.Generator().manual_seed(splits)
     ctx = [1, 9, 17, 40, 70]
@@ -515,7 +515,7 @@ def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
 def test_cold_prefix_layout_accepts_leading_runs_of_one_kind_only():
     import numpy as np
 
-    from engine.fast_path.cold_layout import cold_prefix_layout
+    from inferd.engine.fast_path.cold_layout import cold_prefix_layout
 
     counts, kind = cold_prefix_layout(np.array([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]))
     assert counts.tolist() == [2, 1, 0] and kind == 1
@@ -549,10 +549,10 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dt
     fp16 codes), except int4 with two scale groups per head (256), which stays exact."""
     import numpy as np
 
-    from engine.attention import paged_attention
-    from engine.block_pool import KIND_CODE
-    from engine.fast_path.attention import cold_prefix_decode_attention, triton_paged_attention
-    from engine.fast_path.cold_layout import cold_prefix_layout
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.block_pool import KIND_CODE
+    from inferd.engine.fast_path.attention import cold_prefix_decode_attention, triton_paged_attention
+    from inferd.engine.fast_path.cold_layout import cold_prefix_layout
 
     gen = torch.Generator().manual_seed(splits + hd)
     ctx = [1, 9, 17, 40, 70, 150, 0]
@@ -591,7 +591,7 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dt
 @needs_triton
 @pytest.mark.parametrize("tile", [16, 48])
 def test_cold_prefix_kernel_refuses_tiles_it_is_not_validated_for(tile):
-    from engine.fast_path.attention import cold_prefix_decode_attention
+    from inferd.engine.fast_path.attention import cold_prefix_decode_attention
 
     gen = torch.Generator().manual_seed(0)
     k, v, cold, meta, (tables, kinds, slots) = _cold_case(
@@ -612,9 +612,9 @@ def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, d
     their tile: for cold runs of 1 to 9 tiles per split whose blocks sit in slots out of
     order, so an entry or a scale used for the wrong tile would show, the output equals
     the portable path's."""
-    from engine.attention import paged_attention
-    from engine.block_pool import KIND_CODE
-    from engine.fast_path.attention import cold_prefix_decode_attention
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.block_pool import KIND_CODE
+    from inferd.engine.fast_path.attention import cold_prefix_decode_attention
 
     gen = torch.Generator().manual_seed(7)
     ctx = [40, 100, 300, 0]
@@ -655,9 +655,9 @@ def test_fused_decode_step_with_cold_kv_matches_portable_path(tiny_model, kind):
     eagerly on CPU) and the fast path's chunked prefill and mixed steps over cold blocks
     (grouped SDPA over dequantized gathers, the cold decode kernel for decode rows)
     inside the engine equal the portable cold attention."""
-    from engine.fast_path.attention import triton_paged_attention
-    from engine.fast_path.cuda_graphs import DecodeGraphs
-    from engine.fast_path.fast_decoder import FastDecoder
+    from inferd.engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.fast_path.cuda_graphs import DecodeGraphs
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
 
     config = dict(block_size=8, kv_cold_dtype=kind, kv_hot_window=16, max_num_batched_tokens=24)
     expected = LLM(tiny_model, **config)  # no Triton on CPU: the portable attention, cooling as usual
@@ -688,9 +688,9 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
     """After a run-time switch from int8 to int4 a sequence holds both kinds: the decode
     graphs decline the batch (None) and the step runs eagerly through the per-tile cold
     kernel; tokens and log-probabilities equal the portable path's with the same switch."""
-    from engine.fast_path.attention import triton_paged_attention
-    from engine.fast_path.cuda_graphs import DecodeGraphs
-    from engine.fast_path.fast_decoder import FastDecoder
+    from inferd.engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.fast_path.cuda_graphs import DecodeGraphs
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
 
     def run(llm, fast: bool):
         engine, declined = llm.engine, []
@@ -753,9 +753,9 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     """The start-up warm-up of the prefill path (fast_path/warmup.py) runs the fused step
     over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row) and
     leaves the KV pool exactly as it was: every slot is the padding slot."""
-    from engine.fast_path.attention import triton_paged_attention
-    from engine.fast_path.fast_decoder import FastDecoder
-    from engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
+    from inferd.engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
+    from inferd.engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
 
     llm = LLM(tiny_model, block_size=8, kv_cold_dtype=cold)
     runner = llm.engine.runner
@@ -770,7 +770,7 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
         calls.append((ids.shape[0], meta.query_lens)),
         forward_step(ids, meta, fn),
     )[1]
-    import engine.fast_path.attention as cold_module
+    import inferd.engine.fast_path.attention as cold_module
 
     cold_splits = []
     cold_kernel = cold_module.cold_paged_decode_attention

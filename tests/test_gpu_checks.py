@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.fast_path import has_triton
+from inferd.engine.fast_path import has_triton
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_fastpath_check.py"

@@ -11,9 +11,9 @@ import pynvml as real_nvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters import gpu_backends, gpu_nvml, gpu_reading, gpu_replay
-from exporters.gpu import DCGM_LABELS, GpuCollector, WrappingCounters
-from exporters.registry import CollectorUnavailable, SourceAbsent
+from inferd.exporters import gpu_backends, gpu_nvml, gpu_reading, gpu_replay
+from inferd.exporters.gpu import DCGM_LABELS, GpuCollector, WrappingCounters
+from inferd.exporters.registry import CollectorUnavailable, SourceAbsent
 
 from fixture_trees import assert_matches_golden, promtool_check_metrics, scrape
 from gpu_fake_nvml import FakeNvml
@@ -234,7 +234,7 @@ def test_pcie_byte_counters_are_monotonic_across_the_recorded_wraps():
 
 
 def test_gpu_record_writes_a_file_the_replay_backend_reads(tmp_path):
-    from exporters.gpu_cmd import record
+    from inferd.exporters.gpu_cmd import record
 
     backend = gpu_nvml.NvmlBackend(gpm_interval_s=0.02, nvml=FakeNvml(num_gpus=1))
     try:

@@ -8,8 +8,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest
 import torch
 
-from engine.fast_path.availability import has_triton
-from engine.fast_path.greedy_head import CHUNK, greedy_with_flag, greedy_with_flag_reference
+from inferd.engine.fast_path.availability import has_triton
+from inferd.engine.fast_path.greedy_head import CHUNK, greedy_with_flag, greedy_with_flag_reference
 
 pytestmark = pytest.mark.skipif(
     not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",

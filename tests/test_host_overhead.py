@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput
-from engine.sampling_params import SamplingParams
+from inferd.engine.config import EngineConfig
+from inferd.engine.llm_engine import LLMEngine
+from inferd.engine.outputs import CompletionOutput
+from inferd.engine.sampling_params import SamplingParams
 
 
 @pytest.fixture()

@@ -1,8 +1,10 @@
 """The layers hold: import-linter's contracts in .importlinter (the engine stands alone, the
-exporters sit below the agent, the dashboards import none of them, no cycles in the engine)."""
+exporters sit below the agent, the dashboards import none of them, no cycles in the engine),
+and every import goes through the one `inferd` namespace."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "agent", "exporters", "dashboards", "ebpf")
 
 
 def lint_imports() -> str:
@@ -28,10 +31,11 @@ def test_import_contracts_are_kept():
 
 def test_a_forbidden_import_breaks_a_contract(tmp_path):
     """The check can fail: the same contracts over a copy where the engine imports the agent."""
-    for package in ("engine", "agent", "exporters", "dashboards", "ebpf"):
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / "inferd" / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "inferd" / "__init__.py", tmp_path / "inferd" / "__init__.py")
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
-    (tmp_path / "engine" / "leak.py").write_text("from agent import supervisor  # noqa: F401\n")
+    (tmp_path / "inferd" / "engine" / "leak.py").write_text("from inferd.agent import supervisor  # noqa: F401\n")
     result = subprocess.run(
         [lint_imports(), "--no-cache"],
         cwd=tmp_path,
@@ -42,3 +46,40 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path):
     )
     assert result.returncode != 0
     assert "The engine never imports the agent" in result.stdout and "BROKEN" in result.stdout
+
+
+def top_level_imports(source: str) -> list[str]:
+    """The imports in `source` that name one of the design's folders as a top-level package
+    (`import engine.x`, `from agent import y`) instead of through inferd; relative imports are fine."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [name for name in names if name.split(".")[0] in PACKAGES]
+    return found
+
+
+def test_top_level_import_is_found():
+    assert top_level_imports("import engine.config\nfrom agent import cli\nfrom .x import y\n") == [
+        "engine.config",
+        "agent",
+    ]
+    assert top_level_imports("import inferd.engine.config\nfrom inferd.agent import cli\n") == []
+
+
+def test_everything_imports_through_the_inferd_namespace():
+    """A module imported both as engine.x and inferd.engine.x would exist twice (two registries,
+    failing isinstance checks), and the wheel installs only inferd."""
+    files = [
+        path
+        for folder in (*PACKAGES, "inferd", "tests", "scripts")
+        if (ROOT / folder).is_dir() and not (ROOT / folder).is_symlink()
+        for path in (ROOT / folder).rglob("*.py")
+    ]
+    assert len(files) > 100
+    offenders = {str(path.relative_to(ROOT)): top_level_imports(path.read_text()) for path in files}
+    assert {path: names for path, names in offenders.items() if names} == {}

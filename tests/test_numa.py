@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.numa import (
+from inferd.exporters.numa import (
     NumaCollector,
     parse_numa_balancing,
     parse_numa_maps,
@@ -20,7 +20,7 @@ from exporters.numa import (
     parse_vmstat_numa,
     remote_ratio,
 )
-from exporters.sysfs import format_cpulist, parse_cpulist, parse_key_value_counts
+from inferd.exporters.sysfs import format_cpulist, parse_cpulist, parse_key_value_counts
 
 from fixture_trees import (
     ENGINE_PID,

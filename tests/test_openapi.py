@@ -214,7 +214,7 @@ def agent(tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "agent.cli",
+            "inferd.agent.cli",
             "agent",
             "--no-engine",
             "--port",

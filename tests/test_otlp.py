@@ -16,10 +16,10 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.otlp import OtlpConfig, OtlpPusher
-from exporters.gpu import GpuCollector
-from exporters.gpu_replay import ReplayBackend, load_replay, write_replay
-from exporters.registry import CollectorSet
+from inferd.agent.otlp import OtlpConfig, OtlpPusher
+from inferd.exporters.gpu import GpuCollector
+from inferd.exporters.gpu_replay import ReplayBackend, load_replay, write_replay
+from inferd.exporters.registry import CollectorSet
 
 from fixture_trees import write_host
 
@@ -115,7 +115,7 @@ def test_agent_pushes_every_metric_and_values_match_its_metrics_endpoint(tmp_pat
         [
             sys.executable,
             "-m",
-            "agent.cli",
+            "inferd.agent.cli",
             "agent",
             "--no-engine",
             "--port",
@@ -236,7 +236,7 @@ vllm:prompt_tokens_total{model_name="tiny"} 1234.0
 
 
 def test_engine_kv_metrics_go_to_otlp_but_not_to_the_agent_port(tmp_path):
-    from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
+    from inferd.exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
 
     class EngineHandler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -272,8 +272,8 @@ def test_engine_kv_metrics_go_to_otlp_but_not_to_the_agent_port(tmp_path):
 
 
 def test_unreachable_engine_is_reported_unavailable():
-    from exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
-    from exporters.registry import CollectorUnavailable
+    from inferd.exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
+    from inferd.exporters.registry import CollectorUnavailable
 
     reader = EngineMetricsReader(EngineMetricsConfig(url=f"http://127.0.0.1:{free_port()}/metrics", timeout_s=0.5))
     with pytest.raises(CollectorUnavailable, match="unreachable"):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.pcie import PcieCollector
-from exporters.pcie_parsers import (
+from inferd.exporters.pcie import PcieCollector
+from inferd.exporters.pcie_parsers import (
     generation_of,
     lane_bytes_per_second,
     link_capacity_bytes_per_second,
@@ -18,7 +18,7 @@ from exporters.pcie_parsers import (
     parse_link_speed,
     parse_link_width,
 )
-from exporters.pcie_topology import LinkState, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
+from inferd.exporters.pcie_topology import LinkState, PciDevice, discover_gpu_paths, is_degraded, link_ceilings
 
 from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, samples, scrape, write_host
 

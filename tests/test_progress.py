@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from engine.progress import Progress, note
+from inferd.engine.progress import Progress, note
 
 
 class Terminal(io.StringIO):

@@ -42,7 +42,7 @@ CURLS = readme_curls((ROOT / "README.md").read_text())
 def test_the_readme_has_the_examples_a_user_needs():
     assert any("/v1/completions" in c for c in CURLS)
     assert any("/admin/config" in c and README_TOKEN_PATH in c for c in CURLS)
-    from agent.stack import ADMIN_TOKEN_FILE, DEFAULT_RUN_DIR
+    from inferd.agent.stack import ADMIN_TOKEN_FILE, DEFAULT_RUN_DIR
 
     assert DEFAULT_RUN_DIR / ADMIN_TOKEN_FILE == ROOT / README_TOKEN_PATH
 
@@ -54,7 +54,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("readme")
     model = tmp / "tiny"
     made = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "make-model", str(model), "--preset", "tiny"],
+        [sys.executable, "-m", "inferd.agent.cli", "make-model", str(model), "--preset", "tiny"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -8,9 +8,9 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.audit import AuditLog
-from agent.engine_client import EngineClient, EngineError
-from agent.remediation import (
+from inferd.agent.audit import AuditLog
+from inferd.agent.engine_client import EngineClient, EngineError
+from inferd.agent.remediation import (
     Alert,
     Bounds,
     PolicyConfig,
@@ -19,7 +19,7 @@ from agent.remediation import (
     RemediationPolicy,
     judge,
 )
-from exporters.registry import CollectorSet
+from inferd.exporters.registry import CollectorSet
 
 from remediation_fakes import FakeEngine, FakePrometheus, ManualClock
 
@@ -164,7 +164,7 @@ def test_same_fingerprint_and_start_acts_once(engine, prom, audit_path, clock):
 
 def test_unknown_alert_is_ignored_with_a_log_line(engine, prom, audit_path, clock, caplog):
     policy = make_policy(engine, prom, audit_path, clock)
-    with caplog.at_level(logging.INFO, logger="agent.remediation"):
+    with caplog.at_level(logging.INFO, logger="inferd.agent.remediation"):
         result = policy.handle(firing("InferdCollectorDown"))
     assert result["result"] == "ignored"
     assert "no remediation rule for alert 'InferdCollectorDown'" in caplog.text
@@ -449,7 +449,7 @@ class StubSupervisor:
 
 
 def test_supervisor_host_reports_the_restart_state():
-    from agent.engine_host import SupervisorHost
+    from inferd.agent.engine_host import SupervisorHost
 
     assert "is restarting the engine (2 restart(s)" in SupervisorHost(StubSupervisor()).restart_engine()
     hung = StubSupervisor(pid=42)
@@ -464,7 +464,7 @@ def test_supervisor_host_reports_the_restart_state():
 
 
 def test_online_nodes_parses_ranges(tmp_path):
-    from agent.engine_host import online_nodes
+    from inferd.agent.engine_host import online_nodes
 
     (tmp_path / "devices/system/node").mkdir(parents=True)
     (tmp_path / "devices/system/node/online").write_text("0-1,3\n")
@@ -475,7 +475,7 @@ def test_rebind_this_process_to_its_own_node():
     import os
     from pathlib import Path
 
-    from agent.engine_host import SupervisorHost, online_nodes
+    from inferd.agent.engine_host import SupervisorHost, online_nodes
 
     if not Path("/sys/devices/system/node/online").exists():
         pytest.skip("no /sys/devices/system/node (NUMA sysfs) on this machine")
@@ -603,7 +603,7 @@ def test_ttft_under_kv_queueing_turns_cold_kv_on_instead_of_moving_the_batch(eng
 
 
 def test_the_ttft_target_is_a_mean_not_a_bucket_quantile():
-    from agent.remediation_rules import DEFAULT_RULES
+    from inferd.agent.remediation_rules import DEFAULT_RULES
 
     target = DEFAULT_RULES["InferdTTFTSLOBreach"].target
     assert "histogram_quantile" not in target and "_sum" in target and "_count" in target

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib not installed")
 
-from agent import report
-from dashboards.boards import BOARDS
+from inferd.agent import report
+from inferd.dashboards.boards import BOARDS
 
 
 class FakePrometheus(BaseHTTPRequestHandler):
@@ -79,7 +79,7 @@ def test_report_plots_headline_panels_and_marks_empty_ones(prometheus, tmp_path)
 
 def test_report_command_reports_bad_queries_and_bad_arguments(prometheus, tmp_path, capsys, monkeypatch):
     args = argparse.Namespace(prometheus=prometheus, minutes=5, step=5, out=tmp_path)
-    from dashboards import spec
+    from inferd.dashboards import spec
 
     broken = spec.Board(
         uid="broken-board",
@@ -88,7 +88,7 @@ def test_report_command_reports_bad_queries_and_bad_arguments(prometheus, tmp_pa
         variables=(),
         rows=(spec.Row("r", (spec.Panel("p", "d", "s", (spec.Query("bad_query"),), headline=True),)),),
     )
-    monkeypatch.setattr("dashboards.boards.BOARDS", (broken,))
+    monkeypatch.setattr("inferd.dashboards.boards.BOARDS", (broken,))
     assert report.run(args) == 1
     assert "parse error" in capsys.readouterr().err
     args.minutes = 0
@@ -100,15 +100,15 @@ def test_report_command_reports_bad_queries_and_bad_arguments(prometheus, tmp_pa
 
 
 def test_report_cli_is_registered():
-    from agent.cli import COMMANDS
+    from inferd.agent.cli import COMMANDS
 
-    assert COMMANDS["report"][0] == "agent.report"
-    assert COMMANDS["stack"][0] == "agent.stack"
+    assert COMMANDS["report"][0] == "inferd.agent.report"
+    assert COMMANDS["stack"][0] == "inferd.agent.stack"
     assert Path(report.__file__).name == "report.py"
 
 
 def test_report_prints_the_absolute_path_of_the_page(prometheus, tmp_path, capsys, monkeypatch):
-    from agent.cli import command_parser
+    from inferd.agent.cli import command_parser
 
     monkeypatch.chdir(tmp_path)
     args = command_parser("report").parse_args(["--prometheus", prometheus, "--minutes", "5", "--step", "5"])

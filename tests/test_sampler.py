@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from engine.sampler import GREEDY_BELOW_TEMPERATURE, sample
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from inferd.engine.sampler import GREEDY_BELOW_TEMPERATURE, sample
+from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.sequence import Sequence
 
 VOCAB = 97
 EOS = [3]

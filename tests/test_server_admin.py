@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from engine.server.admin import load_admin_token
+from inferd.engine.server.admin import load_admin_token
 
 from server_fixtures import (
     ADMIN_TOKEN,
@@ -320,7 +320,7 @@ def test_load_admin_token(tmp_path):
 
 
 def test_agent_engine_client_speaks_this_api(server):
-    engine_client = pytest.importorskip("agent.engine_client", reason="agent.engine_client is not in this tree")
+    engine_client = pytest.importorskip("inferd.agent.engine_client", reason="agent.engine_client is not in this tree")
     client = engine_client.EngineClient(server.url, ADMIN_TOKEN)
     try:
         assert client.get_config()["max_num_seqs"] == 64

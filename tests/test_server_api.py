@@ -245,7 +245,7 @@ def test_token_id_prompt_and_batch(client):
     assert [c.index for c in choices] == [0, 1]
     assert choices[0].text == text
     # A prompt given as token ids gives the same result as its text.
-    from engine.tokenizer import Tokenizer
+    from inferd.engine.tokenizer import Tokenizer
 
     tok = Tokenizer(client._inferd_model_dir)
     by_ids = client.completions.create(
@@ -260,7 +260,7 @@ def gated_engine(gate: str, config):
     import os
     import time
 
-    from engine.llm_engine import LLMEngine
+    from inferd.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config)
     real_step = engine.step

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from agent.cli import main
+from inferd.agent.cli import main
 
 from server_fixtures import one_torch_thread, running_server  # noqa: F401
 
@@ -137,7 +137,7 @@ def test_bench_burst_counts_errors_against_a_running_server(tiny_model, tmp_path
 
 
 def test_burst_phases_share_prompts_but_not_their_first_block():
-    from engine.bench.burst import for_phase, make_prompts
+    from inferd.engine.bench.burst import for_phase, make_prompts
 
     base = make_prompts(512, 4, 16, seed=3)
     assert base == make_prompts(512, 4, 16, seed=3)
@@ -150,8 +150,8 @@ def test_burst_phases_share_prompts_but_not_their_first_block():
 def test_burst_engine_options_reach_inferd_serve_as_given():
     import argparse
 
-    from engine.bench.burst import server_flags
-    from engine.server.cli import add_arguments
+    from inferd.engine.bench.burst import server_flags
+    from inferd.engine.server.cli import add_arguments
 
     options = {
         "max_num_seqs": 256,
@@ -167,7 +167,7 @@ def test_burst_engine_options_reach_inferd_serve_as_given():
 
 
 def test_burst_config_rejects_bad_values():
-    from engine.bench.burst import BurstConfig
+    from inferd.engine.bench.burst import BurstConfig
 
     with pytest.raises(ValueError, match="output_len"):
         BurstConfig(output_len=0)

@@ -97,7 +97,7 @@ def stream_then(url: str, body: dict, action) -> list[str]:
 
 def slow_engine(config):
     """An engine that takes three seconds to load (built in the engine core process)."""
-    from engine.llm_engine import LLMEngine
+    from inferd.engine.llm_engine import LLMEngine
 
     time.sleep(3)
     return LLMEngine(config)

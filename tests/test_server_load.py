@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from inferd.engine.llm import LLM
+from inferd.engine.sampling_params import SamplingParams
 
 from server_fixtures import MODEL_NAME, admin_headers, metric_value, one_torch_thread, running_server, scrape  # noqa: F401
 

@@ -10,7 +10,7 @@ import threading
 import openai
 import pytest
 
-from engine.server.tracing import otlp_traces_url
+from inferd.engine.server.tracing import otlp_traces_url
 
 from server_fixtures import MODEL_NAME, OtlpReceiver, one_torch_thread, running_server  # noqa: F401
 

@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.sampling_params import SamplingParams
-from engine.server.app import ServerSettings
-from engine.server.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
-from engine.server.cli import add_arguments, default_model_dir, engine_config_from_args, ensure_default_model
-from engine.server.metrics import build_1_2_5_buckets
-from engine.server.serving import streamable_text
+from inferd.engine.config import EngineConfig
+from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.server.app import ServerSettings
+from inferd.engine.server.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
+from inferd.engine.server.cli import add_arguments, default_model_dir, engine_config_from_args, ensure_default_model
+from inferd.engine.server.metrics import build_1_2_5_buckets
+from inferd.engine.server.serving import streamable_text
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def test_streamable_text(text, finished, holdback, expected):
 
 
 def test_chat_template_from_checkpoint(tiny_model):
-    from engine.tokenizer import Tokenizer
+    from inferd.engine.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_model)
     assert tok.chat_template
@@ -145,7 +145,7 @@ def test_token_buckets_like_vllm():
 
 def flaky_engine(config):
     """An engine whose first step raises (built in the engine core process)."""
-    from engine.llm_engine import LLMEngine
+    from inferd.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config)
     real_step = engine.step
@@ -181,7 +181,7 @@ def test_failing_step_fails_its_requests_and_the_engine_keeps_serving(tiny_model
 
 
 def test_percentile_and_knee():
-    from engine.bench.serve import BenchConfig, find_knee, percentile
+    from inferd.engine.bench.serve import BenchConfig, find_knee, percentile
 
     assert percentile([3, 1, 2], 50) == 2
     assert percentile([0, 10], 99) == pytest.approx(9.9)
@@ -200,7 +200,7 @@ def test_percentile_and_knee():
 
 
 def test_request_fields_map_onto_sampling_params():
-    from engine.server.api_models import ChatCompletionRequest, CompletionRequest
+    from inferd.engine.server.api_models import ChatCompletionRequest, CompletionRequest
 
     body = CompletionRequest(
         prompt="x",
@@ -259,7 +259,7 @@ def test_request_fields_map_onto_sampling_params():
 
 
 def test_default_model_is_served_as_its_preset_name(tmp_path, monkeypatch):
-    from engine.server.cli import default_model_dir, served_name
+    from inferd.engine.server.cli import default_model_dir, served_name
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert served_name(None) == "tiny"
@@ -273,7 +273,7 @@ def test_long_text_prompts_are_tokenized_off_the_event_loop():
     import asyncio
     import threading
 
-    from engine.server.serving import TOKENIZE_IN_THREAD_CHARS, OpenAIServing
+    from inferd.engine.server.serving import TOKENIZE_IN_THREAD_CHARS, OpenAIServing
 
     threads = {}
 

@@ -10,7 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest
 import torch
 
-from engine.fast_path import has_triton
+from inferd.engine.fast_path import has_triton
 from tests.test_fast_path import _arena, _reference_attention
 
 needs_triton = pytest.mark.skipif(
@@ -35,7 +35,7 @@ def _poison_split_buffers(monkeypatch, module) -> None:
 
 @needs_triton
 def test_counters_return_to_zero_so_every_later_launch_merges_again():
-    from engine.fast_path.attention import paged_decode_attention, split_counters
+    from inferd.engine.fast_path.attention import paged_decode_attention, split_counters
 
     gen = torch.Generator().manual_seed(3)
     _, k_cache, v_cache = _arena(24, 2, 16, 2, 32)
@@ -59,7 +59,7 @@ def test_short_contexts_merge_only_the_splits_that_hold_keys(window, inputs_read
     """Graphs fix the split count for the longest context: at short contexts most splits
     are empty, do nothing, and are left out of the merge (their partial buffers keep
     whatever was there: NaN here); the counters still return to zero."""
-    from engine.fast_path.attention import hot, paged_decode_attention, split_counters
+    from inferd.engine.fast_path.attention import hot, paged_decode_attention, split_counters
 
     _poison_split_buffers(monkeypatch, hot)
     gen = torch.Generator().manual_seed(5)
@@ -81,10 +81,10 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     """The cold-prefix kernel merges as the hot one does: the last split with keys of each
     (sequence, KV head) to finish writes the output, reading only partials written in this
     launch (the buffers start as NaN here), and the counters are zero after every launch."""
-    from engine.attention import paged_attention
-    from engine.block_pool import KIND_CODE
-    from engine.fast_path.attention import cold_prefix as cold_module
-    from engine.fast_path.attention import split_counters
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.block_pool import KIND_CODE
+    from inferd.engine.fast_path.attention import cold_prefix as cold_module
+    from inferd.engine.fast_path.attention import split_counters
     from tests.test_fast_path import _cold_case
 
     _poison_split_buffers(monkeypatch, cold_module)
@@ -121,8 +121,8 @@ def test_mixed_cold_kernel_merges_its_splits_in_the_kernel(splits, monkeypatch):
     """The kernel for any mix of hot, int8 and int4 blocks merges its splits as the
     others do (no second launch): only partials written in this launch are read (the
     buffers start as NaN) and the counters are zero after every launch."""
-    from engine.attention import paged_attention
-    from engine.fast_path.attention import mixed_cold, split_counters
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.fast_path.attention import mixed_cold, split_counters
     from tests.test_fast_path import _cold_case
 
     _poison_split_buffers(monkeypatch, mixed_cold)

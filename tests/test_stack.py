@@ -18,14 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from agent import stack
+from inferd.agent import stack
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "agent.cli", "stack", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "inferd.agent.cli", "stack", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -233,7 +237,7 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         # `inferd report` against the real Prometheus: the engine's gauges are always there
         out = tmp_path / "report"
         report = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "report", "--minutes", "2", "--step", "5", "--out", str(out)],
+            [sys.executable, "-m", "inferd.agent.cli", "report", "--minutes", "2", "--step", "5", "--out", str(out)],
             cwd=ROOT,
             capture_output=True,
             text=True,

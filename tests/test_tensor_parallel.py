@@ -16,12 +16,19 @@ import threading
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.loader import load_model
-from engine.model_config import ModelConfig
-from engine.parallel import ShardSpec, TensorParallelError, check_divisible, local_config, shard_tensor, split_dim
-from engine.parallel.sharding import read_shards
-from engine.runner_protocol import ModelRunnerProtocol
+from inferd.engine import LLM, SamplingParams
+from inferd.engine.loader import load_model
+from inferd.engine.model_config import ModelConfig
+from inferd.engine.parallel import (
+    ShardSpec,
+    TensorParallelError,
+    check_divisible,
+    local_config,
+    shard_tensor,
+    split_dim,
+)
+from inferd.engine.parallel.sharding import read_shards
+from inferd.engine.runner_protocol import ModelRunnerProtocol
 
 HANG_GUARD_S = 120  # a hung engine fails the test instead of the whole run
 
@@ -186,8 +193,8 @@ def test_indivisible_shapes_are_refused_before_any_process_starts(tp_model, mode
 
 
 def test_gpu_worker_binds_to_its_gpus_numa_node(tmp_path, monkeypatch):
-    import engine.numa_memory as numa_memory
-    from engine.parallel.worker import bind_to_device_node
+    import inferd.engine.numa_memory as numa_memory
+    from inferd.engine.parallel.worker import bind_to_device_node
 
     before = os.sched_getaffinity(0)
     cpu = min(before)
@@ -360,7 +367,7 @@ def test_worker_exception_is_reported_with_its_traceback(engines):
 RANK0_SCRIPT = """
 import sys, time, torch
 torch.set_num_threads(1)
-from engine import LLM
+from inferd.engine import LLM
 if __name__ == "__main__":
     llm = LLM(sys.argv[1], dtype="float32", block_size=8, tensor_parallel_size=2)
     print(llm.engine.runner.workers.procs[0].pid, flush=True)
@@ -422,7 +429,7 @@ def test_tp2_matches_tp1_on_two_gpus_in_bf16(tp_model):
 def test_tp_decode_benchmark_smoke_on_cpu(engines, tp_model, tmp_path):
     import json
 
-    from engine.bench import tp_decode
+    from inferd.engine.bench import tp_decode
 
     engines.close()  # the benchmark starts its own tensor-parallel engine
     assert (

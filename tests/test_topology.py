@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main as inferd
-from agent.placement import (
+from inferd.agent.cli import main as inferd
+from inferd.agent.placement import (
     CROSS_SOCKET_PENALTY,
     HOP_PENALTY,
     best_node_for_gpus,
@@ -17,7 +17,14 @@ from agent.placement import (
     score,
     score_all,
 )
-from agent.topology import NumaNode, connection_type, discover, node_of_cpus, parse_distances, parse_mem_total_bytes
+from inferd.agent.topology import (
+    NumaNode,
+    connection_type,
+    discover,
+    node_of_cpus,
+    parse_distances,
+    parse_mem_total_bytes,
+)
 
 from fixture_trees import FIXTURES, assert_matches_golden, load_description, write_host
 

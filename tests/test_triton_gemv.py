@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LLM, SamplingParams
-from engine.fast_path import has_triton
+from inferd.engine import LLM, SamplingParams
+from inferd.engine.fast_path import has_triton
 
 needs_triton = pytest.mark.skipif(
     not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
@@ -32,7 +32,7 @@ def _case(n: int, k: int, seed: int = 0):
 @needs_triton
 @pytest.mark.parametrize("n, k", [(40, 256), (37, 176), (8, 64)])  # 37: rows past the last full program
 def test_gemv_matches_linear(n, k):
-    from engine.fast_path.triton_gemv import gemv
+    from inferd.engine.fast_path.triton_gemv import gemv
 
     x, _, _, weight = _case(n, k)
     torch.testing.assert_close(gemv(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
@@ -42,8 +42,8 @@ def test_gemv_matches_linear(n, k):
 @pytest.mark.parametrize("silu", [False, True])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_gemv_matches_the_ops_it_fuses(silu, with_residual):
-    from engine.fast_path.fused_ops import add_rms_norm_reference, silu_and_mul_reference
-    from engine.fast_path.triton_gemv import rms_norm_gemv
+    from inferd.engine.fast_path.fused_ops import add_rms_norm_reference, silu_and_mul_reference
+    from inferd.engine.fast_path.triton_gemv import rms_norm_gemv
 
     x, residual, norm, weight = _case(2 * 36, 176, seed=int(silu) + 2 * int(with_residual))
     before = residual.clone()
@@ -60,7 +60,7 @@ def test_rms_norm_gemv_matches_the_ops_it_fuses(silu, with_residual):
 
 @needs_triton
 def test_output_dtype_can_differ_from_the_weights_like_compute_logits_float():
-    from engine.fast_path.triton_gemv import gemv
+    from inferd.engine.fast_path.triton_gemv import gemv
 
     x, _, _, weight = _case(24, 64)
     out = gemv(x, weight, out_dtype=torch.float64)
@@ -70,7 +70,7 @@ def test_output_dtype_can_differ_from_the_weights_like_compute_logits_float():
 
 @needs_triton
 def test_bad_shapes_are_refused_with_what_was_wrong():
-    from engine.fast_path.triton_gemv import GemvConfig, gemv, rms_norm_gemv
+    from inferd.engine.fast_path.triton_gemv import GemvConfig, gemv, rms_norm_gemv
 
     x, residual, norm, weight = _case(16, 64)
     with pytest.raises(ValueError, match="one row"):
@@ -88,7 +88,7 @@ def test_bad_shapes_are_refused_with_what_was_wrong():
 
 
 def test_launch_shapes_divide_k_or_are_refused():
-    from engine.fast_path.triton_gemv import DEFAULT_CONFIG, LONG_ROW_CONFIG, choose_config
+    from inferd.engine.fast_path.triton_gemv import DEFAULT_CONFIG, LONG_ROW_CONFIG, choose_config
 
     assert choose_config(6144, 4096).block_n == 16  # measured on the H200
     assert choose_config(6144, 6144) == DEFAULT_CONFIG  # not measured: the rule
@@ -100,9 +100,9 @@ def test_launch_shapes_divide_k_or_are_refused():
 @needs_triton
 @pytest.mark.slow
 def test_batch1_decode_through_fused_gemvs_matches_portable_path(tiny_model, monkeypatch):
-    from engine.fast_path import hot_kv_layers
-    from engine.fast_path.cuda_graphs import DecodeGraphs
-    from engine.fast_path.fast_decoder import Batch1Ops, FastDecoder
+    from inferd.engine.fast_path import hot_kv_layers
+    from inferd.engine.fast_path.cuda_graphs import DecodeGraphs
+    from inferd.engine.fast_path.fast_decoder import Batch1Ops, FastDecoder
     from tests.test_fast_path import assert_same_completion
 
     used = []
@@ -125,8 +125,8 @@ def test_batch1_decode_through_fused_gemvs_matches_portable_path(tiny_model, mon
 @needs_triton
 @pytest.mark.parametrize("slot", [13, -1])  # -1: a padded graph row writes no K/V
 def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot):
-    from engine.fast_path.fused_ops import rope_and_cache_reference
-    from engine.fast_path.triton_gemv import rms_norm_gemv, rms_norm_qkv_rope
+    from inferd.engine.fast_path.fused_ops import rope_and_cache_reference
+    from inferd.engine.fast_path.triton_gemv import rms_norm_gemv, rms_norm_qkv_rope
 
     heads, kv_heads, dim, hidden = 4, 2, 16, 64
     x, residual, norm, weight = _case((heads + 2 * kv_heads) * dim, hidden, seed=slot)
@@ -149,7 +149,7 @@ def test_qkv_rope_kernel_matches_norm_gemv_then_rope_and_cache(slot):
 
 
 def test_programmatic_dependent_launch_only_where_it_can_run(monkeypatch):
-    from engine.fast_path.pdl import pdl_enabled, pdl_launch
+    from inferd.engine.fast_path.pdl import pdl_enabled, pdl_launch
 
     assert pdl_launch(torch.device("cpu")) == {"USE_PDL": False}  # no launch_pdl keyword at all
     monkeypatch.setenv("INFERD_PDL", "0")
@@ -157,7 +157,7 @@ def test_programmatic_dependent_launch_only_where_it_can_run(monkeypatch):
 
 
 def test_early_release_follows_pdl_and_its_setting(monkeypatch):
-    from engine.fast_path import pdl
+    from inferd.engine.fast_path import pdl
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("INFERD_PDL_RELEASE", raising=False)  # default: after the loops

@@ -9,11 +9,11 @@ import os
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.audit import AuditLog
-from agent.engine_client import EngineClient
-from agent.remediation import PolicyConfig, RemediationPolicy
-from agent.server import AgentState, create_app
-from agent.webhook import MAX_BODY_BYTES, PayloadError, make_webhook_router, parse_notification
+from inferd.agent.audit import AuditLog
+from inferd.agent.engine_client import EngineClient
+from inferd.agent.remediation import PolicyConfig, RemediationPolicy
+from inferd.agent.server import AgentState, create_app
+from inferd.agent.webhook import MAX_BODY_BYTES, PayloadError, make_webhook_router, parse_notification
 
 from remediation_fakes import FakeEngine, ManualClock, alert_payload
 
@@ -381,9 +381,9 @@ def test_parse_notification_reads_every_alert():
 def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, monkeypatch):
     import argparse
 
-    from agent.remediation import RemediationCollector
-    from agent.server import AgentState, create_app
-    from agent.webhook import add_arguments, make_router
+    from inferd.agent.remediation import RemediationCollector
+    from inferd.agent.server import AgentState, create_app
+    from inferd.agent.webhook import add_arguments, make_router
 
     engine, _, token_file, _ = setup
     admin_file = tmp_path / "admin-token"
@@ -434,8 +434,8 @@ def test_agent_hook_builds_the_policy_from_the_agent_arguments(setup, tmp_path, 
 def test_agent_hook_without_a_token_file_refuses_every_call(setup, tmp_path):
     import argparse
 
-    from agent.server import AgentState, create_app
-    from agent.webhook import add_arguments, make_router
+    from inferd.agent.server import AgentState, create_app
+    from inferd.agent.webhook import add_arguments, make_router
 
     engine, _, _, _ = setup
     parser = argparse.ArgumentParser()

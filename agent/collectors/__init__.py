@@ -3,7 +3,11 @@ engine, the OTLP push, the remediation policy). They live in the agent, not in e
 because they read agent objects and exporters never import the agent; the agent lists
 them after the exporters' own (`COLLECTOR_MODULES`)."""
 
-from exporters.registry import ENTRY_MODULES
+from inferd.exporters.registry import ENTRY_MODULES
 
-AGENT_ENTRY_MODULES = ("agent.collectors.engine", "agent.collectors.otlp", "agent.collectors.remediation")
+AGENT_ENTRY_MODULES = (
+    "inferd.agent.collectors.engine",
+    "inferd.agent.collectors.otlp",
+    "inferd.agent.collectors.remediation",
+)
 COLLECTOR_MODULES = ENTRY_MODULES + AGENT_ENTRY_MODULES

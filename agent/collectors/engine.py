@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from agent.supervisor import EngineCollector
-from exporters.registry import BuildContext, Built, CollectorEntry
+from inferd.agent.supervisor import EngineCollector
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry
 
 
 def build(context: BuildContext) -> Built:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from agent.otlp import OtlpConfig, OtlpPusher
-from exporters.registry import BuildContext, Built, CollectorEntry
+from inferd.agent.otlp import OtlpConfig, OtlpPusher
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,8 +6,8 @@ is made by agent.webhook's router hook, so this entry is built late, once it exi
 
 from __future__ import annotations
 
-from agent.remediation import RemediationCollector
-from exporters.registry import BuildContext, Built, CollectorEntry
+from inferd.agent.remediation import RemediationCollector
+from inferd.exporters.registry import BuildContext, Built, CollectorEntry
 
 
 def build(context: BuildContext) -> Built | None:

@@ -9,15 +9,18 @@ import argparse
 import importlib
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("engine.bench.serve", "drive the server at rising offered loads; latency, throughput and the knee"),
+    "serve": (
+        "inferd.engine.bench.serve",
+        "drive the server at rising offered loads; latency, throughput and the knee",
+    ),
     "burst": (
-        "engine.bench.burst",
+        "inferd.engine.bench.burst",
         "one burst of N requests, the server against the offline engine: tok/s ratio, TTFT, client CPU",
     ),
-    "throughput": ("engine.bench.throughput", "engine tokens/s against transformers generate"),
-    "tp-decode": ("engine.bench.tp_decode", "tensor-parallel decode and throughput, tp=1 against tp=2"),
+    "throughput": ("inferd.engine.bench.throughput", "engine tokens/s against transformers generate"),
+    "tp-decode": ("inferd.engine.bench.tp_decode", "tensor-parallel decode and throughput, tp=1 against tp=2"),
     "gpu-decode": (
-        "engine.bench.gpu_decode",
+        "inferd.engine.bench.gpu_decode",
         "GPU fast path: batch-1 MBU, throughput vs roofline, transformers, prefix TTFT, swap (CUDA)",
     ),
 }

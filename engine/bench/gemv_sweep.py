@@ -5,7 +5,7 @@ Each timing replays a CUDA graph that runs the product over `--copies` distinct 
 tensors in turn (as the layers of a model do), so the weights come from HBM, not from
 the 50 MB L2. Prints one JSON line per measurement and writes them to --out.
 
-    python -m engine.bench.gemv_sweep --out results/
+    python -m inferd.engine.bench.gemv_sweep --out results/
 """
 
 from __future__ import annotations

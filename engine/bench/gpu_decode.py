@@ -1,6 +1,6 @@
 """GPU decode benchmarks (run on the H200; see BENCHMARKS.md).
 
-`inferd bench gpu-decode --out DIR` (or `python -m engine.bench.gpu_decode --out DIR`), with
+`inferd bench gpu-decode --out DIR` (or `python -m inferd.engine.bench.gpu_decode --out DIR`), with
 the `llama3-8b-shape` preset in bf16:
 1. ceilings: device-to-device copy bandwidth, bf16 matmul rate, pinned host<->device;
 2. batch-1 decode on the fast path: tokens/s and model bandwidth utilisation (weight +

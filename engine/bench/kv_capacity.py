@@ -12,10 +12,10 @@ import argparse
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.kv_cache import KVShape
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from inferd.engine.block_manager import BlockManager
+from inferd.engine.kv_cache import KVShape
+from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.sequence import Sequence
 
 
 def sequences_that_fit(

@@ -6,7 +6,7 @@ window 128). Reports the prefill time, the decode step time once all 8 sequences
 (median over `--decode-steps` steps, after which the requests are aborted; the engine's
 whole step, host work included), the decode tokens/s that gives, and the output
 tokens/s of the whole run.
-Usage: python -m engine.bench.kv_quant_e2e --out DIR
+Usage: python -m inferd.engine.bench.kv_quant_e2e --out DIR
 """
 
 from __future__ import annotations

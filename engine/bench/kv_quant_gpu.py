@@ -5,7 +5,7 @@ batch 8 x 32,768 tokens of context, hot window 128: every block older than the w
 is cold. Times the Triton decode kernels (median of triton.testing.do_bench), checks
 the cold kernel against the portable dequantize-then-attend path, and reports the
 bytes each variant must read against the measured copy bandwidth.
-Run on a CUDA machine: `python -m engine.bench.kv_quant_gpu --out DIR`.
+Run on a CUDA machine: `python -m inferd.engine.bench.kv_quant_gpu --out DIR`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engine.fast_path.availability import has_triton
+from inferd.engine.fast_path.availability import has_triton
 
 
 def build_case(
@@ -28,9 +28,9 @@ def build_case(
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ):
-    from engine.attention import AttentionMetadata
-    from engine.block_pool import KIND_CODE
-    from engine.kv_cache import KVCache
+    from inferd.engine.attention import AttentionMetadata
+    from inferd.engine.block_pool import KIND_CODE
+    from inferd.engine.kv_cache import KVCache
 
     bs, kvh, hd, heads = 16, 8, 128, 32
     blocks_per_seq = -(-context // bs)
@@ -80,7 +80,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from engine.fast_path.attention.cold_prefix import cold_entries
+    from inferd.engine.fast_path.attention.cold_prefix import cold_entries
 
     @triton.jit
     def _stream_kernel(
@@ -167,9 +167,9 @@ def _copy_bandwidth(device: torch.device) -> float:
 def main() -> int:
     import triton.testing
 
-    from engine.attention import paged_attention
-    from engine.block_pool import KIND_CODE
-    from engine.fast_path.attention import (
+    from inferd.engine.attention import paged_attention
+    from inferd.engine.block_pool import KIND_CODE
+    from inferd.engine.fast_path.attention import (
         choose_num_splits,
         cold_paged_decode_attention,
         cold_prefix_decode_attention,

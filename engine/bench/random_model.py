@@ -33,7 +33,7 @@ def write_checkpoint_stub(out_dir: str | Path, preset: str = "llama3-8b-shape", 
 @contextmanager
 def engine_loads(model: LlamaModel):
     """Inside, LLMEngine takes `model` instead of reading the checkpoint's weights."""
-    with mock.patch("engine.llm_engine.load_model", lambda *a, **k: model):
+    with mock.patch("inferd.engine.llm_engine.load_model", lambda *a, **k: model):
         yield
 
 

@@ -242,7 +242,7 @@ def start_server(model: str | None, extra: list[str], startup_timeout: float = 1
     import httpx
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "agent.cli", "serve", "--port", str(port), "--log-level", "WARNING", *extra]
+    cmd = [sys.executable, "-m", "inferd.agent.cli", "serve", "--port", str(port), "--log-level", "WARNING", *extra]
     if model:
         cmd += ["--model", model]
     proc = subprocess.Popen(cmd, env=os.environ.copy())

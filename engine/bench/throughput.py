@@ -17,7 +17,7 @@ import platform
 import random
 import time
 
-from engine.progress import Progress, note
+from inferd.engine.progress import Progress, note
 
 
 def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
@@ -26,7 +26,7 @@ def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
 
 
 def bench_engine(model_dir: str, prompts, max_tokens: int, **config) -> float:
-    from engine import LLM, SamplingParams
+    from inferd.engine import LLM, SamplingParams
 
     note(f"[1/3] engine: loading {model_dir}, then {len(prompts)} prompts x {max_tokens} tokens at once")
     llm = LLM(model_dir, **config)

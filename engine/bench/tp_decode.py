@@ -1,6 +1,6 @@
 """Tensor-parallel decode benchmark: tp=1 against tp=2 on one host.
 
-`python -m engine.bench.tp_decode --out DIR` or `inferd bench tp-decode --out DIR` (two GPUs, `llama3-8b-shape` in bf16):
+`python -m inferd.engine.bench.tp_decode --out DIR` or `inferd bench tp-decode --out DIR` (two GPUs, `llama3-8b-shape` in bf16):
 1. batch-1 decode: one request (--prompt-len prompt tokens, --decode-len new tokens),
    decode tokens/s after its first token, at tp=1 and tp=2;
 2. the all-reduce share of a tp=2 decode step: the same request again with rank 0's

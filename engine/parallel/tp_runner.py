@@ -328,9 +328,9 @@ class TPRunner(ModelRunner):
         # ModelRunner's parameter names the class
         super().__init__(
             model,
-            ShardedKVCache(local, self._send),
+            ShardedKVCache(local, self._send),  # type: ignore[arg-type]
             block_size,
-            current_mode,  # type: ignore[arg-type]
+            current_mode,
             fast_attention=fast_attention_for(devices[0], dtype),
             pages=pages,
         )
