@@ -226,7 +226,7 @@ def tree_digest() -> str:
     """A hash of everything the agent image is built from (the build context as Dockerfile
     copies it), so an unchanged tree reuses the image."""
     parts: list[str | bytes] = []
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml"):
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "inferd/__init__.py"):
         parts += [name, (REPO / name).read_bytes()]
     for top in CONTEXT_DIRS:
         for path in sorted((REPO / top).rglob("*")):

@@ -14,8 +14,10 @@ cd "$(dirname "$0")/.."
 # linux-headers-amd64: the eBPF probes and their tests; docker-compose (v1), podman, netavark,
 # aardvark-dns, mmdebstrap, iproute2: the compose.yaml checks and the live compose test
 # (scripts/compose_podman.py). No Docker engine: podman serves docker-compose instead.
+# netavark (podman's network stack) runs iptables, only a Recommends of it; runc, since
+# podman's default crun fails on hybrid cgroups
 APT_PACKAGES=(prometheus prometheus-alertmanager python3-bpfcc bpfcc-tools linux-headers-amd64
-              docker-compose podman netavark aardvark-dns mmdebstrap iproute2)
+              docker-compose podman runc netavark aardvark-dns iptables mmdebstrap iproute2)
 
 # Disable (and stop, where systemd runs) the systemd units of packages installed just now.
 quiet_new_services() {

@@ -23,7 +23,7 @@ from test_agent import EIGHT_GPUS, REPO, Agent, free_port
 
 from fixture_trees import FIXTURES, assert_matches_golden, promtool_check_metrics, without_volatile_values, write_host
 
-GOLDEN = FIXTURES / "inferd.agent.prom"
+GOLDEN = FIXTURES / "agent.prom"
 
 
 @pytest.fixture

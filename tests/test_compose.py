@@ -174,12 +174,15 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
     assert "--index-url" not in stages["build-gpu"], "the GPU variant takes PyPI's (CUDA) torch"
     for variant in ("cpu", "gpu"):
         assert f"COPY --from=build-{variant} /opt/inferd /opt/inferd" in stages[variant]
-    # the packages the image copies are the ones pyproject.toml installs
+    # the image builds the wheel from the inferd package the checkout links together: every
+    # folder inferd/ links to, and inferd/__init__.py
     tomllib = pytest.importorskip("tomllib")
-    copied = set(re.findall(r"^COPY (\w+) /src/\1$", stages["project"], flags=re.M))
+    copied = set(re.findall(r"^COPY (\w+) /src/inferd/\1$", stages["project"], flags=re.M))
+    linked = {path.name for path in (ROOT / "inferd").iterdir() if path.is_symlink()}
+    assert copied == linked and "engine" in linked
+    assert "COPY inferd/__init__.py /src/inferd/__init__.py" in stages["project"]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert copied == packages
+    assert pyproject["tool"]["setuptools"]["packages"]["find"]["include"] == ["inferd", "inferd.*"]
     # the context is what the Dockerfile copies, and the wheels folder for offline builds
     lines = [
         s
@@ -187,7 +190,7 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
         if s and not s.startswith("#")
     ]
     assert lines[0] == "*", "everything is left out unless named"
-    assert {"!pyproject.toml", "!.whl", *(f"!{p}" for p in packages)} <= set(lines)
+    assert {"!pyproject.toml", "!.whl", "!inferd/__init__.py", *(f"!{p}" for p in linked)} <= set(lines)
     assert not {"!.git", "!.venv", "!.out", "!tests"} & set(lines)
 
 
@@ -199,7 +202,7 @@ def test_podman_image_hash_covers_what_the_dockerfile_copies():
     spec = importlib.util.spec_from_file_location("compose_podman", ROOT / "scripts" / "compose_podman.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    copied = re.findall(r"^COPY (\w+) /src/\1$", (ROOT / "Dockerfile").read_text(), flags=re.M)
+    copied = re.findall(r"^COPY (\w+) /src/inferd/\1$", (ROOT / "Dockerfile").read_text(), flags=re.M)
     assert set(copied) == set(module.CONTEXT_DIRS)
     assert module.dockerfile_arg("TORCH_VERSION") in module.wheel_requirements()[0]
 

@@ -244,7 +244,7 @@ class FakeEngine:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.script = tmp_path / "inferd.engine.py"
+        self.script = tmp_path / "engine.py"
         self.script.write_text(ENGINE)
         self.state_file = tmp_path / "state"
         self.log_file = tmp_path / "events"
