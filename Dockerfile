@@ -53,7 +53,7 @@ RUN python -c 'import sys, tomllib; print("\n".join(d for d in tomllib.load(open
 # ---- the project as a wheel (not an editable install) ----------------------------------
 FROM build AS project
 # the wheel's one namespace: inferd/ holds the design's folders (links to them in the checkout)
-COPY inferd/__init__.py /src/inferd/__init__.py
+COPY inferd/*.py /src/inferd/
 COPY agent /src/inferd/agent
 COPY engine /src/inferd/engine
 COPY exporters /src/inferd/exporters

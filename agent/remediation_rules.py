@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from inferd.strict_fields import from_fields
 
 # ---- configuration -------------------------------------------------------------------
 
@@ -102,11 +104,7 @@ class PolicyConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown remediation setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        return from_fields(cls, values, "remediation setting")
 
 
 @dataclass(slots=True, frozen=True)

@@ -8,8 +8,10 @@ documented default and bounds; a bad value or an unknown key raises a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from inferd.strict_fields import from_fields
 
 BLOCK_SIZES = (8, 16, 32)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -122,11 +124,7 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown EngineConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        return from_fields(cls, values, "EngineConfig field")
 
     def tunables(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in TUNABLE_BOUNDS}

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.strict_fields import from_fields
+
 # NVML GPM metric ids (nvmlGpmMetricId_t) -> reading key.
 GPM_METRICS: dict[int, str] = {
     2: "sm_util_pct",
@@ -103,11 +105,7 @@ class GpuReading:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GpuReading:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"GPU reading has unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        return cls(**data)
+        return from_fields(cls, data, "GPU reading key")
 
 
 @dataclass(slots=True)

@@ -226,8 +226,10 @@ def tree_digest() -> str:
     """A hash of everything the agent image is built from (the build context as Dockerfile
     copies it), so an unchanged tree reuses the image."""
     parts: list[str | bytes] = []
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "inferd/__init__.py"):
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml"):
         parts += [name, (REPO / name).read_bytes()]
+    for path in sorted((REPO / "inferd").glob("*.py")):  # the namespace's own modules
+        parts += [str(path.relative_to(REPO)), path.read_bytes()]
     for top in CONTEXT_DIRS:
         for path in sorted((REPO / top).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":

@@ -175,12 +175,12 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
     for variant in ("cpu", "gpu"):
         assert f"COPY --from=build-{variant} /opt/inferd /opt/inferd" in stages[variant]
     # the image builds the wheel from the inferd package the checkout links together: every
-    # folder inferd/ links to, and inferd/__init__.py
+    # folder inferd/ links to, and the namespace's own modules (inferd/*.py)
     tomllib = pytest.importorskip("tomllib")
     copied = set(re.findall(r"^COPY (\w+) /src/inferd/\1$", stages["project"], flags=re.M))
     linked = {path.name for path in (ROOT / "inferd").iterdir() if path.is_symlink()}
     assert copied == linked and "engine" in linked
-    assert "COPY inferd/__init__.py /src/inferd/__init__.py" in stages["project"]
+    assert "COPY inferd/*.py /src/inferd/" in stages["project"]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["tool"]["setuptools"]["packages"]["find"]["include"] == ["inferd", "inferd.*"]
     # the context is what the Dockerfile copies, and the wheels folder for offline builds
@@ -190,7 +190,7 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
         if s and not s.startswith("#")
     ]
     assert lines[0] == "*", "everything is left out unless named"
-    assert {"!pyproject.toml", "!.whl", "!inferd/__init__.py", *(f"!{p}" for p in linked)} <= set(lines)
+    assert {"!pyproject.toml", "!.whl", "!inferd/*.py", *(f"!{p}" for p in linked)} <= set(lines)
     assert not {"!.git", "!.venv", "!.out", "!tests"} & set(lines)
 
 

@@ -109,7 +109,7 @@ def test_replay_cycles_through_snapshots_and_wraps():
             '{"format": "inferd-gpu-replay/1", "snapshots": [{"timestamp": 1, "hostname": "h", '
             '"driver_version": "1", "gpus": [{"index": 0, "uuid": "GPU-1", "pci_bus_id": "b", '
             '"minor_number": 0, "name": "n", "bogus": 1}]}]}',
-            "unknown keys ['bogus']",
+            "unknown GPU reading key(s) bogus;",
         ),
     ],
 )
