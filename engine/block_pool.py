@@ -156,17 +156,11 @@ class PageAllocator:
             self._return_page(page, to_head=True)
 
 
-class BlockPool:
-    """Device pool: pages plus reference counts and the prefix-cache index."""
+class PagedPool:
+    """What the device and host pools share: their pages and how many there are."""
 
     def __init__(self, num_blocks: int, slots_per_page: dict[str, int] | None = None):
-        if num_blocks < 1:
-            raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.pages = PageAllocator(num_blocks, slots_per_page)
-        self.blocks: dict[int, Block] = {i: Block(i) for i in range(num_blocks)}
-        self.hash_to_block: dict[int, int] = {}
-        self.live_by_kind: Counter[str] = Counter()  # blocks with ref_count > 0, per kind
-        self._num_cached_free = 0
 
     @property
     def num_blocks(self) -> int:
@@ -175,6 +169,22 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         return self.pages.num_free_pages
+
+    def is_cold(self, block_id: int) -> bool:
+        return self.pages.is_cold(block_id)
+
+
+class BlockPool(PagedPool):
+    """Device pool: pages plus reference counts and the prefix-cache index."""
+
+    def __init__(self, num_blocks: int, slots_per_page: dict[str, int] | None = None):
+        if num_blocks < 1:
+            raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
+        super().__init__(num_blocks, slots_per_page)
+        self.blocks: dict[int, Block] = {i: Block(i) for i in range(num_blocks)}
+        self.hash_to_block: dict[int, int] = {}
+        self.live_by_kind: Counter[str] = Counter()  # blocks with ref_count > 0, per kind
+        self._num_cached_free = 0
 
     @property
     def free_queue(self) -> OrderedDict[int, None]:
@@ -186,9 +196,6 @@ class BlockPool:
 
     def _is_cached_free(self, page: int) -> bool:
         return page in self.pages.free_queue and self.blocks[page].content_hash is not None
-
-    def is_cold(self, block_id: int) -> bool:
-        return self.pages.is_cold(block_id)
 
     def lookup(self, content_hash: int, token_ids: tuple[int, ...]) -> int | None:
         block_id = self.hash_to_block.get(content_hash)
@@ -271,19 +278,8 @@ class BlockPool:
         block.token_ids = ()
 
 
-class HostBlockPool:
+class HostBlockPool(PagedPool):
     """Host (swap) pool: same page format as the device, no sharing, no caching."""
-
-    def __init__(self, num_blocks: int, slots_per_page: dict[str, int] | None = None):
-        self.pages = PageAllocator(num_blocks, slots_per_page)
-
-    @property
-    def num_blocks(self) -> int:
-        return self.pages.num_pages
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.pages.num_free_pages
 
     def can_take(self, kinds: list[str]) -> bool:
         return self.pages.pages_needed(kinds) <= self.pages.num_free_pages
@@ -293,7 +289,7 @@ class HostBlockPool:
 
     def release(self, block_ids: list[int]) -> None:
         for block_id in block_ids:
-            if self.pages.is_cold(block_id):
+            if self.is_cold(block_id):
                 self.pages.release_cold(block_id)
             else:
                 self.pages.release_hot(block_id)
