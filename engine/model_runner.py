@@ -170,6 +170,16 @@ class ModelRunner:
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
                 self._switch_to_fallback(exc)
                 fast = False
+        return self._forward_batch(batch, fast)
+
+    # The failures of the fast attention that switching to the portable path recovers from:
+    # any, on one device (keep serving).
+    fast_path_errors: tuple[type[Exception], ...] = (Exception,)
+
+    def _forward_batch(self, batch: list[ScheduledSeq], fast: bool) -> RunnerOutput:
+        """The batch through the model's forward: with the fast attention when `fast` and it
+        takes this KV layout, else, or after a fast-path failure (which switches the runner
+        to the fallback), with the portable one."""
         input_ids, meta, sample_rows = self.prepare(batch)
         has_cold = self.kv_layers[0][2] is not None
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
@@ -178,7 +188,7 @@ class ModelRunner:
                 return RunnerOutput(
                     self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
                 )
-            except Exception as exc:  # any fast-path failure: fall back, keep serving
+            except self.fast_path_errors as exc:
                 self._switch_to_fallback(exc)
         return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
 

@@ -404,23 +404,15 @@ class TPRunner(ModelRunner):
         self._host_inputs = (input_ids, meta)
         return input_ids.to(device), meta_to(meta, device), sample_rows
 
+    # Only a FastPathError switches to the fallback: any other failure has left the ranks
+    # out of step and ends the engine.
+    fast_path_errors = (FastPathError,)
+
     @torch.inference_mode()
     def execute(self, batch) -> RunnerOutput:
-        """As ModelRunner.execute (logits only: no decode graphs here), but only a
-        FastPathError switches to the fallback: any other failure has left the ranks out
-        of step and ends the engine."""
+        """As ModelRunner.execute, logits only (no decode graphs here)."""
         self._check()
-        input_ids, meta, sample_rows = self.prepare(batch)
-        has_cold = self.kv_layers[0][2] is not None
-        fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
-        if self.mode == "fast" and fast_handles_batch:
-            try:
-                return RunnerOutput(
-                    self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
-                )
-            except FastPathError as exc:
-                self._switch_to_fallback(exc)
-        return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
+        return self._forward_batch(batch, self.mode == "fast")
 
     def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
         host_ids, host_meta = self._host_inputs
