@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -58,7 +58,7 @@ class ModelRunner:
         kv_cache: KVCache,
         block_size: int,
         current_mode: Callable[[], str],
-        fast_attention: Callable | None = None,
+        fast_attention: Callable[..., torch.Tensor] | None = None,
         pages: PageAllocator | None = None,
     ):
         self.model = model
@@ -238,13 +238,20 @@ class ModelRunner:
         log.error("fast path failed (%s: %s); switching to fallback", reason, exc)
         self.on_fastpath_failure(str(reason))  # the engine sets its mode to fallback
 
-    def _fast_attention_checked(self, *args, **kwargs):
+    def _fast_attention_checked(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self._injected_failure is not None:
             reason, self._injected_failure = self._injected_failure, None
             raise FastPathError("injected", f"injected fast-path failure: {reason}")
         return self.fast_attention(*args, **kwargs)
 
-    def _forward(self, input_ids, meta, sample_rows, attention_fn, check: bool) -> torch.Tensor:
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        sample_rows: list[int],
+        attention_fn: Callable[..., torch.Tensor],
+        check: bool,
+    ) -> torch.Tensor:
         decoder = self.fast_decode.decoder if check and self.fast_decode is not None else None
         if decoder is not None:  # fast path on a device with the fused ops: prefill and mixed steps too
             hidden = decoder.forward_step(input_ids, meta, attention_fn)
