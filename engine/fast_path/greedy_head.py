@@ -17,7 +17,6 @@ Rows whose `live` entry is 0 (the graph's padding rows) are left out of the flag
 A row holding NaN gets an arbitrary token: the flag is 0 then, and the step's tokens
 are not used.
 """
-
 from __future__ import annotations
 
 import os
@@ -39,9 +38,8 @@ def greedy_with_flag(logits: torch.Tensor, live: torch.Tensor | None = None) -> 
     if not logits.is_floating_point():
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
     if live is not None and (live.shape != logits.shape[:1] or live.device != logits.device):
-        raise ValueError(
-            f"live must be [{logits.shape[0]}] on {logits.device}, got {tuple(live.shape)} on {live.device}"
-        )
+        raise ValueError(f"live must be [{logits.shape[0]}] on {logits.device}, "
+                         f"got {tuple(live.shape)} on {live.device}")
     if not _kernels_run_on(logits.device):
         return greedy_with_flag_reference(logits, live)
     if logits.stride(1) != 1:
@@ -53,23 +51,11 @@ def greedy_with_flag(logits: torch.Tensor, live: torch.Tensor | None = None) -> 
     bad = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
     packed = torch.empty(rows + 1, dtype=torch.int64, device=logits.device)
     pdl = pdl_launch(logits.device)
-    _chunk_max_kernel[(rows, chunks)](
-        logits, best, where, bad, vocab, logits.stride(0), chunks, CHUNK=CHUNK, BLOCK=BLOCK, **pdl
-    )
-    _pick_kernel[(1,)](
-        best,
-        where,
-        bad,
-        live if live is not None else packed,
-        packed,
-        rows,
-        chunks,
-        HAS_LIVE=live is not None,
-        ROWS_PAD=max(2, triton.next_power_of_2(rows)),
-        CHUNKS_PAD=max(2, triton.next_power_of_2(chunks)),
-        num_warps=4,
-        **pdl,
-    )
+    _chunk_max_kernel[(rows, chunks)](logits, best, where, bad, vocab, logits.stride(0), chunks,
+                                      CHUNK=CHUNK, BLOCK=BLOCK, **pdl)
+    _pick_kernel[(1,)](best, where, bad, live if live is not None else packed, packed, rows, chunks,
+                       HAS_LIVE=live is not None, ROWS_PAD=max(2, triton.next_power_of_2(rows)),
+                       CHUNKS_PAD=max(2, triton.next_power_of_2(chunks)), num_warps=4, **pdl)
     return packed
 
 
@@ -91,18 +77,8 @@ if has_triton():
     from .pdl import wait_for_previous
 
     @triton.jit
-    def _chunk_max_kernel(
-        logits_ptr,
-        best_ptr,
-        where_ptr,
-        bad_ptr,
-        V,
-        stride_row,
-        num_chunks,
-        CHUNK: tl.constexpr,
-        BLOCK: tl.constexpr,
-        USE_PDL: tl.constexpr,
-    ):
+    def _chunk_max_kernel(logits_ptr, best_ptr, where_ptr, bad_ptr, V, stride_row, num_chunks,
+                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -112,9 +88,8 @@ if has_triton():
         for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             in_row = cols < V
-            x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=in_row, other=float("-inf")).to(
-                tl.float32
-            )
+            x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=in_row,
+                        other=float("-inf")).to(tl.float32)
             bad += (in_row & ~(tl.abs(x) < float("inf"))).to(tl.int32)  # NaN fails the comparison too
             better = x > best  # strictly: each lane keeps its first index of a tie
             best = tl.where(better, x, best)
@@ -127,19 +102,9 @@ if has_triton():
         tl.store(bad_ptr + out, tl.sum(bad, 0))
 
     @triton.jit
-    def _pick_kernel(
-        best_ptr,
-        where_ptr,
-        bad_ptr,
-        live_ptr,
-        packed_ptr,
-        rows,
-        num_chunks,
-        HAS_LIVE: tl.constexpr,
-        ROWS_PAD: tl.constexpr,
-        CHUNKS_PAD: tl.constexpr,
-        USE_PDL: tl.constexpr,
-    ):
+    def _pick_kernel(best_ptr, where_ptr, bad_ptr, live_ptr, packed_ptr, rows, num_chunks,
+                     HAS_LIVE: tl.constexpr, ROWS_PAD: tl.constexpr, CHUNKS_PAD: tl.constexpr,
+                     USE_PDL: tl.constexpr):
         r = tl.arange(0, ROWS_PAD)
         c = tl.arange(0, CHUNKS_PAD)
         valid = (r[:, None] < rows) & (c[None, :] < num_chunks)

@@ -20,7 +20,6 @@ previous kernel has finished: memory written earlier than that (a step's context
 lengths and block tables, copied in before its first kernel) may be read before the
 wait. Kernels launched without PDL are unaffected.
 """
-
 from __future__ import annotations
 
 import os

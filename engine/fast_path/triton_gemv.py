@@ -20,7 +20,6 @@ the loop to round exactly as fused_ops.add_rms_norm made the H200's batch-1 step
 slower). Program 0 writes the new residual. SiLU-and-multiply and RoPE round as
 fused_ops does.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -87,21 +86,9 @@ if has_triton():
     from .pdl import release_dependents, wait_for_previous
 
     @triton.jit
-    def _rows_times_input(
-        x_ptr,
-        res_ptr,
-        res_out_ptr,
-        norm_ptr,
-        w_rows,
-        K,
-        eps,
-        write_residual,
-        NORM: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
-        ROWS: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-    ):
+    def _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, write_residual,
+                          NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
+                          BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
         """fp32 products of the weight rows at `w_rows` [ROWS, 1] with the input: x, or with
         NORM the RMSNorm of x (+ residual; the sum is written to res_out when
         `write_residual`)."""
@@ -127,26 +114,10 @@ if has_triton():
         return y
 
     @triton.jit
-    def _gemv_kernel(
-        x_ptr,
-        res_ptr,
-        res_out_ptr,
-        norm_ptr,
-        w_ptr,
-        out_ptr,
-        N,
-        K,
-        stride_w,
-        eps,
-        NORM: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
-        SILU_MUL: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-        USE_PDL: tl.constexpr,
-        EARLY_RELEASE: tl.constexpr,
-    ):
+    def _gemv_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, N, K, stride_w, eps,
+                     NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                     USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
         pid = tl.program_id(0)
         # One tile of weight rows: BLOCK_N rows, or with SILU_MUL BLOCK_N gate rows then the
         # BLOCK_N matching up rows (N further down). Rows past N read row N - 1 (no masks in
@@ -157,21 +128,8 @@ if has_triton():
         w_rows = w_ptr + (tl.minimum(out_rows, N - 1) + (r // BLOCK_N) * N).to(tl.int64)[:, None] * stride_w
         ty = w_ptr.dtype.element_ty
         wait_for_previous(USE_PDL)
-        y = _rows_times_input(
-            x_ptr,
-            res_ptr,
-            res_out_ptr,
-            norm_ptr,
-            w_rows,
-            K,
-            eps,
-            pid == 0,
-            NORM,
-            HAS_RESIDUAL,
-            ROWS,
-            BLOCK_K,
-            NUM_STAGES,
-        )
+        y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, NORM, HAS_RESIDUAL,
+                              ROWS, BLOCK_K, NUM_STAGES)
         release_dependents(USE_PDL, EARLY_RELEASE)
         if SILU_MUL:
             gate, up = tl.split(tl.trans(tl.reshape(y, [2, BLOCK_N])))
@@ -182,35 +140,11 @@ if has_triton():
         tl.store(out_ptr + out_rows, y.to(ty).to(out_ptr.dtype.element_ty), mask=out_rows < N)
 
     @triton.jit
-    def _qkv_rope_kernel(
-        x_ptr,
-        res_ptr,
-        res_out_ptr,
-        norm_ptr,
-        w_ptr,
-        out_ptr,
-        K,
-        stride_w,
-        eps,
-        pos_ptr,
-        inv_freq_ptr,
-        slot_ptr,
-        kc_ptr,
-        vc_ptr,
-        stride_cb,
-        stride_ct,
-        stride_ch,
-        num_heads,
-        num_kv_heads,
-        HAS_RESIDUAL: tl.constexpr,
-        HALF: tl.constexpr,
-        PAIRS: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        NUM_STAGES: tl.constexpr,
-        CACHE_BLOCK: tl.constexpr,
-        USE_PDL: tl.constexpr,
-        EARLY_RELEASE: tl.constexpr,
-    ):
+    def _qkv_rope_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, K, stride_w, eps,
+                         pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_ct, stride_ch,
+                         num_heads, num_kv_heads,
+                         HAS_RESIDUAL: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                         CACHE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
         """One token's q/k/v projection with the RMSNorm folded in, rotary embedding of q
         and k, and the K/V write into the paged cache (as fused_ops.rope_and_cache). A
         program's rows are PAIRS dims of one head and the PAIRS dims HALF further on,
@@ -224,21 +158,8 @@ if has_triton():
         w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w
         ty = w_ptr.dtype.element_ty
         wait_for_previous(USE_PDL)
-        y = _rows_times_input(
-            x_ptr,
-            res_ptr,
-            res_out_ptr,
-            norm_ptr,
-            w_rows,
-            K,
-            eps,
-            pid == 0,
-            True,
-            HAS_RESIDUAL,
-            2 * PAIRS,
-            BLOCK_K,
-            NUM_STAGES,
-        )
+        y = _rows_times_input(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, K, eps, pid == 0, True, HAS_RESIDUAL,
+                              2 * PAIRS, BLOCK_K, NUM_STAGES)
         release_dependents(USE_PDL, EARLY_RELEASE)
         x1, x2 = tl.split(tl.trans(tl.reshape(y.to(ty), [2, PAIRS])))
         if head < num_heads + num_kv_heads:  # q or k: rotate-half RoPE
@@ -252,12 +173,8 @@ if has_triton():
             kv = head - num_heads
             is_v = kv >= num_kv_heads
             slot = slot.to(tl.int64)
-            cache = (
-                (slot // CACHE_BLOCK) * stride_cb
-                + (slot % CACHE_BLOCK) * stride_ct
-                + (kv % num_kv_heads) * stride_ch
-                + j
-            )
+            cache = ((slot // CACHE_BLOCK) * stride_cb + (slot % CACHE_BLOCK) * stride_ct
+                     + (kv % num_kv_heads) * stride_ch + j)
             if is_v:
                 tl.store(vc_ptr + cache, x1.to(vc_ptr.dtype.element_ty))
                 tl.store(vc_ptr + cache + HALF, x2.to(vc_ptr.dtype.element_ty))
@@ -270,10 +187,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig | None) -> 
     if x.dim() != 2 or x.shape[0] != 1:
         raise ValueError(f"x must be one row [1, K], got shape {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.stride(1) != 1:
-        raise ValueError(
-            f"weight must be [N, {x.shape[1]}] with contiguous rows, got {tuple(weight.shape)} "
-            f"strides {weight.stride()}"
-        )
+        raise ValueError(f"weight must be [N, {x.shape[1]}] with contiguous rows, got {tuple(weight.shape)} "
+                         f"strides {weight.stride()}")
     if not x.is_contiguous():
         raise ValueError("x must be contiguous")
     config = config or choose_config(*weight.shape)
@@ -292,42 +207,18 @@ def _check_norm_inputs(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
 def _launch(x, residual, res_out, norm_weight, weight, out, n, eps, norm, silu_mul, config):
     k = x.shape[1]
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
-        x,
-        residual if residual is not None else x,
-        res_out if res_out is not None else x,
-        norm_weight if norm_weight is not None else x,
-        weight,
-        out,
-        n,
-        k,
-        weight.stride(0),
-        eps,
-        NORM=norm,
-        HAS_RESIDUAL=residual is not None,
-        SILU_MUL=silu_mul,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps,
+        x, residual if residual is not None else x, res_out if res_out is not None else x,
+        norm_weight if norm_weight is not None else x, weight, out, n, k, weight.stride(0), eps,
+        NORM=norm, HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, num_warps=config.num_warps,
         **pdl_launch(x.device, releases=True),
     )
 
 
-def rms_norm_qkv_rope(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    config: GemvConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor, num_heads: int, num_kv_heads: int, positions: torch.Tensor,
+                      inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                      config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """For one token: (qkv [1, (H + 2 KVH) D] with q and k rotated, new residual), the
     new k and v written into the caches at `slots[0]` (nothing for slot -1): what
     rms_norm_gemv followed by fused_ops.rope_and_cache computes, in one kernel."""
@@ -335,9 +226,8 @@ def rms_norm_qkv_rope(
     head_dim = k_cache.shape[-1]
     half, pairs = head_dim // 2, config.block_n // 2
     if weight.shape[0] != (num_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(
-            f"a fused q/k/v weight has {(num_heads + 2 * num_kv_heads) * head_dim} rows, got {weight.shape[0]}"
-        )
+        raise ValueError(f"a fused q/k/v weight has {(num_heads + 2 * num_kv_heads) * head_dim} rows, "
+                         f"got {weight.shape[0]}")
     if head_dim % 2 or pairs < 1 or half % pairs:
         raise ValueError(f"block_n={config.block_n} does not split half the head dim ({half}) into pairs")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
@@ -347,40 +237,18 @@ def rms_norm_qkv_rope(
     res_out = torch.empty_like(x) if residual is not None else None
     k = x.shape[1]
     _qkv_rope_kernel[(weight.shape[0] // config.block_n,)](
-        x,
-        residual if residual is not None else x,
-        res_out if res_out is not None else x,
-        norm_weight,
-        weight,
-        out,
-        k,
-        weight.stride(0),
-        eps,
-        positions,
-        inv_freq,
-        slots,
-        k_cache,
-        v_cache,
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        num_heads,
-        num_kv_heads,
-        HAS_RESIDUAL=residual is not None,
-        HALF=half,
-        PAIRS=pairs,
-        BLOCK_K=config.block_k,
-        NUM_STAGES=config.num_stages,
-        CACHE_BLOCK=k_cache.shape[1],
-        num_warps=config.num_warps,
+        x, residual if residual is not None else x, res_out if res_out is not None else x, norm_weight, weight, out,
+        k, weight.stride(0), eps, positions, inv_freq, slots, k_cache, v_cache,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_heads, num_kv_heads,
+        HAS_RESIDUAL=residual is not None, HALF=half, PAIRS=pairs, BLOCK_K=config.block_k,
+        NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1], num_warps=config.num_warps,
         **pdl_launch(x.device, releases=True),
     )
     return out, res_out if res_out is not None else x
 
 
-def gemv(
-    x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None
-) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
+         config: GemvConfig | None = None) -> torch.Tensor:
     """x [1, K] @ weight[N, K].T -> [1, N], rounded to weight's dtype (then out_dtype)."""
     config = _check(x, weight, config)
     n = weight.shape[0]
@@ -389,16 +257,9 @@ def gemv(
     return out
 
 
-def rms_norm_gemv(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    silu_mul: bool = False,
-    out_dtype: torch.dtype | None = None,
-    config: GemvConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                  weight: torch.Tensor, silu_mul: bool = False, out_dtype: torch.dtype | None = None,
+                  config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(W RMSNorm(x + residual), x + residual) for one row, as fused_ops.add_rms_norm
     followed by F.linear (and silu_and_mul when `silu_mul`: `weight` is the fused
     [gate; up] of 2I rows and the result has I columns). Unlike add_rms_norm the

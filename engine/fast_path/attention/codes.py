@@ -11,7 +11,6 @@ layer's int8 attention took 239 us with codes converted to bf16, 190 us with fp1
 bit arithmetic and 169 us with int8 keys (same launch; 2026-11-29, the measurements
 behind BENCHMARKS.md's cold-KV figures).
 """
-
 from __future__ import annotations
 
 from ..availability import has_triton
@@ -39,12 +38,7 @@ if has_triton():
                 "{ .reg .b32 r, c; xor.b32 r, $2, 0x80808080; mov.b32 c, 0x64806480;"
                 " prmt.b32 $0, r, 0x64646464, 0x5140; prmt.b32 $1, r, 0x64646464, 0x7362;"
                 " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }",
-                "=r,=r,r",
-                [x],
-                dtype=tl.float16,
-                is_pure=False,
-                pack=4,
-            )
+                "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
         return int8_to_fp16(x)
 
     @triton.jit
@@ -65,12 +59,7 @@ if has_triton():
                 " prmt.b32 $0, l, 0x64646464, 0x5140; prmt.b32 $1, l, 0x64646464, 0x7362;"
                 " prmt.b32 $2, h, 0x64646464, 0x5140; prmt.b32 $3, h, 0x64646464, 0x7362;"
                 " sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; sub.f16x2 $2, $2, c; sub.f16x2 $3, $3, c; }",
-                "=r,=r,=r,=r,r",
-                [x],
-                dtype=(tl.float16, tl.float16),
-                is_pure=False,
-                pack=4,
-            )
+                "=r,=r,=r,=r,r", [x], dtype=(tl.float16, tl.float16), is_pure=False, pack=4)
             return tl.interleave(low, high)
         return int4_to_fp16(x)
 

@@ -17,7 +17,6 @@ as codes.py describes; the probabilities' row sums wait until after the loop. fl
 queries (the CPU interpreter's reference) and int4 with several scale groups per head
 take the exact loop: codes converted to q's dtype, scores and probabilities scaled.
 """
-
 from __future__ import annotations
 
 import torch
@@ -59,9 +58,8 @@ if has_triton():
         return page, slot
 
     @triton.jit
-    def _cold_scales(
-        cks_ptr, cvs_ptr, page, slot, t, kvh, stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE: tl.constexpr
-    ):
+    def _cold_scales(cks_ptr, cvs_ptr, page, slot, t, kvh, stride_sp, stride_ss, stride_st, stride_sh,
+                     BLOCK_SIZE: tl.constexpr):
         """Key and value scales (float32) of tokens `t`, whose blocks are at (page, slot)."""
         scale_base = page * stride_sp + slot * stride_ss + (t % BLOCK_SIZE) * stride_st + kvh * stride_sh
         return tl.load(cks_ptr + scale_base).to(tl.float32), tl.load(cvs_ptr + scale_base).to(tl.float32)
@@ -74,20 +72,8 @@ if has_triton():
         return tl.maximum(x, 0, propagate_nan=tl.PropagateNan.ALL)
 
     @triton.jit
-    def _entries_ahead(
-        tables_ptr,
-        slots_ptr,
-        b,
-        t,
-        end,
-        page_c,
-        slot_c,
-        page_n,
-        slot_n,
-        stride_tb,
-        BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr,
-    ):
+    def _entries_ahead(tables_ptr, slots_ptr, b, t, end, page_c, slot_c, page_n, slot_n, stride_tb,
+                       BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
         """Table entries read two tiles ahead of their tile. Triton's pipeliner issues a
         tile's K/V copies num_stages - 1 iterations early; with the entries loaded in that
         same iteration, every copy waits on a dependent global read (table, then data).
@@ -96,37 +82,10 @@ if has_triton():
         return page_c, slot_c, _recomputed(page_n), _recomputed(slot_n), page_a, slot_a
 
     @triton.jit
-    def _cold_run_fast(
-        q,
-        ck_ptr,
-        cv_ptr,
-        cks_ptr,
-        cvs_ptr,
-        tables_ptr,
-        slots_ptr,
-        b,
-        kvh,
-        lo,
-        hi,
-        scale,
-        d,
-        d2,
-        stride_tb,
-        stride_cp,
-        stride_cs,
-        stride_ct,
-        stride_ch,
-        stride_sp,
-        stride_ss,
-        stride_st,
-        stride_sh,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr,
-        KIND: tl.constexpr,
-        PTX: tl.constexpr,
-    ):
+    def _cold_run_fast(q, ck_ptr, cv_ptr, cks_ptr, cvs_ptr, tables_ptr, slots_ptr, b, kvh, lo, hi, scale, d, d2,
+                       stride_tb, stride_cp, stride_cs, stride_ct, stride_ch, stride_sp, stride_ss, stride_st, stride_sh,
+                       GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                       TILE: tl.constexpr, KIND: tl.constexpr, PTX: tl.constexpr):
         """The softmax state (base e) over cold keys lo..hi: int8 keys by an int8 dot with
         int8 queries, int4 keys and all values as fp16 (codes.py)."""
         q16 = q.to(tl.float16)
@@ -142,32 +101,19 @@ if has_triton():
         t_c = lo + tl.arange(0, TILE)
         page_c, slot_c = cold_entries(tables_ptr, slots_ptr, b, t_c, hi, stride_tb, BLOCK_SIZE)
         page_n, slot_n = cold_entries(tables_ptr, slots_ptr, b, t_c + TILE, hi, stride_tb, BLOCK_SIZE)
-        k_scale_c, v_scale_c = _cold_scales(
-            cks_ptr, cvs_ptr, page_c, slot_c, t_c, kvh, stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE
-        )
-        k_scale_n, v_scale_n = _cold_scales(
-            cks_ptr, cvs_ptr, page_n, slot_n, t_c + TILE, kvh, stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE
-        )
+        k_scale_c, v_scale_c = _cold_scales(cks_ptr, cvs_ptr, page_c, slot_c, t_c, kvh,
+                                            stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
+        k_scale_n, v_scale_n = _cold_scales(cks_ptr, cvs_ptr, page_n, slot_n, t_c + TILE, kvh,
+                                            stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
         for start in range(lo, hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < hi
-            page, slot, page_c, slot_c, page_n, slot_n = _entries_ahead(
-                tables_ptr, slots_ptr, b, t, hi, page_c, slot_c, page_n, slot_n, stride_tb, BLOCK_SIZE, TILE
-            )
+            page, slot, page_c, slot_c, page_n, slot_n = _entries_ahead(tables_ptr, slots_ptr, b, t, hi, page_c,
+                                                                        slot_c, page_n, slot_n, stride_tb,
+                                                                        BLOCK_SIZE, TILE)
             k_scale, v_scale_raw = k_scale_c, v_scale_c
-            k_scale_a, v_scale_a = _cold_scales(
-                cks_ptr,
-                cvs_ptr,
-                page_n,
-                slot_n,
-                t + 2 * TILE,
-                kvh,
-                stride_sp,
-                stride_ss,
-                stride_st,
-                stride_sh,
-                BLOCK_SIZE,
-            )
+            k_scale_a, v_scale_a = _cold_scales(cks_ptr, cvs_ptr, page_n, slot_n, t + 2 * TILE, kvh,
+                                                stride_sp, stride_ss, stride_st, stride_sh, BLOCK_SIZE)
             k_scale_c, v_scale_c = _recomputed(k_scale_n), _recomputed(v_scale_n)
             k_scale_n, v_scale_n = k_scale_a, v_scale_a
             # Unmasked: tokens past the run read page 0's slot 0 (their table entries load as
@@ -194,37 +140,10 @@ if has_triton():
         return m_i * _LN2, tl.sum(l_tile, 1), acc
 
     @triton.jit
-    def _cold_run_exact(
-        q,
-        ck_ptr,
-        cv_ptr,
-        cks_ptr,
-        cvs_ptr,
-        tables_ptr,
-        slots_ptr,
-        b,
-        kvh,
-        lo,
-        hi,
-        scale,
-        d,
-        d2,
-        stride_tb,
-        stride_cp,
-        stride_cs,
-        stride_ct,
-        stride_ch,
-        stride_sp,
-        stride_ss,
-        stride_st,
-        stride_sh,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr,
-        KIND: tl.constexpr,
-        GROUP4: tl.constexpr,
-    ):
+    def _cold_run_exact(q, ck_ptr, cv_ptr, cks_ptr, cvs_ptr, tables_ptr, slots_ptr, b, kvh, lo, hi, scale, d, d2,
+                        stride_tb, stride_cp, stride_cs, stride_ct, stride_ch, stride_sp, stride_ss, stride_st,
+                        stride_sh, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                        TILE: tl.constexpr, KIND: tl.constexpr, GROUP4: tl.constexpr):
         """The softmax state over cold keys lo..hi with the codes converted to q's dtype."""
         m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -236,9 +155,9 @@ if has_triton():
             t = start + tl.arange(0, TILE)
             in_range = t < hi
             tok = t % BLOCK_SIZE
-            page, slot, page_c, slot_c, page_n, slot_n = _entries_ahead(
-                tables_ptr, slots_ptr, b, t, hi, page_c, slot_c, page_n, slot_n, stride_tb, BLOCK_SIZE, TILE
-            )
+            page, slot, page_c, slot_c, page_n, slot_n = _entries_ahead(tables_ptr, slots_ptr, b, t, hi, page_c,
+                                                                        slot_c, page_n, slot_n, stride_tb,
+                                                                        BLOCK_SIZE, TILE)
             base = page * stride_cp + slot * stride_cs + tok * stride_ct + kvh * stride_ch
             scale_base = page * stride_sp + slot * stride_ss + tok * stride_st + kvh * stride_sh
             k, k_scale = load_tile(ck_ptr, cks_ptr, base, scale_base, in_range, d, d2, KIND, HEAD_DIM, GROUP4, q.dtype)
@@ -249,53 +168,20 @@ if has_triton():
 
     @triton.jit
     def _cold_prefix_split_kernel(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        tables_ptr,
-        slots_ptr,
-        cold_blocks_ptr,
-        ctx_ptr,
-        part_ptr,
-        lse_ptr,
-        out_ptr,
-        done_ptr,
-        ck_ptr,
-        cv_ptr,
-        cks_ptr,
-        cvs_ptr,
-        scale,
-        window,
-        stride_qb,
-        stride_qh,
-        stride_hb,
-        stride_ht,
-        stride_hh,
+        q_ptr, k_ptr, v_ptr, tables_ptr, slots_ptr, cold_blocks_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr, done_ptr,
+        ck_ptr, cv_ptr, cks_ptr, cvs_ptr,
+        scale, window,
+        stride_qb, stride_qh,
+        stride_hb, stride_ht, stride_hh,
         stride_tb,
-        stride_cp,
-        stride_cs,
-        stride_ct,
-        stride_ch,
-        stride_sp,
-        stride_ss,
-        stride_st,
-        stride_sh,
-        stride_pb,
-        stride_ph,
-        stride_ps,
-        stride_lb,
-        stride_lh,
-        stride_ob,
-        stride_oh,
-        GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr,
-        NUM_SPLITS: tl.constexpr,
-        KIND: tl.constexpr,
-        GROUP4: tl.constexpr,
-        PTX: tl.constexpr,
+        stride_cp, stride_cs, stride_ct, stride_ch,
+        stride_sp, stride_ss, stride_st, stride_sh,
+        stride_pb, stride_ph, stride_ps,
+        stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        KIND: tl.constexpr, GROUP4: tl.constexpr, PTX: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -307,139 +193,31 @@ if has_triton():
         d2 = tl.arange(0, HEAD_DIM // 2)
         FAST: tl.constexpr = q_ptr.dtype.element_ty != tl.float32 and (KIND == 1 or GROUP4 == HEAD_DIM)
         if FAST:
-            m_i, l_i, acc = _cold_run_fast(
-                q,
-                ck_ptr,
-                cv_ptr,
-                cks_ptr,
-                cvs_ptr,
-                tables_ptr,
-                slots_ptr,
-                b,
-                kvh,
-                lo,
-                cold_hi,
-                scale,
-                d,
-                d2,
-                stride_tb,
-                stride_cp,
-                stride_cs,
-                stride_ct,
-                stride_ch,
-                stride_sp,
-                stride_ss,
-                stride_st,
-                stride_sh,
-                GROUP_PAD,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                TILE,
-                KIND,
-                PTX,
-            )
+            m_i, l_i, acc = _cold_run_fast(q, ck_ptr, cv_ptr, cks_ptr, cvs_ptr, tables_ptr, slots_ptr, b, kvh, lo,
+                                           cold_hi, scale, d, d2, stride_tb, stride_cp, stride_cs, stride_ct,
+                                           stride_ch, stride_sp, stride_ss, stride_st, stride_sh,
+                                           GROUP_PAD, HEAD_DIM, BLOCK_SIZE, TILE, KIND, PTX)
         else:
-            m_i, l_i, acc = _cold_run_exact(
-                q,
-                ck_ptr,
-                cv_ptr,
-                cks_ptr,
-                cvs_ptr,
-                tables_ptr,
-                slots_ptr,
-                b,
-                kvh,
-                lo,
-                cold_hi,
-                scale,
-                d,
-                d2,
-                stride_tb,
-                stride_cp,
-                stride_cs,
-                stride_ct,
-                stride_ch,
-                stride_sp,
-                stride_ss,
-                stride_st,
-                stride_sh,
-                GROUP_PAD,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                TILE,
-                KIND,
-                GROUP4,
-            )
+            m_i, l_i, acc = _cold_run_exact(q, ck_ptr, cv_ptr, cks_ptr, cvs_ptr, tables_ptr, slots_ptr, b, kvh, lo,
+                                            cold_hi, scale, d, d2, stride_tb, stride_cp, stride_cs, stride_ct,
+                                            stride_ch, stride_sp, stride_ss, stride_st, stride_sh,
+                                            GROUP_PAD, HEAD_DIM, BLOCK_SIZE, TILE, KIND, GROUP4)
         # q read again for the hot loop: its shared-memory copy for the dot would otherwise be
         # live through the cold loop, and those 4 KB decide whether four programs fit an SM.
         q, heads, is_head, d = group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
-        m_i, l_i, acc = hot_run(
-            q,
-            k_ptr,
-            v_ptr,
-            tables_ptr,
-            b,
-            kvh,
-            tl.maximum(lo, cold_end),
-            hi,
-            m_i,
-            l_i,
-            acc,
-            scale,
-            d,
-            stride_tb,
-            stride_hb,
-            stride_ht,
-            stride_hh,
-            BLOCK_SIZE,
-            TILE,
-        )
+        m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, tl.maximum(lo, cold_end), hi, m_i, l_i, acc,
+                                scale, d, stride_tb, stride_hb, stride_ht, stride_hh, BLOCK_SIZE, TILE)
         used = splits_with_keys(ctx, window, NUM_SPLITS, TILE)
-        finish_split(
-            acc,
-            m_i,
-            l_i,
-            part_ptr,
-            lse_ptr,
-            out_ptr,
-            done_ptr,
-            b,
-            kvh,
-            heads,
-            is_head,
-            d,
-            split,
-            used,
-            stride_pb,
-            stride_ph,
-            stride_ps,
-            stride_lb,
-            stride_lh,
-            stride_ob,
-            stride_oh,
-            GROUP,
-            HEAD_DIM,
-            NUM_SPLITS,
-        )
+        finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
+                     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                     GROUP, HEAD_DIM, NUM_SPLITS)
 
 
-def cold_prefix_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cold,
-    block_tables: torch.Tensor,
-    block_slots: torch.Tensor,
-    cold_blocks: torch.Tensor,
-    kind: int,
-    context_lens: torch.Tensor,
-    scale: float,
-    num_splits: int,
-    sliding_window: int | None = None,
-    num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
-    tile: int = TILE_TOKENS,
-) -> torch.Tensor:
+def cold_prefix_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cold,
+                                 block_tables: torch.Tensor, block_slots: torch.Tensor, cold_blocks: torch.Tensor,
+                                 kind: int, context_lens: torch.Tensor, scale: float, num_splits: int,
+                                 sliding_window: int | None = None, num_warps: int = NUM_WARPS,
+                                 num_stages: int = NUM_STAGES, tile: int = TILE_TOKENS) -> torch.Tensor:
     """One query token per sequence. Tables and slots are [B, max_blocks] (pages; the
     slot within the page for cold entries); `cold_blocks[b]` leading entries of row b
     are cold blocks of `kind` (1 int8, 2 int4), the rest hot; `cold` is the layer's
@@ -471,45 +249,17 @@ def cold_prefix_decode_attention(
         group4 = head_dim // scales_k.shape[-1]
     out, part, lse = split_buffers(q, num_splits)
     _cold_prefix_split_kernel[(batch, kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        block_slots,
-        cold_blocks,
-        context_lens,
-        part,
-        lse,
-        out,
-        split_counters(q.device, batch * kv_heads),
-        data_k,
-        data_v,
-        scales_k,
-        scales_v,
-        scale,
-        sliding_window or 0,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        q, k_cache, v_cache, block_tables, block_slots, cold_blocks, context_lens, part, lse, out,
+        split_counters(q.device, batch * kv_heads), data_k, data_v, scales_k, scales_v,
+        scale, sliding_window or 0,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
-        data_k.stride(0),
-        data_k.stride(1),
-        data_k.stride(2),
-        data_k.stride(3),
+        data_k.stride(0), data_k.stride(1), data_k.stride(2), data_k.stride(3),
         *scale_strides,
         *split_strides(q, part, lse, out, num_splits),
-        GROUP=heads // kv_heads,
-        GROUP_PAD=group_pad(heads, kv_heads),
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        TILE=tile,
-        NUM_SPLITS=num_splits,
-        KIND=kind,
-        GROUP4=group4,
-        PTX=q.is_cuda and torch.version.hip is None,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        GROUP=heads // kv_heads, GROUP_PAD=group_pad(heads, kv_heads), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE=tile, NUM_SPLITS=num_splits, KIND=kind, GROUP4=group4,
+        PTX=q.is_cuda and torch.version.hip is None, num_warps=num_warps, num_stages=num_stages,
     )
     return out

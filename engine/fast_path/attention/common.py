@@ -12,7 +12,6 @@ partial output and log-sum-exp, and the last split of a (sequence, KV head) to f
 merges them (a counter per pair; at batch 1 a second merge launch cost 3.8 us a layer).
 Rows of context length 0 (padded rows of a CUDA-graph batch) get zeros, never NaN.
 """
-
 from __future__ import annotations
 
 import torch
@@ -49,9 +48,8 @@ if has_triton():
         return tl.maximum(tl.cdiv(ctx - first, tl.maximum(per_split, 1)), 1)
 
     @triton.jit
-    def group_queries(
-        q_ptr, b, kvh, stride_qb, stride_qh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr
-    ):
+    def group_queries(q_ptr, b, kvh, stride_qb, stride_qh,
+                      GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
         """The query heads sharing KV head `kvh`, padded to GROUP_PAD rows of zeros."""
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, HEAD_DIM)
@@ -81,19 +79,8 @@ if has_triton():
         return x
 
     @triton.jit
-    def load_tile(
-        data_ptr,
-        scale_ptr,
-        base,
-        scale_base,
-        mask,
-        d,
-        d2,
-        KIND: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        GROUP4: tl.constexpr,
-        DTYPE: tl.constexpr,
-    ):
+    def load_tile(data_ptr, scale_ptr, base, scale_base, mask, d, d2,
+                  KIND: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP4: tl.constexpr, DTYPE: tl.constexpr):
         """One tile of keys or values in DTYPE, not yet scaled, and a per-token scale [TILE]
         for the scores (keys) or probabilities (values): the integer codes are exact in
         bf16/fp16, so the dot products run on them directly and dequantizing costs no
@@ -124,9 +111,8 @@ if has_triton():
         (and exp a multiply by log2(e)), which at 16 to 17 exponentials per thread per
         tile is about 60 instructions; subnormal probabilities flush to zero instead."""
         if PTX:
-            return tl.inline_asm_elementwise(
-                "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
-            )
+            return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                             is_pure=True, pack=1)
         return tl.exp2(x)
 
     @triton.jit
@@ -153,27 +139,8 @@ if has_triton():
         return m_new, l_i, tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
 
     @triton.jit
-    def hot_run(
-        q,
-        k_ptr,
-        v_ptr,
-        tables_ptr,
-        b,
-        kvh,
-        lo,
-        hi,
-        m_i,
-        l_i,
-        acc,
-        scale,
-        d,
-        stride_tb,
-        stride_kb,
-        stride_kt,
-        stride_kh,
-        BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr,
-    ):
+    def hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, lo, hi, m_i, l_i, acc, scale, d,
+                stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
         """Keys lo..hi of sequence b from hot (bf16/fp16) blocks into the softmax state."""
         for start in range(lo, hi, TILE):
             t = start + tl.arange(0, TILE)
@@ -187,23 +154,8 @@ if has_triton():
         return m_i, l_i, acc
 
     @triton.jit
-    def merge_group(
-        part_ptr,
-        lse_ptr,
-        out_ptr,
-        b,
-        kvh,
-        used,
-        stride_pb,
-        stride_ph,
-        stride_ps,
-        stride_lb,
-        stride_lh,
-        stride_ob,
-        stride_oh,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-    ):
+    def merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                    stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
         """The outputs of KV head kvh's GROUP query heads from their first `used` splits,
         all heads at once (one round of loads per SPLIT_CHUNK splits, not one per head),
         with a running maximum of the log-sum-exps across chunks."""
@@ -220,22 +172,10 @@ if has_triton():
             sp = c0 + tl.arange(0, SPLIT_CHUNK)
             valid = is_head[:, None] & (sp < used)[None, :]
             # .cg: the splits were written by other programs, possibly on other SMs (L1 is not coherent)
-            lse = tl.load(
-                lse_ptr + b * stride_lb + heads[:, None] * stride_lh + sp[None, :],
-                mask=valid,
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )
-            parts = tl.load(
-                part_ptr
-                + b * stride_pb
-                + heads[:, None, None] * stride_ph
-                + sp[None, :, None] * stride_ps
-                + d[None, None, :],
-                mask=valid[:, :, None],
-                other=0.0,
-                cache_modifier=".cg",
-            )
+            lse = tl.load(lse_ptr + b * stride_lb + heads[:, None] * stride_lh + sp[None, :], mask=valid,
+                          other=float("-inf"), cache_modifier=".cg")
+            parts = tl.load(part_ptr + b * stride_pb + heads[:, None, None] * stride_ph + sp[None, :, None] * stride_ps
+                            + d[None, None, :], mask=valid[:, :, None], other=0.0, cache_modifier=".cg")
             new_top = tl.maximum(top, tl.max(lse, 1))
             safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
             weight = tl.exp(lse - safe_top[:, None])
@@ -244,39 +184,13 @@ if has_triton():
             acc = acc * rescale[:, None] + tl.sum(parts * weight[:, :, None], 1)
             top = new_top
         merged = acc / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-            merged.to(out_ptr.dtype.element_ty),
-            mask=is_head[:, None],
-        )
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], merged.to(out_ptr.dtype.element_ty),
+                 mask=is_head[:, None])
 
     @triton.jit
-    def finish_split(
-        acc,
-        m_i,
-        l_i,
-        part_ptr,
-        lse_ptr,
-        out_ptr,
-        done_ptr,
-        b,
-        kvh,
-        heads,
-        is_head,
-        d,
-        split,
-        used,
-        stride_pb,
-        stride_ph,
-        stride_ps,
-        stride_lb,
-        stride_lh,
-        stride_ob,
-        stride_oh,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        NUM_SPLITS: tl.constexpr,
-    ):
+    def finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
+                     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
         """Store the split's normalised partial output and log-sum-exp (unsplit: the
         output itself); the last of the `used` splits of (b, kvh) to finish merges the
         group's heads and re-arms the counter for the next launch (and graph replay)."""
@@ -284,40 +198,19 @@ if has_triton():
         safe_l = tl.where(has_keys, l_i, 1.0)
         part = acc / safe_l[:, None]
         if NUM_SPLITS == 1:
-            tl.store(
-                out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                part.to(out_ptr.dtype.element_ty),
-                mask=is_head[:, None],
-            )
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     part.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
         else:
-            tl.store(
-                part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
-                part,
-                mask=is_head[:, None],
-            )
+            tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
+                     part, mask=is_head[:, None])
             lse = tl.where(has_keys, m_i + tl.log(safe_l), float("-inf"))
             tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=is_head)
             if split < used:
                 tl.debug_barrier()  # every thread's partial stores before the release below
                 counter = done_ptr + b * tl.num_programs(1) + kvh
                 if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
-                    merge_group(
-                        part_ptr,
-                        lse_ptr,
-                        out_ptr,
-                        b,
-                        kvh,
-                        used,
-                        stride_pb,
-                        stride_ph,
-                        stride_ps,
-                        stride_lb,
-                        stride_lh,
-                        stride_ob,
-                        stride_oh,
-                        GROUP,
-                        HEAD_DIM,
-                    )
+                    merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps,
+                                stride_lb, stride_lh, stride_ob, stride_oh, GROUP, HEAD_DIM)
                     tl.atomic_xchg(counter, 0)
 
 
@@ -326,16 +219,12 @@ def check_num_splits(num_splits: int) -> None:
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
 
 
-def choose_num_splits(
-    batch: int, num_kv_heads: int, max_context_len: int, target_programs: int = TARGET_PROGRAMS
-) -> int:
+def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int,
+                      target_programs: int = TARGET_PROGRAMS) -> int:
     """Power of two: enough programs to fill the GPU, but no split shorter than one tile."""
     splits = 1
-    while (
-        batch * num_kv_heads * splits < target_programs
-        and splits < MAX_SPLITS
-        and splits * 2 * TILE_TOKENS <= max_context_len
-    ):
+    while (batch * num_kv_heads * splits < target_programs and splits < MAX_SPLITS
+           and splits * 2 * TILE_TOKENS <= max_context_len):
         splits *= 2
     return splits
 
@@ -354,9 +243,8 @@ def split_counters(device: torch.device, count: int) -> torch.Tensor:
     more; outgrown buffers are kept, as captured CUDA graphs still point at them."""
     buffers = _split_counters.setdefault(device, [])
     if not buffers or buffers[-1].numel() < count:
-        buffers.append(
-            torch.zeros(max(count, 2 * buffers[-1].numel() if buffers else 1024), dtype=torch.int32, device=device)
-        )
+        buffers.append(torch.zeros(max(count, 2 * buffers[-1].numel() if buffers else 1024), dtype=torch.int32,
+                                   device=device))
     return buffers[-1]
 
 
@@ -372,16 +260,8 @@ def split_buffers(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch
     return out, part, lse
 
 
-def split_strides(
-    q: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, num_splits: int
-) -> tuple[int, ...]:
+def split_strides(q: torch.Tensor, part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+                  num_splits: int) -> tuple[int, ...]:
     """(stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh)."""
-    return (
-        part.stride(0),
-        part.stride(1),
-        part.stride(2) if num_splits > 1 else 0,
-        lse.stride(0),
-        lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-    )
+    return (part.stride(0), part.stride(1), part.stride(2) if num_splits > 1 else 0,
+            lse.stride(0), lse.stride(1), out.stride(0), out.stride(1))

@@ -1,6 +1,5 @@
 """Paged decode attention over hot (bf16/fp16) blocks: the scheme of common.py with
 programmatic dependent launch (pdl.py), bf16/fp16 in, fp32 softmax and accumulation."""
-
 from __future__ import annotations
 
 import torch
@@ -18,39 +17,17 @@ if has_triton():
 
     @triton.jit
     def _decode_split_kernel(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        tables_ptr,
-        ctx_ptr,
-        part_ptr,
-        lse_ptr,
-        out_ptr,
-        done_ptr,
-        scale,
-        window,
-        stride_qb,
-        stride_qh,
-        stride_kb,
-        stride_kt,
-        stride_kh,
+        q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr, done_ptr,
+        scale, window,
+        stride_qb, stride_qh,
+        stride_kb, stride_kt, stride_kh,
         stride_tb,
-        stride_pb,
-        stride_ph,
-        stride_ps,
-        stride_lb,
-        stride_lh,
-        stride_ob,
-        stride_oh,
-        GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr,
-        NUM_SPLITS: tl.constexpr,
-        USE_PDL: tl.constexpr,
-        EARLY_RELEASE: tl.constexpr,
-        INPUTS_READY: tl.constexpr,
+        stride_pb, stride_ph, stride_ps,
+        stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+        EARLY_RELEASE: tl.constexpr, INPUTS_READY: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -69,67 +46,18 @@ if has_triton():
             m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-            m_i, l_i, acc = hot_run(
-                q,
-                k_ptr,
-                v_ptr,
-                tables_ptr,
-                b,
-                kvh,
-                lo,
-                hi,
-                m_i,
-                l_i,
-                acc,
-                scale,
-                d,
-                stride_tb,
-                stride_kb,
-                stride_kt,
-                stride_kh,
-                BLOCK_SIZE,
-                TILE,
-            )
+            m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, lo, hi, m_i, l_i, acc, scale, d,
+                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE)
             release_dependents(USE_PDL, EARLY_RELEASE)
-            finish_split(
-                acc,
-                m_i,
-                l_i,
-                part_ptr,
-                lse_ptr,
-                out_ptr,
-                done_ptr,
-                b,
-                kvh,
-                heads,
-                is_head,
-                d,
-                split,
-                used,
-                stride_pb,
-                stride_ph,
-                stride_ps,
-                stride_lb,
-                stride_lh,
-                stride_ob,
-                stride_oh,
-                GROUP,
-                HEAD_DIM,
-                NUM_SPLITS,
-            )
+            finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
+                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                         GROUP, HEAD_DIM, NUM_SPLITS)
 
 
-def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    num_splits: int,
-    sliding_window: int | None = None,
-    inputs_ready: bool = False,
-) -> torch.Tensor:
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           num_splits: int, sliding_window: int | None = None,
+                           inputs_ready: bool = False) -> torch.Tensor:
     """One query token per sequence. q: [B, H, D] (last dim contiguous); caches
     [num_blocks, block_size, kv_heads, D]; returns [B, H, D] in q's dtype.
     `inputs_ready`: context_lens and block_tables were written before the kernel
@@ -144,31 +72,14 @@ def paged_decode_attention(
     check_num_splits(num_splits)
     out, part, lse = split_buffers(q, num_splits)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        part,
-        lse,
-        out,
-        split_counters(q.device, batch * kv_heads),
-        scale,
-        sliding_window or 0,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+        q, k_cache, v_cache, block_tables, context_lens, part, lse, out, split_counters(q.device, batch * kv_heads),
+        scale, sliding_window or 0,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         *split_strides(q, part, lse, out, num_splits),
-        GROUP=heads // kv_heads,
-        GROUP_PAD=group_pad(heads, kv_heads),
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        TILE=TILE_TOKENS,
-        NUM_SPLITS=num_splits,
-        INPUTS_READY=inputs_ready,
+        GROUP=heads // kv_heads, GROUP_PAD=group_pad(heads, kv_heads), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits, INPUTS_READY=inputs_ready,
         **pdl_launch(q.device, releases=True),
     )
     return out
