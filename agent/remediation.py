@@ -310,19 +310,17 @@ class RemediationPolicy:
             return self._decide(alert, rule, plan.action, "dry_run", old=plan.old, new=plan.new, baseline=baseline)
 
         action_id = uuid.uuid4().hex[:12]
-        self.audit.append(
-            "decision",
-            id=action_id,
-            alert=alert.name,
-            fingerprint=alert.fingerprint,
-            action=plan.action,
-            rule_action=rule.action,
-            kind=plan.kind,
-            old=plan.old,
-            new=plan.new,
-            baseline=baseline,
-            result="apply",
-        )
+        step = {  # what the decision and the applied record both say about this step
+            "id": action_id,
+            "alert": alert.name,
+            "fingerprint": alert.fingerprint,
+            "action": plan.action,
+            "rule_action": rule.action,
+            "kind": plan.kind,
+            "old": plan.old,
+            "new": plan.new,
+        }
+        self.audit.append("decision", **step, baseline=baseline, result="apply")
         try:
             detail = self._execute(plan)
         except Exception as exc:  # the engine or the supervisor refused; record, do not crash the webhook
@@ -370,14 +368,7 @@ class RemediationPolicy:
             self._verifying[action_id] = verification
         self.audit.append(
             "applied",
-            id=action_id,
-            alert=alert.name,
-            fingerprint=alert.fingerprint,
-            action=plan.action,
-            rule_action=rule.action,
-            kind=plan.kind,
-            old=plan.old,
-            new=plan.new,
+            **step,
             detail=detail,
             verify=verification.to_record() if verification else None,
             episode=episode.to_record() if episode else None,
