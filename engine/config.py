@@ -91,6 +91,9 @@ class EngineConfig:
     async_scheduling: bool = True
     """On the fast path, launch each greedy decode step before the host has read the previous
     step's tokens, so the host's output work overlaps the GPU (engine/async_decode.py)."""
+    deterministic: bool = False
+    """Batch-invariant forward (engine/batch_invariant.py): a request's greedy and seeded
+    outputs are bitwise the same alone and in any batch, at a cost in speed (no fast path)."""
     tensor_parallel_size: int = 1
     """GPUs one model is split across [1, 8] (engine/parallel): cuda:N.. of `device`, one worker
     process per rank after the first; on CPU the ranks are gloo processes. Must divide the
@@ -115,6 +118,10 @@ class EngineConfig:
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         check_range("tensor_parallel_size", self.tensor_parallel_size, 1, 8)
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic must be true or false, got {self.deterministic!r}")
+        if self.deterministic and self.tensor_parallel_size > 1:
+            raise ValueError("deterministic needs tensor_parallel_size 1 (the all-reduce is not batch-invariant)")
         if self.load_format == "dummy" and self.tensor_parallel_size > 1:
             raise ValueError(
                 "load_format=dummy needs tensor_parallel_size 1 (the ranks load their shards from the checkpoint)"

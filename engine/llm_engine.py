@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .async_decode import AsyncDecode, InflightStep
+from .batch_invariant import make_batch_invariant
 from .block_manager import BlockManager
 from .config import EngineConfig, TunableError, validate_tunable
 from .fast_path import attach_fast_path, greedy_on_device
@@ -137,7 +138,11 @@ class LLMEngine:
             runner = ModelRunner(
                 self.model, self.kv_cache, config.block_size, self._current_mode, pages=self.block_manager.pool.pages
             )
-            self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
+            if config.deterministic:
+                make_batch_invariant(self.model)
+                self.fast_path_unavailable = "deterministic mode: the batch-invariant portable steps"
+            else:
+                self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
             self.runner = runner
         self.runner.on_fastpath_failure = self._on_fastpath_failure
         self.generator = torch.Generator(device=self.device).manual_seed(

@@ -8,6 +8,7 @@ outputs match it to rounding.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TypedDict
 
 import torch
@@ -176,6 +177,11 @@ class LlamaModel(nn.Module):
     """Weights are named as in Hugging Face checkpoints (model.layers.N..., lm_head)."""
 
     _fused_projections: list[FusedProjections]  # set only once the fast path fuses the model
+    # What forward() runs unless told otherwise; deterministic mode (batch_invariant.py)
+    # replaces all three with its batch-invariant steps.
+    step_ops: type[LayerOps] = LayerOps
+    attention_override: Callable[..., torch.Tensor] | None = None
+    lm_head_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -207,11 +213,12 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple],
         attention_fn=paged_attention,
-        ops: type[LayerOps] = LayerOps,
+        ops: type[LayerOps] | None = None,
     ) -> torch.Tensor:
         """Returns the final hidden states [T, hidden]. `ops`: the steps' implementation
-        (LayerOps, or the fast path's fused one), built for this step."""
+        (`step_ops`, or the fast path's fused one), built for this step."""
         scale = self.config.head_dim**-0.5
+        attention_fn = self.attention_override or attention_fn
 
         def attend(q, kv):
             k_cache, v_cache, cold = kv
@@ -219,8 +226,8 @@ class LlamaModel(nn.Module):
                 return attention_fn(q, k_cache, v_cache, meta, scale, cold=cold)
             return attention_fn(q, k_cache, v_cache, meta, scale)
 
-        step = ops(self, meta.positions, meta.slot_mapping, attend)
+        step = (ops or self.step_ops)(self, meta.positions, meta.slot_mapping, attend)
         return step.final_norm(*self.run(step, input_ids, kv_caches))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return (self.lm_head_fn or self.lm_head)(hidden).float()

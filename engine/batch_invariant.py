@@ -1,0 +1,146 @@
+"""Deterministic mode: a forward whose result for one token does not depend on the batch.
+
+A GEMM, a norm or an attention kernel is chosen (and split, tiled and vectorised) by the
+shape of its whole input, so the same row computed in a batch of 1 and in a batch of 200
+can differ in the last bits; in bf16 one such bit flips a greedy token now and then, and
+the outputs diverge from there. `EngineConfig(deterministic=True)` (`inferd serve
+--deterministic`) runs the model through the steps below instead, where every kernel sees
+a shape that depends only on the token itself:
+
+- every per-token step (norms, projections, RoPE, the MLP, the LM head) runs over the
+  step's rows in fixed tiles of `ROW_TILE` rows, the last tile zero-padded, so each tile is
+  the same GEMM, norm and elementwise launch whatever the number of rows; a row's result
+  never depends on the other rows of its tile (no kernel mixes rows);
+- attention is computed for each query token alone over exactly its own context (its
+  sequence's keys up to and including itself): the shapes depend only on that context's
+  length, so neither the other sequences of the step nor how a prompt was split into
+  prefill chunks, nor a prefix-cache hit, changes a bit.
+
+The result: a request's greedy (and seeded) tokens and logprobs are bitwise the same alone
+and inside any batch. The cost is speed (the fast path's fused kernels, decode graphs and
+batched attention are not used; per-token attention is a loop): measured in BENCHMARKS.md.
+Tensor parallelism is refused in this mode (its all-reduce is another shape-dependent
+reduction, not covered here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .attention import AttentionMetadata, write_kv
+from .model import DecoderLayer, LayerOps, LlamaModel, apply_rope
+
+ROW_TILE = 32
+"""Rows per fixed-shape tile. Small enough that a decode step of a few sequences pads
+little; every tile is one launch of each per-token kernel."""
+
+TileFn = Callable[..., tuple[torch.Tensor, ...]]
+
+
+def tiled(fn: TileFn, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`fn` over `rows` (tensors sharing their first dimension) in tiles of ROW_TILE rows,
+    the last zero-padded; `fn` returns a tuple of per-row tensors, concatenated back and
+    cut to the true row count."""
+    count = rows[0].shape[0]
+    pad = (-count) % ROW_TILE
+    if pad:
+        rows = tuple(torch.cat([r, r.new_zeros(pad, *r.shape[1:])]) for r in rows)
+    pieces = [fn(*(r[i : i + ROW_TILE] for r in rows)) for i in range(0, count + pad, ROW_TILE)]
+    return tuple(torch.cat(parts)[:count] for parts in zip(*pieces))
+
+
+def tiled_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return tiled(lambda rows: (layer(rows),), x)[0]
+
+
+def invariant_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    cold=None,
+) -> torch.Tensor:
+    """Drop-in for `paged_attention` (same arguments, same result to rounding): each query
+    token attends alone over its own context, so its result depends on nothing else in
+    the step. The step's K/V are already written."""
+    _, block_size, kv_heads, head_dim = k_cache.shape
+    heads = q.shape[1]
+    out = torch.empty_like(q)
+    context_lens = meta.context_lens.tolist()
+    for s, (start, count) in enumerate(zip(meta.query_start, meta.query_lens)):
+        if count == 0:
+            continue
+        ctx = context_lens[s]
+        blocks = (ctx + block_size - 1) // block_size
+        table = meta.block_tables[s, :blocks]
+        k_blocks, v_blocks = k_cache[table], v_cache[table]
+        if cold is not None and meta.block_kinds is not None:
+            assert meta.block_slots is not None  # set together with block_kinds
+            kinds, slots = meta.block_kinds[s : s + 1, :blocks], meta.block_slots[s : s + 1, :blocks]
+            k_blocks = cold.gather(0, kinds, table[None], slots, k_blocks[None], q.dtype)[0]
+            v_blocks = cold.gather(1, kinds, table[None], slots, v_blocks[None], q.dtype)[0]
+        keys = k_blocks.reshape(blocks * block_size, kv_heads, head_dim)[:ctx].transpose(0, 1).to(q.dtype)
+        values = v_blocks.reshape(blocks * block_size, kv_heads, head_dim)[:ctx].transpose(0, 1).to(q.dtype)
+        for j in range(count):
+            seen = ctx - count + 1 + j  # this token's context, itself included
+            first = 0 if meta.sliding_window is None else max(0, seen - meta.sliding_window)
+            attended = F.scaled_dot_product_attention(
+                q[start + j].reshape(1, heads, 1, head_dim),
+                keys[None, :, first:seen],
+                values[None, :, first:seen],
+                scale=scale,
+                enable_gqa=kv_heads != heads,
+            )
+            out[start + j] = attended[0, :, 0]
+    return out
+
+
+class BatchInvariantOps(LayerOps):
+    """LayerOps whose per-token steps run in fixed ROW_TILE tiles (see the module
+    docstring); the order of the steps and the residual bookkeeping are LayerOps'."""
+
+    def attention_input(self, layer: DecoderLayer, x, residual, kv) -> tuple[torch.Tensor, torch.Tensor]:
+        attn = layer.self_attn
+        first_layer = residual is None
+
+        def rows(x_rows, residual_rows, positions):
+            residual_rows = x_rows if first_layer else residual_rows + x_rows
+            h = layer.input_layernorm(residual_rows)
+            t = h.shape[0]
+            q = attn.q_proj(h).view(t, attn.num_heads, attn.head_dim)
+            k = attn.k_proj(h).view(t, attn.num_kv_heads, attn.head_dim)
+            v = attn.v_proj(h).view(t, attn.num_kv_heads, attn.head_dim)
+            cos, sin = self.model.rotary(positions, h.dtype)
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual_rows
+
+        q, k, v, residual = tiled(rows, x, x if first_layer else residual, self.positions)
+        write_kv(kv[0], kv[1], k, v, self.slots)
+        return q, residual
+
+    def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
+        return tiled_linear(layer.self_attn.o_proj, out.reshape(out.shape[0], -1))
+
+    def mlp(self, layer: DecoderLayer, x, residual) -> tuple[torch.Tensor, torch.Tensor]:
+        mlp = layer.mlp
+
+        def rows(x_rows, residual_rows):
+            residual_rows = residual_rows + x_rows
+            h = layer.post_attention_layernorm(residual_rows)
+            return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)), residual_rows
+
+        x, residual = tiled(rows, x, residual)
+        return x, residual
+
+    def final_norm(self, x, residual) -> torch.Tensor:
+        return tiled(lambda x_rows, residual_rows: (self.model.norm(residual_rows + x_rows),), x, residual)[0]
+
+
+def make_batch_invariant(model: LlamaModel) -> None:
+    """Switch `model`'s forward and LM head to the batch-invariant steps."""
+    model.step_ops = BatchInvariantOps
+    model.attention_override = invariant_attention
+    model.lm_head_fn = lambda hidden: tiled_linear(model.lm_head, hidden)

@@ -1,0 +1,92 @@
+"""Deterministic mode (engine/batch_invariant.py): a request's outputs alone and inside a
+busy batch, with chunked prefill and prefix-cache hits, are bitwise the same."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferd.engine import LLM, EngineConfig, SamplingParams
+from inferd.engine.attention import AttentionMetadata, paged_attention
+from inferd.engine.batch_invariant import ROW_TILE, invariant_attention, tiled
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True, logprobs=2)
+PREFIX = "a shared system prompt that the prefix cache keeps between requests "
+PROMPTS = [PREFIX + f"then question number {i} about the paged cache " * (1 + i % 4) for i in range(8)]
+PARAMS = [GREEDY] * 4 + [SEEDED] * 4
+
+
+def outputs(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> list[tuple]:
+    """Per request: its tokens and every position's logprobs, exactly as floats."""
+    done = llm.generate(prompts, params)
+    return [(o.outputs[0].token_ids, [sorted(lp.items()) for lp in o.outputs[0].logprobs or []]) for o in done]
+
+
+def alone_and_busy(model: str, dtype: str, deterministic: bool) -> tuple[list, list]:
+    alone_llm = LLM(model, block_size=8, dtype=dtype, deterministic=deterministic, enable_prefix_caching=False)
+    alone = [outputs(alone_llm, [p], [sp])[0] for p, sp in zip(PROMPTS, PARAMS)]
+    # small step budget: prompts are prefilled in chunks beside other sequences' decodes;
+    # the first request warms the prefix cache for the shared system prompt
+    busy_llm = LLM(model, block_size=8, dtype=dtype, deterministic=deterministic, max_num_batched_tokens=40)
+    busy_llm.generate(PREFIX + "warm", SamplingParams(max_tokens=1))
+    noise = [f"noise request {i} " * (3 + i) for i in range(12)]
+    other = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)
+    busy = outputs(busy_llm, PROMPTS + noise, PARAMS + [other] * len(noise))[: len(PROMPTS)]
+    assert busy_llm.engine.counters.prefix_hits > 0
+    return alone, busy
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_outputs_alone_and_in_a_busy_batch_are_bitwise_equal(tiny_model, dtype):
+    alone, busy = alone_and_busy(tiny_model, dtype, deterministic=True)
+    assert [tokens for tokens, _ in busy] == [tokens for tokens, _ in alone]
+    assert busy == alone  # the logprobs too, to the last bit
+
+
+def test_the_default_mode_differs_in_the_same_scenario(tiny_model):
+    """The scenario above exercises batch-dependent numerics: without deterministic mode
+    the logprobs of the same requests are not bitwise equal alone and in the batch."""
+    alone, busy = alone_and_busy(tiny_model, "bfloat16", deterministic=False)
+    assert busy != alone
+
+
+def test_tiles_cover_every_row_once():
+    rows = torch.arange(3 * ROW_TILE + 5, dtype=torch.float32)[:, None].repeat(1, 4)
+    calls = []
+
+    def double(x):
+        calls.append(x.shape[0])
+        return (x * 2,)
+
+    (out,) = tiled(double, rows)
+    assert torch.equal(out, rows * 2)
+    assert calls == [ROW_TILE] * 4  # the last tile padded to the same shape
+
+
+def test_invariant_attention_matches_paged_attention():
+    """Same result as the reference path, to rounding: a prefill chunk over a cached
+    prefix beside a decode row, GQA (4 query heads over 2 KV heads)."""
+    gen = torch.Generator().manual_seed(0)
+    block_size, kv_heads, heads, dim = 8, 2, 4, 16
+    k_cache = torch.randn(6, block_size, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(6, block_size, kv_heads, dim, generator=gen)
+    q = torch.randn(5 + 1, heads, dim, generator=gen)
+    meta = AttentionMetadata(
+        query_start=[0, 5],
+        query_lens=[5, 1],
+        context_lens=torch.tensor([13, 9]),
+        block_tables=torch.tensor([[0, 1], [2, 3]]),
+        slot_mapping=torch.zeros(6, dtype=torch.long),
+        positions=torch.tensor([8, 9, 10, 11, 12, 8]),
+        max_query_len=5,
+        max_context_len=13,
+    )
+    expected = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
+    got = invariant_attention(q, k_cache, v_cache, meta, dim**-0.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_deterministic_refuses_tensor_parallelism():
+    with pytest.raises(ValueError, match="deterministic needs tensor_parallel_size 1"):
+        EngineConfig(model="m", deterministic=True, tensor_parallel_size=2)
