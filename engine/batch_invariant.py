@@ -12,13 +12,14 @@ a shape that depends only on the token itself:
   the same GEMM, norm and elementwise launch whatever the number of rows; a row's result
   never depends on the other rows of its tile (no kernel mixes rows);
 - attention is computed for each query token alone over exactly its own context (its
-  sequence's keys up to and including itself): the shapes depend only on that context's
-  length, so neither the other sequences of the step nor how a prompt was split into
-  prefill chunks, nor a prefix-cache hit, changes a bit.
+  sequence's keys up to and including itself): on a GPU each token is a row of the Triton
+  decode kernel with a fixed split count, elsewhere one SDPA per token; what a row reads
+  depends only on its context, so neither the other sequences of the step nor how a
+  prompt was split into prefill chunks, nor a prefix-cache hit, changes a bit.
 
 The result: a request's greedy (and seeded) tokens and logprobs are bitwise the same alone
 and inside any batch. The cost is speed (the fast path's fused kernels, decode graphs and
-batched attention are not used; per-token attention is a loop): measured in BENCHMARKS.md.
+prefill attention reads each token's whole context): measured in BENCHMARKS.md.
 Tensor parallelism is refused in this mode (its all-reduce is another shape-dependent
 reduction, not covered here).
 """
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import AttentionMetadata, write_kv
+from .fast_path.availability import unavailable_reason
 from .model import DecoderLayer, LayerOps, LlamaModel, apply_rope
 
 ROW_TILE = 32
@@ -56,6 +58,12 @@ def tiled_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return tiled(lambda rows: (layer(rows),), x)[0]
 
 
+DEVICE_SPLITS = 8
+"""Splits of the Triton decode kernel in this mode: fixed, so where a row's context is
+split, and the order its splits merge in, depend on that row's context alone (the fast
+path picks the count from the batch)."""
+
+
 def invariant_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -66,7 +74,40 @@ def invariant_attention(
 ) -> torch.Tensor:
     """Drop-in for `paged_attention` (same arguments, same result to rounding): each query
     token attends alone over its own context, so its result depends on nothing else in
-    the step. The step's K/V are already written."""
+    the step. The step's K/V are already written. On a GPU the fast path runs on, every
+    token is one row of the Triton decode kernel (one launch); elsewhere, and over cold
+    blocks or a sliding window, one SDPA per token."""
+    if cold is None and meta.sliding_window is None and unavailable_reason(q.device, q.dtype) is None:
+        return _token_rows_on_device(q, k_cache, v_cache, meta, scale)
+    return _token_by_token(q, k_cache, v_cache, meta, scale, cold)
+
+
+def _token_rows_on_device(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    # imported here: importing the package defines (and on the CPU cannot build) the kernels
+    from .fast_path.attention import paged_decode_attention
+
+    device = q.device
+    query_lens = torch.tensor(meta.query_lens, device=device)
+    seq_of_token = torch.repeat_interleave(torch.arange(len(meta.query_lens), device=device), query_lens)
+    starts = torch.tensor(meta.query_start, device=device)
+    offset = torch.arange(q.shape[0], device=device) - starts[seq_of_token]
+    context = meta.context_lens.to(device)[seq_of_token] - query_lens[seq_of_token] + 1 + offset
+    tables = meta.block_tables.to(device)[seq_of_token]
+    return paged_decode_attention(
+        q.contiguous(), k_cache, v_cache, tables, context.to(meta.context_lens.dtype), scale, DEVICE_SPLITS
+    )
+
+
+def _token_by_token(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    cold,
+) -> torch.Tensor:
     _, block_size, kv_heads, head_dim = k_cache.shape
     heads = q.shape[1]
     out = torch.empty_like(q)

@@ -3,12 +3,17 @@ busy batch, with chunked prefill and prefix-cache hits, are bitwise the same."""
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
 import pytest
 import torch
 
 from inferd.engine import LLM, EngineConfig, SamplingParams
 from inferd.engine.attention import AttentionMetadata, paged_attention
-from inferd.engine.batch_invariant import ROW_TILE, invariant_attention, tiled
+from inferd.engine.batch_invariant import ROW_TILE, _token_rows_on_device, invariant_attention, tiled
+from inferd.engine.fast_path.availability import has_triton
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True, logprobs=2)
@@ -64,9 +69,9 @@ def test_tiles_cover_every_row_once():
     assert calls == [ROW_TILE] * 4  # the last tile padded to the same shape
 
 
-def test_invariant_attention_matches_paged_attention():
-    """Same result as the reference path, to rounding: a prefill chunk over a cached
-    prefix beside a decode row, GQA (4 query heads over 2 KV heads)."""
+def chunk_beside_decode_row() -> tuple:
+    """A prefill chunk of 5 tokens over an 8-token cached prefix beside a decode row, GQA
+    (4 query heads over 2 KV heads)."""
     gen = torch.Generator().manual_seed(0)
     block_size, kv_heads, heads, dim = 8, 2, 4, 16
     k_cache = torch.randn(6, block_size, kv_heads, dim, generator=gen)
@@ -82,9 +87,38 @@ def test_invariant_attention_matches_paged_attention():
         max_query_len=5,
         max_context_len=13,
     )
-    expected = paged_attention(q, k_cache, v_cache, meta, dim**-0.5)
-    got = invariant_attention(q, k_cache, v_cache, meta, dim**-0.5)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    return q, k_cache, v_cache, meta, dim**-0.5
+
+
+def test_invariant_attention_matches_paged_attention():
+    q, k_cache, v_cache, meta, scale = chunk_beside_decode_row()
+    expected = paged_attention(q, k_cache, v_cache, meta, scale)
+    torch.testing.assert_close(invariant_attention(q, k_cache, v_cache, meta, scale), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
+def test_token_rows_through_the_decode_kernel():
+    """The GPU form (every token a row of the Triton decode kernel, fixed splits), under
+    Triton's interpreter: the reference path's result, and the decode row's output the
+    same alone as beside the chunk."""
+    q, k_cache, v_cache, meta, scale = chunk_beside_decode_row()
+    expected = paged_attention(q, k_cache, v_cache, meta, scale)
+    got = _token_rows_on_device(q, k_cache, v_cache, meta, scale)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    alone = AttentionMetadata(
+        query_start=[0],
+        query_lens=[1],
+        context_lens=meta.context_lens[1:],
+        block_tables=meta.block_tables[1:],
+        slot_mapping=meta.slot_mapping[5:],
+        positions=meta.positions[5:],
+        max_query_len=1,
+        max_context_len=9,
+    )
+    assert torch.equal(_token_rows_on_device(q[5:], k_cache, v_cache, alone, scale), got[5:])
 
 
 def test_deterministic_refuses_tensor_parallelism():
