@@ -35,27 +35,28 @@ from .attention import AttentionMetadata, write_kv
 from .fast_path.availability import unavailable_reason
 from .model import DecoderLayer, LayerOps, LlamaModel, apply_rope
 
-ROW_TILE = 32
-"""Rows per fixed-shape tile. Small enough that a decode step of a few sequences pads
-little; every tile is one launch of each per-token kernel."""
+ROW_TILE = {"cpu": 32, "cuda": 256}
+"""Rows per fixed-shape tile, per device type. Each tile is one launch of every per-token
+kernel and reads every weight once: on a GPU a tile of 256 rows costs about what one row
+does (the weights' bytes dominate), on the CPU small tiles pad small batches less."""
 
 TileFn = Callable[..., tuple[torch.Tensor, ...]]
 
 
-def tiled(fn: TileFn, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`fn` over `rows` (tensors sharing their first dimension) in tiles of ROW_TILE rows,
+def tiled(fn: TileFn, tile: int, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`fn` over `rows` (tensors sharing their first dimension) in tiles of `tile` rows,
     the last zero-padded; `fn` returns a tuple of per-row tensors, concatenated back and
     cut to the true row count."""
     count = rows[0].shape[0]
-    pad = (-count) % ROW_TILE
+    pad = (-count) % tile
     if pad:
         rows = tuple(torch.cat([r, r.new_zeros(pad, *r.shape[1:])]) for r in rows)
-    pieces = [fn(*(r[i : i + ROW_TILE] for r in rows)) for i in range(0, count + pad, ROW_TILE)]
+    pieces = [fn(*(r[i : i + tile] for r in rows)) for i in range(0, count + pad, tile)]
     return tuple(torch.cat(parts)[:count] for parts in zip(*pieces))
 
 
-def tiled_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return tiled(lambda rows: (layer(rows),), x)[0]
+def tiled_linear(layer: torch.nn.Linear, x: torch.Tensor, tile: int) -> torch.Tensor:
+    return tiled(lambda rows: (layer(rows),), tile, x)[0]
 
 
 DEVICE_SPLITS = 8
@@ -158,12 +159,12 @@ class BatchInvariantOps(LayerOps):
             cos, sin = self.model.rotary(positions, h.dtype)
             return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual_rows
 
-        q, k, v, residual = tiled(rows, x, x if first_layer else residual, self.positions)
+        q, k, v, residual = tiled(rows, self.tile, x, x if first_layer else residual, self.positions)
         write_kv(kv[0], kv[1], k, v, self.slots)
         return q, residual
 
     def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
-        return tiled_linear(layer.self_attn.o_proj, out.reshape(out.shape[0], -1))
+        return tiled_linear(layer.self_attn.o_proj, out.reshape(out.shape[0], -1), self.tile)
 
     def mlp(self, layer: DecoderLayer, x, residual) -> tuple[torch.Tensor, torch.Tensor]:
         mlp = layer.mlp
@@ -173,15 +174,23 @@ class BatchInvariantOps(LayerOps):
             h = layer.post_attention_layernorm(residual_rows)
             return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)), residual_rows
 
-        x, residual = tiled(rows, x, residual)
+        x, residual = tiled(rows, self.tile, x, residual)
         return x, residual
 
     def final_norm(self, x, residual) -> torch.Tensor:
-        return tiled(lambda x_rows, residual_rows: (self.model.norm(residual_rows + x_rows),), x, residual)[0]
+        return tiled(lambda x_rows, residual_rows: (self.model.norm(residual_rows + x_rows),), self.tile, x, residual)[
+            0
+        ]
+
+    @property
+    def tile(self) -> int:
+        return ROW_TILE[self.model.embed_tokens.weight.device.type]
 
 
 def make_batch_invariant(model: LlamaModel) -> None:
-    """Switch `model`'s forward and LM head to the batch-invariant steps."""
+    """Switch `model`'s forward and LM head to the batch-invariant steps (for good: an
+    engine in the default mode needs a model of its own)."""
+    tile = ROW_TILE[model.embed_tokens.weight.device.type]
     model.step_ops = BatchInvariantOps
     model.attention_override = invariant_attention
-    model.lm_head_fn = lambda hidden: tiled_linear(model.lm_head, hidden)
+    model.lm_head_fn = lambda hidden: tiled_linear(model.lm_head, hidden, tile)

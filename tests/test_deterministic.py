@@ -57,16 +57,17 @@ def test_the_default_mode_differs_in_the_same_scenario(tiny_model):
 
 
 def test_tiles_cover_every_row_once():
-    rows = torch.arange(3 * ROW_TILE + 5, dtype=torch.float32)[:, None].repeat(1, 4)
+    tile = ROW_TILE["cpu"]
+    rows = torch.arange(3 * tile + 5, dtype=torch.float32)[:, None].repeat(1, 4)
     calls = []
 
     def double(x):
         calls.append(x.shape[0])
         return (x * 2,)
 
-    (out,) = tiled(double, rows)
+    (out,) = tiled(double, tile, rows)
     assert torch.equal(out, rows * 2)
-    assert calls == [ROW_TILE] * 4  # the last tile padded to the same shape
+    assert calls == [tile] * 4  # the last tile padded to the same shape
 
 
 def chunk_beside_decode_row() -> tuple:
