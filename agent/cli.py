@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("inferd.engine.bench.cli", "benchmarks: serve, burst, throughput, tp-decode, gpu-decode"),
     "agent": ("inferd.agent.main", "run the node agent (collectors, /metrics, engine supervision)"),
     "topo": ("inferd.agent.topo_cmd", "print GPU / PCIe / NUMA topology"),
+    "doctor": ("inferd.agent.doctor.cli", "diagnose this node: ranked findings with evidence and the fix"),
     "gpu": ("inferd.exporters.gpu_cmd", "GPU tools: record (NVML snapshots for the replay back end)"),
     "stack": ("inferd.agent.stack", "the stack without Docker: up, down, status, token, default-model"),
     "report": ("inferd.agent.report", "write a static HTML report from Prometheus"),

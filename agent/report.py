@@ -58,10 +58,17 @@ class Series:
 
 
 def query_range(config: ReportConfig, expr: str, start: float, end: float) -> list[dict]:
-    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": config.step_s})
-    url = f"{config.prometheus_url.rstrip('/')}/api/v1/query_range?{params}"
+    return prometheus_query_range(config.prometheus_url, expr, start, end, config.step_s)
+
+
+def prometheus_query_range(
+    prometheus_url: str, expr: str, start: float, end: float, step_s: float, timeout_s: float = 30.0
+) -> list[dict]:
+    """The `result` of /api/v1/query_range (a matrix: [{"metric": {...}, "values": [[t, "v"], ...]}])."""
+    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step_s})
+    url = f"{prometheus_url.rstrip('/')}/api/v1/query_range?{params}"
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             body = json.load(response)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")

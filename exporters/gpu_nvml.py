@@ -52,6 +52,7 @@ class NvmlBackend:
             nvml.nvmlShutdown()
             raise CollectorUnavailable(f"NVML device enumeration failed: {exc}") from None
         self.hostname = socket.gethostname()
+        self._xid_sets: dict[int, Any] = {}
         gpm_handles = {i: h for i, h in self._handles.items() if self._gpm_supported(h)}
         self.gpm_indices = set(gpm_handles)
         self._sampler = GpmSampler(nvml, gpm_handles, gpm_interval_s) if gpm_handles else None
@@ -117,7 +118,48 @@ class NvmlBackend:
             reading.pcie_tx_kb_s = t(nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_TX_BYTES)
             reading.pcie_rx_kb_s = t(nvml.nvmlDeviceGetPcieThroughput, handle, nvml.NVML_PCIE_UTIL_RX_BYTES)
         reading.fields = self._read_fields(handle, reading.pcie_width_max or 16)
+        self._read_health(index, handle, reading)
         return reading
+
+    def _read_health(self, index: int, handle: Any, reading: GpuReading) -> None:
+        nvml, t = self._nvml, self._try
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        reading.clocks_event_reasons = t(reasons, handle) if reasons is not None else None
+        reading.ecc_uncorrected_volatile = t(
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            getattr(nvml, "NVML_VOLATILE_ECC", 0),
+        )
+        remapped = t(nvml.nvmlDeviceGetRemappedRows, handle)
+        if remapped is not None:
+            reading.remapped_rows_pending, reading.remapped_rows_failure = bool(remapped[2]), bool(remapped[3])
+        reading.xid_errors = self._pending_xids(index, handle)
+
+    def _pending_xids(self, index: int, handle: Any) -> list[int]:
+        """XIDs since the previous read: an event set per GPU, registered on first use
+        (NVML reports an XID only to sets that existed when it happened), drained without waiting."""
+        nvml = self._nvml
+        sets = self._xid_sets
+        if index not in sets:
+            try:
+                event_set = nvml.nvmlEventSetCreate()
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                sets[index] = event_set
+            except Exception as exc:
+                log.debug("GPU %d: XID events unavailable: %s", index, exc)
+                sets[index] = None
+        event_set = sets[index]
+        xids: list[int] = []
+        while event_set is not None and len(xids) < 64:
+            try:
+                event = nvml.nvmlEventSetWait_v2(event_set, 0)
+            except Exception:  # NVML_ERROR_TIMEOUT: nothing pending
+                break
+            xids.append(int(event.eventData))
+        return xids
 
     def _read_fields(self, handle: Any, num_lanes: int) -> dict[str, float]:
         nvml = self._nvml

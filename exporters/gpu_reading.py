@@ -92,6 +92,13 @@ class GpuReading:
     gpm: dict[str, float] | None = None
     # Raw NVML field values by field_key(); absent when the field's return code failed.
     fields: dict[str, float] = field(default_factory=dict)
+    # Health: nvmlClocksEventReasons bitmask, XIDs NVML reported since the previous read,
+    # volatile uncorrected ECC errors, row remapping pending / failed (None: not offered).
+    clocks_event_reasons: int | None = None
+    xid_errors: list[int] = field(default_factory=list)
+    ecc_uncorrected_volatile: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
 
     def __post_init__(self) -> None:
         if self.index < 0:

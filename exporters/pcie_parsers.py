@@ -4,6 +4,7 @@ arithmetic built on them (generation by rate, bytes per second after encoding)."
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from inferd.exporters.sysfs import parse_key_value_counts
 
@@ -94,3 +95,63 @@ def nvml_bus_id(bdf: str) -> str:
 
 def is_bdf(name: str) -> bool:
     return bool(_BDF.match(name))
+
+
+# ---- config space: the PCI Express capability ----
+
+PCI_STATUS = 0x06
+PCI_STATUS_CAP_LIST = 0x10
+PCI_CAPABILITY_LIST = 0x34
+PCI_CAP_ID_EXP = 0x10
+# offsets inside the PCI Express capability
+PCI_EXP_DEVCAP, PCI_EXP_DEVCTL, PCI_EXP_LNKCAP, PCI_EXP_LNKCTL = 0x04, 0x08, 0x0C, 0x10
+ASPM_STATES = {1: ("L0s",), 2: ("L1",), 3: ("L0s", "L1")}
+
+
+@dataclass(frozen=True, slots=True)
+class PcieCapability:
+    """Max Payload Size (supported and set), Max Read Request Size and ASPM (supported
+    and enabled) from a device's PCI Express capability."""
+
+    mps_supported_bytes: int
+    mps_bytes: int
+    mrrs_bytes: int
+    aspm_supported: tuple[str, ...]
+    aspm_enabled: tuple[str, ...]
+
+
+def parse_pcie_capability(config: bytes) -> PcieCapability | None:
+    """The PCI Express capability from config-space bytes (sysfs `config`); None when the
+    capability list does not reach it within the bytes given (unprivileged readers see
+    only the first 64) or the device has none. ValueError on a malformed list."""
+    if len(config) < 0x40:
+        raise ValueError(f"config space holds {len(config)} bytes; the standard header alone is 64")
+    if not int.from_bytes(config[PCI_STATUS : PCI_STATUS + 2], "little") & PCI_STATUS_CAP_LIST:
+        return None
+    pointer = config[PCI_CAPABILITY_LIST] & 0xFC
+    seen = set()
+    while pointer:
+        if pointer in seen or pointer < 0x40:
+            raise ValueError(f"config space capability list loops or points into the header (0x{pointer:02x})")
+        seen.add(pointer)
+        if pointer + PCI_EXP_LNKCTL + 2 > len(config):
+            return None
+        if config[pointer] == PCI_CAP_ID_EXP:
+            return _pcie_capability(config, pointer)
+        pointer = config[pointer + 1] & 0xFC
+    return None
+
+
+def _pcie_capability(config: bytes, base: int) -> PcieCapability:
+    def word(offset: int, size: int) -> int:
+        return int.from_bytes(config[base + offset : base + offset + size], "little")
+
+    devcap, devctl = word(PCI_EXP_DEVCAP, 4), word(PCI_EXP_DEVCTL, 2)
+    lnkcap, lnkctl = word(PCI_EXP_LNKCAP, 4), word(PCI_EXP_LNKCTL, 2)
+    return PcieCapability(
+        mps_supported_bytes=128 << (devcap & 0x7),
+        mps_bytes=128 << ((devctl >> 5) & 0x7),
+        mrrs_bytes=128 << ((devctl >> 12) & 0x7),
+        aspm_supported=ASPM_STATES.get((lnkcap >> 10) & 0x3, ()),
+        aspm_enabled=ASPM_STATES.get(lnkctl & 0x3, ()),
+    )
