@@ -3,7 +3,9 @@
 The output is a Hugging Face checkpoint directory (config.json, safetensors,
 tokenizer.json with a byte-level BPE trained here on a small embedded text,
 tokenizer_config.json with a chat template), so the engine, transformers and the
-tests all run anywhere without a download.
+tests all run anywhere without a download. `--chat-template-family` picks the chat
+template and its special tokens (engine/chat_templates.py): the default Llama 3 header
+format, or Llama 3.1, Hermes (Qwen 2.5) or Mistral with their tool-calling markup.
 
 Initialisation: the usual std=0.02 makes a small random model repeat one token, and
 then an equality test against a reference proves little. Here embeddings have unit
@@ -19,6 +21,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .chat_templates import CHAT_FAMILIES
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(
@@ -59,11 +63,7 @@ PRESETS: dict[str, dict] = {
 }
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>"
-    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-)
+CHAT_TEMPLATE = CHAT_FAMILIES["llama3"].template
 LOGIT_STD = 4.0
 
 CORPUS = """
@@ -80,8 +80,8 @@ Once upon a time, a small model answered questions about clusters, schedulers an
 """
 
 
-def build_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(vocab_size: int, chat_template_family: str = "llama3"):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -93,6 +93,11 @@ def build_tokenizer(vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    # Appended after training, so the trained ids (and the default checkpoint) stay as they were.
+    family = CHAT_FAMILIES[chat_template_family]
+    new_special = [t for t in family.special_tokens if tok.token_to_id(t) is None]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new_special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.added_tokens])
     return tok
 
 
@@ -105,8 +110,13 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     shard_bytes: int = 0
     overrides: dict | None = None
+    chat_template_family: str = "llama3"
 
     def __post_init__(self) -> None:
+        if self.chat_template_family not in CHAT_FAMILIES:
+            raise ValueError(
+                f"chat_template_family must be one of {', '.join(CHAT_FAMILIES)}; got {self.chat_template_family!r}"
+            )
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
         if self.arch not in ARCHITECTURES:
@@ -226,9 +236,13 @@ def save_weights(weights: dict, out: Path, shard_bytes: int) -> None:
 def make_model(out_dir: str | Path, spec: ModelSpec) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(PRESETS[spec.preset]["vocab_size"] if PRESETS[spec.preset]["vocab_size"] < 32000 else 4096)
-    bos_id = tok.token_to_id("<|begin_of_text|>")
-    eos_ids = [tok.token_to_id("<|end_of_text|>"), tok.token_to_id("<|eot_id|>")]
+    family = CHAT_FAMILIES[spec.chat_template_family]
+    tok = build_tokenizer(
+        PRESETS[spec.preset]["vocab_size"] if PRESETS[spec.preset]["vocab_size"] < 32000 else 4096,
+        spec.chat_template_family,
+    )
+    bos_id = tok.token_to_id(family.bos_token or "<|begin_of_text|>")
+    eos_ids = [tok.token_to_id(t) for t in family.eos_tokens]
     config = hf_config(spec, tok.get_vocab_size(), bos_id, eos_ids)
     save_weights(random_weights(config, spec.seed, spec.dtype), out, spec.shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -238,12 +252,12 @@ def make_model(out_dir: str | Path, spec: ModelSpec) -> Path:
     tok.save(str(out / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|eot_id|>",
-        "add_bos_token": True,
+        "bos_token": family.bos_token,
+        "eos_token": family.eos_token,
+        "add_bos_token": family.bos_token is not None,
         "clean_up_tokenization_spaces": False,
         "model_max_length": config["max_position_embeddings"],
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": family.template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return out
@@ -262,6 +276,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weight dtype")
     parser.add_argument("--tie-word-embeddings", action="store_true", help="share the embedding with the LM head")
     parser.add_argument(
+        "--chat-template-family",
+        default="llama3",
+        choices=list(CHAT_FAMILIES),
+        help="chat template and special tokens: llama3 (default, no tools), or llama3.1, hermes (Qwen 2.5) and "
+        "mistral, each with its tool-calling markup",
+    )
+    parser.add_argument(
         "--shard-bytes",
         type=int,
         default=0,
@@ -277,7 +298,8 @@ def run(args) -> int:
         dtype=args.dtype,
         tie_word_embeddings=args.tie_word_embeddings,
         shard_bytes=args.shard_bytes,
+        chat_template_family=args.chat_template_family,
     )
     out = make_model(args.dir, spec)
-    print(f"wrote {spec.preset} {spec.arch} checkpoint to {out}")
+    print(f"wrote {spec.preset} {spec.arch} checkpoint ({spec.chat_template_family} chat template) to {out}")
     return 0

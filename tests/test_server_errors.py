@@ -93,8 +93,8 @@ def test_completion_400(server, body, fragments, param):
         ),
         (
             {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
-            ["tools are not supported"],
-            "tools",
+            ["tools[0].function must be an object"],
+            "tools[0].function",
         ),
         (
             {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]},

@@ -204,6 +204,8 @@ class ChatMessage(_Lenient):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     def check_role(self, index: int) -> None:
         if self.role not in CHAT_ROLES:
@@ -247,8 +249,6 @@ class ChatCompletionRequest(SamplingFields):
         self.check_common()
         if not self.messages:
             raise bad_request("messages must hold at least one message", "messages")
-        if self.tools:
-            raise bad_request("tools are not supported by this server", "tools", "unsupported_parameter")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise bad_request(
                 "response_format other than text is not supported by this server",

@@ -47,6 +47,7 @@ from .errors import ApiError, error_response, unparsable_body_message
 from .metrics import ServerMetrics, cache_config_labels
 from .middleware import BodyLimitAndMetrics
 from .serving import OpenAIServing
+from .tool_parsers import TOOL_PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class ServerSettings:
     enable_fault_injection: bool = False
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     on_shutdown: list[Callable[[], None]] = field(default_factory=list)
+    tool_call_parser: str | None = None
+    """Tool-call format (tool_parsers.TOOL_PARSERS); None: the one the chat template names."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.served_model_name, str) or not self.served_model_name:
@@ -81,6 +84,10 @@ class ServerSettings:
             raise ValueError(f"shutdown_timeout_s must be a number >= 0, got {self.shutdown_timeout_s!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token must not be blank (leave it unset to turn the admin API off)")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(sorted(TOOL_PARSERS))}; got {self.tool_call_parser!r}"
+            )
 
 
 # --- the OpenAPI document -----------------------------------------------------------------
@@ -158,7 +165,44 @@ _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
     "echo": {"enum": [False, None]},
     "suffix": {"enum": ["", None]},
     "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
-    "tools": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
+    "tools": {
+        "anyOf": [
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "function"],
+                    "properties": {
+                        "type": {"const": "function"},
+                        "function": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {
+                                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                                "description": {"type": "string"},
+                                "parameters": {"type": "object"},
+                                "strict": {"type": "boolean"},
+                            },
+                        },
+                    },
+                },
+            },
+            {"type": "null"},
+        ]
+    },
+    "tool_choice": {
+        "anyOf": [
+            {"enum": ["none", "auto", "required", None]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+                },
+            },
+        ]
+    },
     "response_format": {
         "anyOf": [{"type": "object", "properties": {"type": {"enum": ["text", None]}}}, {"type": "null"}]
     },
@@ -289,7 +333,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
             settings.served_model_name, engine.max_model_len, engine.snapshot, cache_config_labels(engine.config)
         )
         engine.stat_logger = metrics.stats
-    serving = OpenAIServing(engine, settings.served_model_name)
+    serving = OpenAIServing(engine, settings.served_model_name, settings.tool_call_parser)
     drain = Drain(engine, settings.shutdown_timeout_s)
 
     @contextlib.asynccontextmanager

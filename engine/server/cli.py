@@ -3,6 +3,7 @@
     inferd serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME]
                  [--admin-token-file F] [--otlp-endpoint URL] [--max-body-bytes N]
                  [--enable-fault-injection] [--shutdown-timeout S] [--stall-timeout S]
+                 [--tool-call-parser {llama3_json,hermes,mistral}]
                  [every EngineConfig field as --kebab-case]
 
 The port is bound first (a busy port fails at once), then the engine core process
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import EngineConfig
+from .tool_parsers.registry import TOOL_PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         help="/ready turns 503 engine_stalled when the engine core is silent this long (default 10 s)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="format the model writes tool calls in (default: the one its chat template names)",
     )
     group = parser.add_argument_group("engine", "EngineConfig fields (see engine/config.py)")
     for f in _engine_fields():
@@ -191,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
             enable_fault_injection=args.enable_fault_injection,
             shutdown_timeout_s=args.shutdown_timeout,
+            tool_call_parser=args.tool_call_parser,
         )
         if args.otlp_endpoint:
             from .tracing import otlp_traces_url

@@ -11,6 +11,7 @@ characters, which a stop string matched later would cut away.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
@@ -23,11 +24,13 @@ from starlette.responses import JSONResponse, Response
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .chat import ChatTemplateError, render_chat
+from .chat import ChatTemplateError, render_chat, template_messages
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
 from .errors import ApiError, bad_request, error_body
 from .logprobs import chat_logprobs, completion_logprobs
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
+from .tool_parsers import TOOL_PARSERS, ToolCallStream, ToolParser, detect_tool_parser, make_tool_parser
+from .tool_parsers.tool_choice import ToolRequest, forced_call_constraint, tool_request
 from .tracing import TRACE_HEADERS
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -51,6 +54,7 @@ class _ChoiceState:
     sent_tokens: int = 0
     started: bool = False
     done: bool = False
+    tool_stream: ToolCallStream | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +74,9 @@ class _Job:
     top_logprobs: int | None = None
     trace_headers: dict[str, str] | None = None
     states: dict[tuple[int, int], _ChoiceState] = field(default_factory=dict)
+    tools: ToolRequest | None = None
+    tool_parser: ToolParser | None = None
+    """Set when the choices' text is parsed for tool calls."""
 
 
 def streamable_text(text: str, finished: bool, holdback: int) -> str:
@@ -83,10 +90,20 @@ def streamable_text(text: str, finished: bool, holdback: int) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: EngineCoreClient, served_model_name: str):
+    def __init__(self, engine: EngineCoreClient, served_model_name: str, tool_call_parser: str | None = None):
         self.engine = engine
         self.model_name = served_model_name
         self.tokenizer = engine.tokenizer
+        if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(sorted(TOOL_PARSERS))}; got {tool_call_parser!r}"
+            )
+        self.tool_call_parser_option = tool_call_parser
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        # Without the option, the chat template says which format its model calls tools in.
+        return self.tool_call_parser_option or detect_tool_parser(self.tokenizer.chat_template)
 
     @property
     def max_model_len(self) -> int:
@@ -184,13 +201,19 @@ class OpenAIServing:
         self._check_sequences(1, body.n)
         for i, m in enumerate(body.messages):
             m.check_role(i)
-        messages = [
-            {"role": m.role, "content": m.text(i)} | ({"name": m.name} if m.name else {})
-            for i, m in enumerate(body.messages)
-        ]
+        tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
+        parser = self._tool_parser(tools)
+        messages = template_messages(body.messages, short_ids=self.tool_call_parser == "mistral")
         tok = self.tokenizer
         try:
-            text = render_chat(messages, tok.chat_template, tok.bos_token, tok.eos_token, body.add_generation_prompt)
+            text = render_chat(
+                messages,
+                tok.chat_template,
+                tok.bos_token,
+                tok.eos_token,
+                body.add_generation_prompt,
+                tools=tools.tools if tools else None,
+            )
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         # A template writes its own special tokens; the plain default relies on the tokenizer's.
@@ -213,8 +236,56 @@ class OpenAIServing:
         else:
             params = probe
         self._check_length(len(ids), params.max_tokens, param)
+        if parser is not None and tools is not None:
+            params = self._tool_params(params, tools, parser)
         job = self._job(body, [_Prompt(ids, ids)], params, chat=True, top_logprobs=body.top_logprobs)
+        job.tools, job.tool_parser = tools, parser
         return await self._respond(job, request)
+
+    # --- tools --------------------------------------------------------------------------
+    def _tool_parser(self, tools: ToolRequest | None) -> ToolParser | None:
+        if tools is None or not tools.parses_calls:
+            return None
+        if self.tool_call_parser is None:
+            raise bad_request(
+                f'tool_choice "{tools.choice}" needs a tool call format: this model\'s chat template names none; '
+                f"start the server with --tool-call-parser ({', '.join(sorted(TOOL_PARSERS))}), "
+                'or send tool_choice "none"',
+                "tool_choice",
+            )
+        return make_tool_parser(self.tool_call_parser, self.tokenizer.eos_token)
+
+    @staticmethod
+    def _tool_params(params: SamplingParams, tools: ToolRequest, parser: ToolParser) -> SamplingParams:
+        changes: dict[str, Any] = {}
+        if parser.keeps_special_tokens:
+            changes["skip_special_tokens"] = False  # the format's marker is a special token
+        if tools.is_forced:
+            try:
+                from ..structured_outputs import StructuredOutputsParams  # type: ignore[import-not-found,unused-ignore]
+            except ImportError:
+                raise bad_request(
+                    f'tool_choice "{tools.choice}" needs structured outputs, which this build lacks', "tool_choice"
+                ) from None
+            if getattr(params, "structured_outputs", None) is not None:
+                raise bad_request(
+                    "a forced tool call (tool_choice required or a named function) cannot be combined with "
+                    "response_format or another structured output",
+                    "tool_choice",
+                )
+            changes["structured_outputs"] = StructuredOutputsParams(**forced_call_constraint(parser, tools))
+        return dataclasses.replace(params, **changes) if changes else params
+
+    def _chat_message(self, job: _Job, o: CompletionOutput) -> tuple[dict[str, Any], str | None]:
+        """A choice's message and finish reason, with the tool calls parsed out of its text."""
+        if job.tool_parser is None or job.tools is None:
+            return {"role": "assistant", "content": o.text}, o.finish_reason
+        found = job.tool_parser.extract(o.text, job.tools.names)
+        if not found.tool_calls:
+            return {"role": "assistant", "content": found.content}, o.finish_reason
+        calls = found.tool_calls if job.tools.parallel else found.tool_calls[:1]
+        message = {"role": "assistant", "content": found.content, "tool_calls": [c.to_openai() for c in calls]}
+        return message, "tool_calls"
 
     async def _respond(self, job: _Job, request: Request) -> Response:
         job.trace_headers = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers} or None
@@ -302,14 +373,15 @@ class OpenAIServing:
             for o in out.outputs:
                 index = i * n + o.index
                 if job.chat:
+                    message, finish_reason = self._chat_message(job, o)
                     choices.append(
                         {
                             "index": index,
-                            "message": {"role": "assistant", "content": o.text},
+                            "message": message,
                             "logprobs": chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, 0)
                             if job.params.logprobs is not None
                             else None,
-                            "finish_reason": o.finish_reason,
+                            "finish_reason": finish_reason,
                             "stop_reason": o.stop_reason,
                         }
                     )
@@ -394,6 +466,8 @@ class OpenAIServing:
         text = streamable_text(o.text, finished, holdback)
         delta_text = text[state.sent_chars :] if len(text) > state.sent_chars else ""
         new_tokens = len(o.token_ids) - state.sent_tokens
+        if job.tool_parser is not None and job.tools is not None:
+            return self._tool_delta(job, index, o, state, text, new_tokens)
         if not delta_text and not finished and not (job.params.logprobs is not None and new_tokens > 0):
             return None
         logprobs = None
@@ -420,6 +494,35 @@ class OpenAIServing:
             "text": delta_text,
             "logprobs": logprobs,
             "finish_reason": o.finish_reason,
+            "stop_reason": o.stop_reason,
+        }
+
+    def _tool_delta(
+        self, job: _Job, index: int, o: CompletionOutput, state: _ChoiceState, text: str, new_tokens: int
+    ) -> dict | None:
+        assert job.tool_parser is not None and job.tools is not None
+        finished = o.finish_reason is not None
+        if state.tool_stream is None:
+            state.tool_stream = ToolCallStream(job.tool_parser, job.tools.names, 0 if job.tools.parallel else 1)
+        update = state.tool_stream.update(text, finished)
+        delta: dict[str, Any] = {}
+        if update.content:
+            delta["content"] = update.content
+        if update.tool_calls:
+            delta["tool_calls"] = update.tool_calls
+        if not delta and not finished and not (job.params.logprobs is not None and new_tokens > 0):
+            return None
+        logprobs = None
+        if job.params.logprobs is not None:
+            logprobs = chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, state.sent_tokens)
+        state.sent_chars = max(state.sent_chars, len(text))
+        state.sent_tokens = len(o.token_ids)
+        state.done = finished
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": "tool_calls" if finished and update.is_tool_call else o.finish_reason,
             "stop_reason": o.stop_reason,
         }
 
