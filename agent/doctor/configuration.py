@@ -15,6 +15,7 @@ from inferd.exporters.numa import parse_status_field
 from inferd.exporters.sysfs import parse_cpulist, read_optional
 
 from .check import Check
+from .placement import engine_gpus_and_node
 from .findings import Evidence, Finding, skip
 from .inputs import Inputs
 from .thresholds import Thresholds
@@ -99,6 +100,8 @@ def _kv_capacity(inputs: Inputs, t: Thresholds) -> Finding:
 
 
 def _gpu_node(inputs: Inputs) -> int | None:
+    if inputs.engine_pid is not None:
+        return engine_gpus_and_node(inputs, inputs.engine_pid)[1]
     if inputs.topology is None:
         return None
     nodes = sorted({g.numa_node for g in inputs.topology.gpus if g.numa_node is not None})

@@ -55,6 +55,21 @@ def workers(procfs: Path, pid: int) -> list[int]:
     return [int(p) for p in text.split() if p.isdigit()]
 
 
+def engine_gpus_and_node(inputs: Inputs, pid: int) -> tuple[list[int] | None, int | None]:
+    """The GPUs a process uses (None: all) and the NUMA node it belongs on."""
+    topology = inputs.topology
+    if topology is None:
+        return None, None
+    env = parse_environ(read_optional(inputs.procfs / str(pid) / "environ") or "")
+    gpus = visible_gpus(env, topology)
+    nodes = sorted(
+        {g.numa_node for g in topology.gpus if g.numa_node is not None and (gpus is None or g.index in gpus)}
+    )
+    if not nodes:
+        return gpus, None
+    return gpus, nodes[0] if len(nodes) == 1 else best_node_for_gpus(topology, gpus)
+
+
 def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
     if inputs.topology is None or not inputs.topology.gpus:
         return [skip(ID, "engine", LAYER, TITLE, inputs.missing.get("topology") or inputs.why("gpus"))]
@@ -73,16 +88,11 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
     status = read_optional(proc / "status")
     if status is None:
         return skip(ID, what, LAYER, TITLE, f"cannot read {proc}/status (no such process, or not permitted)")
-    env = parse_environ(read_optional(proc / "environ") or "")
-    gpus = visible_gpus(env, topology)
-    gpu_nodes = sorted(
-        {g.numa_node for g in topology.gpus if g.numa_node is not None and (gpus is None or g.index in gpus)}
-    )
-    if not gpu_nodes:
+    gpus, node = engine_gpus_and_node(inputs, pid)
+    if node is None:
         return skip(ID, what, LAYER, TITLE, "the GPUs' NUMA node is unknown (numa_node -1 and no CPU overlap)")
-    node = gpu_nodes[0] if len(gpu_nodes) == 1 else best_node_for_gpus(topology, gpus)
-    target = topology.node(node) if node is not None else None
-    if node is None or target is None:
+    target = topology.node(node)
+    if target is None:
         return skip(ID, what, LAYER, TITLE, f"NUMA node {node} is not under {inputs.sysfs}/devices/system/node")
     src = f"procfs:{proc}/status"
     cpus = parse_cpulist(parse_status_field(status, "Cpus_allowed_list") or "")
