@@ -208,3 +208,44 @@ def test_detect_from_chat_template(template, expected):
 def test_unknown_parser_name():
     with pytest.raises(ValueError, match="llama3_json"):
         make_tool_parser("pythonic")
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {"type": "function", "function": {"name": "get_time"}},
+]
+
+
+@pytest.mark.parametrize("parser_name", ["llama3_json", "hermes", "mistral"])
+def test_a_forced_call_in_the_constraint_shape_parses(parser_name):
+    """What a forced call is generated as (the format's text, then JSON valid under the
+    call schema, then the format's closing text) parses back as that call."""
+    import jsonschema
+
+    from inferd.engine.server.tool_parsers.tool_choice import forced_call_constraint, tool_request
+
+    parser = make_tool_parser(parser_name, "</s>")
+    for choice, instance in [
+        ("required", {"name": "get_weather", parser.argument_key: {"city": "Paris"}}),
+        ("required", {"name": "get_time", parser.argument_key: {}}),
+        ({"type": "function", "function": {"name": "get_time"}}, {"name": "get_time", parser.argument_key: {}}),
+    ]:
+        request = tool_request(TOOLS, choice, None)
+        assert request is not None and request.is_forced
+        constraint = forced_call_constraint(parser, request)
+        jsonschema.validate(instance, constraint["json"])
+        text = constraint["before"] + json.dumps(instance) + constraint["after"]
+        (call,) = parser.extract(text, request.names).tool_calls
+        assert call.name == instance["name"]
+        assert json.loads(call.arguments) == instance[parser.argument_key]
+    named = forced_call_constraint(
+        parser, tool_request(TOOLS, {"type": "function", "function": {"name": "get_time"}}, None)
+    )  # type: ignore[arg-type]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "get_weather", parser.argument_key: {"city": "Paris"}}, named["json"])
