@@ -187,7 +187,7 @@ vllm:kv_cache_usage_perc{{{labels}}} {usage}
 vllm:cache_config_info{{{labels},{cache}}} 1.0
 # TYPE inferd_kv_fragmentation_ratio gauge
 inferd_kv_fragmentation_ratio {fragmentation}
-# TYPE inferd_engine_fastpath_failures counter
+# TYPE inferd_engine_fastpath_failures_total counter
 inferd_engine_fastpath_failures_total{{reason="cuda_error"}} {failures}
 # TYPE inferd_engine_tunable gauge
 inferd_engine_tunable{{param="max_num_seqs"}} 64.0
