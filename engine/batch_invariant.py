@@ -7,10 +7,13 @@ the outputs diverge from there. `EngineConfig(deterministic=True)` (`inferd serv
 --deterministic`) runs the model through the steps below instead, where every kernel sees
 a shape that depends only on the token itself:
 
-- every per-token step (norms, projections, RoPE, the MLP, the LM head) runs over the
-  step's rows in fixed tiles of `ROW_TILE` rows, the last tile zero-padded, so each tile is
-  the same GEMM, norm and elementwise launch whatever the number of rows; a row's result
-  never depends on the other rows of its tile (no kernel mixes rows);
+- projections (attention, MLP, LM head) go through one matrix product whose tiling is
+  fixed: on a GPU a Triton kernel with one tile shape and no split-K
+  (fast_path/invariant_matmul.py), elsewhere torch's GEMM over fixed tiles of `ROW_TILE`
+  rows, the last zero-padded;
+- norms, RoPE and the elementwise steps run in fixed `ROW_TILE` tiles too, so each is the
+  same launch whatever the number of rows; no kernel mixes rows, so a row's result never
+  depends on the others in its tile;
 - attention is computed for each query token alone over exactly its own context (its
   sequence's keys up to and including itself): on a GPU each token is a row of the Triton
   decode kernel with a fixed split count, elsewhere one SDPA per token; what a row reads
@@ -36,9 +39,9 @@ from .fast_path.availability import unavailable_reason
 from .model import DecoderLayer, LayerOps, LlamaModel, apply_rope
 
 ROW_TILE = {"cpu": 32, "cuda": 256}
-"""Rows per fixed-shape tile, per device type. Each tile is one launch of every per-token
-kernel and reads every weight once: on a GPU a tile of 256 rows costs about what one row
-does (the weights' bytes dominate), on the CPU small tiles pad small batches less."""
+"""Rows per fixed-shape tile, per device type: one launch of a tiled step each. On the CPU
+a tile of the GEMM reads every weight once, so tiles stay small for small batches; on a
+GPU only norms and elementwise steps are tiled (projections are one fixed-tiling kernel)."""
 
 TileFn = Callable[..., tuple[torch.Tensor, ...]]
 
@@ -141,56 +144,77 @@ def _token_by_token(
     return out
 
 
+def invariant_projection(
+    device: torch.device, dtype: torch.dtype
+) -> Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]:
+    """How this mode multiplies by a weight on `device`: on a GPU the fast path runs on,
+    one launch of the fixed-tiling Triton matmul over all rows; elsewhere torch's GEMM
+    over fixed row tiles."""
+    if unavailable_reason(device, dtype) is None:
+        # imported here: importing the module defines (and on the CPU cannot build) the kernel
+        from .fast_path.invariant_matmul import invariant_linear
+
+        return lambda layer, x: invariant_linear(x, layer.weight, layer.bias)
+    tile = ROW_TILE[device.type]
+    return lambda layer, x: tiled_linear(layer, x, tile)
+
+
 class BatchInvariantOps(LayerOps):
-    """LayerOps whose per-token steps run in fixed ROW_TILE tiles (see the module
-    docstring); the order of the steps and the residual bookkeeping are LayerOps'."""
+    """LayerOps whose steps see no shape but their own row's: projections through
+    `invariant_projection`, norms, RoPE and the elementwise steps in fixed ROW_TILE tiles
+    (see the module docstring); the order of the steps and the residual bookkeeping are
+    LayerOps'."""
+
+    def __init__(self, model: LlamaModel, positions: torch.Tensor, slots: torch.Tensor, attend):
+        super().__init__(model, positions, slots, attend)
+        weight = model.embed_tokens.weight
+        self.tile = ROW_TILE[weight.device.type]
+        self.project = invariant_projection(weight.device, weight.dtype)
+
+    def _add_norm(self, norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None):
+        if residual is None:
+            return norm_rows(norm, x, self.tile), x
+        return tiled(lambda x_rows, r_rows: (norm(r_rows + x_rows), r_rows + x_rows), self.tile, x, residual)
 
     def attention_input(self, layer: DecoderLayer, x, residual, kv) -> tuple[torch.Tensor, torch.Tensor]:
         attn = layer.self_attn
-        first_layer = residual is None
+        h, residual = self._add_norm(layer.input_layernorm, x, residual)
+        t = h.shape[0]
+        q = self.project(attn.q_proj, h).view(t, attn.num_heads, attn.head_dim)
+        k = self.project(attn.k_proj, h).view(t, attn.num_kv_heads, attn.head_dim)
+        v = self.project(attn.v_proj, h).view(t, attn.num_kv_heads, attn.head_dim)
 
-        def rows(x_rows, residual_rows, positions):
-            residual_rows = x_rows if first_layer else residual_rows + x_rows
-            h = layer.input_layernorm(residual_rows)
-            t = h.shape[0]
-            q = attn.q_proj(h).view(t, attn.num_heads, attn.head_dim)
-            k = attn.k_proj(h).view(t, attn.num_kv_heads, attn.head_dim)
-            v = attn.v_proj(h).view(t, attn.num_kv_heads, attn.head_dim)
-            cos, sin = self.model.rotary(positions, h.dtype)
-            return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual_rows
+        def rope(q_rows, k_rows, positions):
+            cos, sin = self.model.rotary(positions, q_rows.dtype)
+            return apply_rope(q_rows, cos, sin), apply_rope(k_rows, cos, sin)
 
-        q, k, v, residual = tiled(rows, self.tile, x, x if first_layer else residual, self.positions)
+        q, k = tiled(rope, self.tile, q, k, self.positions)
         write_kv(kv[0], kv[1], k, v, self.slots)
         return q, residual
 
     def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
-        return tiled_linear(layer.self_attn.o_proj, out.reshape(out.shape[0], -1), self.tile)
+        return self.project(layer.self_attn.o_proj, out.reshape(out.shape[0], -1))
 
     def mlp(self, layer: DecoderLayer, x, residual) -> tuple[torch.Tensor, torch.Tensor]:
         mlp = layer.mlp
-
-        def rows(x_rows, residual_rows):
-            residual_rows = residual_rows + x_rows
-            h = layer.post_attention_layernorm(residual_rows)
-            return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)), residual_rows
-
-        x, residual = tiled(rows, self.tile, x, residual)
-        return x, residual
+        h, residual = self._add_norm(layer.post_attention_layernorm, x, residual)
+        gate, up = self.project(mlp.gate_proj, h), self.project(mlp.up_proj, h)
+        (act,) = tiled(lambda g, u: (F.silu(g) * u,), self.tile, gate, up)
+        return self.project(mlp.down_proj, act), residual
 
     def final_norm(self, x, residual) -> torch.Tensor:
-        return tiled(lambda x_rows, residual_rows: (self.model.norm(residual_rows + x_rows),), self.tile, x, residual)[
-            0
-        ]
+        return self._add_norm(self.model.norm, x, residual)[0]
 
-    @property
-    def tile(self) -> int:
-        return ROW_TILE[self.model.embed_tokens.weight.device.type]
+
+def norm_rows(norm: torch.nn.Module, x: torch.Tensor, tile: int) -> torch.Tensor:
+    return tiled(lambda rows: (norm(rows),), tile, x)[0]
 
 
 def make_batch_invariant(model: LlamaModel) -> None:
     """Switch `model`'s forward and LM head to the batch-invariant steps (for good: an
     engine in the default mode needs a model of its own)."""
-    tile = ROW_TILE[model.embed_tokens.weight.device.type]
+    weight = model.embed_tokens.weight
+    project = invariant_projection(weight.device, weight.dtype)
     model.step_ops = BatchInvariantOps
     model.attention_override = invariant_attention
-    model.lm_head_fn = lambda hidden: tiled_linear(model.lm_head, hidden, tile)
+    model.lm_head_fn = lambda hidden: project(model.lm_head, hidden)

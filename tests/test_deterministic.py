@@ -125,3 +125,20 @@ def test_token_rows_through_the_decode_kernel():
 def test_deterministic_refuses_tensor_parallelism():
     with pytest.raises(ValueError, match="deterministic needs tensor_parallel_size 1"):
         EngineConfig(model="m", deterministic=True, tensor_parallel_size=2)
+
+
+@pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
+def test_invariant_matmul_rows_do_not_depend_on_the_batch():
+    """The GPU projections' kernel, under Triton's interpreter: x @ W.T + b to rounding,
+    and row 3 bitwise the same in a batch of 70 (two row tiles) and alone."""
+    from inferd.engine.fast_path.invariant_matmul import invariant_linear
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(70, 96, generator=gen)
+    weight, bias = torch.randn(80, 96, generator=gen), torch.randn(80, generator=gen)
+    batch = invariant_linear(x, weight, bias)
+    torch.testing.assert_close(batch, torch.nn.functional.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+    assert torch.equal(invariant_linear(x[3:4], weight, bias), batch[3:4])
