@@ -116,7 +116,9 @@ class OutputProcessor:
                     num_tokens,
                 )
             )
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished)
+        # Prompt tokens counted once per request, as in usage: the first sequence's prefix hits.
+        cached = req.seqs[0].num_cached_tokens
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, cached)
 
     def _record_finished(self, req: Request, stats: StepStats) -> None:
         first = req.seqs[0]
@@ -133,6 +135,7 @@ class OutputProcessor:
                 queue_time=scheduled - req.arrival_time,
                 prefill_time=first_token - scheduled,
                 decode_time=finished - first_token,
+                num_cached_tokens=first.num_cached_tokens,
             )
         )
         self.counters.requests_finished[first.finish_reason or "abort"] += 1

@@ -2,17 +2,21 @@
 
 Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget
 (`max_num_seqs`), spent in this order:
-1. running sequences, highest effective priority first: a decode token each, or the
-   next chunk of a prompt. When a sequence cannot get a block, the lowest-priority
-   running sequence not yet scheduled is preempted (swap, or recompute when swap is
-   off or the host pool is full); if none is left, the sequence preempts itself;
+1. running sequences, most urgent first: a decode token each, or the next chunk of a
+   prompt. When a sequence cannot get a block, the least urgent running sequence not
+   yet scheduled is preempted (swap, or recompute when swap is off or the host pool is
+   full); if none is left, the sequence preempts itself;
 2. swapped-out sequences come back (a KV page fault), if nothing was preempted;
-3. waiting requests are admitted, highest priority first, while blocks above the
-   watermark and the budgets allow. Admission is in order: a request that does not
-   fit blocks those behind it, so large requests are not starved by small ones.
+3. waiting requests are admitted, most urgent first, while blocks above the
+   watermark and the budgets allow. A request that does not fit lets those behind it
+   use the room there is until it has waited `priority_aging_steps` steps for room;
+   then admission stops behind it, so large requests are not starved by small ones.
 
-Effective priority is the request's priority plus one level per
-`priority_aging_steps` steps spent waiting, so low priorities are never starved.
+Priorities mean what vLLM's priority scheduling makes them mean: a lower value is
+handled earlier, 0 is the default, negative values are allowed, ties go to the earlier
+arrival. Urgency is the effective priority, the request's priority less one level per
+`priority_aging_steps` steps since it arrived, so a request that waits long enough
+overtakes any newer one and low priorities are never starved.
 """
 
 from __future__ import annotations
@@ -85,11 +89,13 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
     def effective_priority(self, seq: Sequence) -> int:
-        return seq.priority + (self.step_count - seq.arrival_step) // self.config.priority_aging_steps
+        """Lower runs first (vLLM's meaning); waiting lowers it one level per aging period."""
+        return seq.priority - (self.step_count - seq.arrival_step) // self.config.priority_aging_steps
 
     def _order(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Most urgent first: lowest effective priority, then earliest arrival."""
         step, aging = self.step_count, self.config.priority_aging_steps  # effective_priority, inlined
-        return sorted(seqs, key=lambda s: (-(s.priority + (step - s.arrival_step) // aging), s.times.arrival, s.seq_id))
+        return sorted(seqs, key=lambda s: (s.priority - (step - s.arrival_step) // aging, s.times.arrival, s.seq_id))
 
     # --- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -176,6 +182,7 @@ class Scheduler:
             self.running.append(seq)
             if seq.times.first_scheduled is None:  # now, not after the step: its prefill is not queue time
                 seq.times.first_scheduled = time.time()
+                seq.num_cached_tokens = seq.num_computed_tokens  # what the prefix cache gave, as vLLM counts it
             if seq.needs_recompute_fault:
                 out.num_recompute_faults += 1
                 seq.needs_recompute_fault = False

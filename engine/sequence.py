@@ -60,6 +60,7 @@ class Sequence:
         self.arrival_step = arrival_step
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache held at first admission
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0
         self.num_cold_scanned = 0  # leading blocks already cold (cooling resumes after them)

@@ -21,6 +21,7 @@ class FinishedRequestStats:
     queue_time: float
     prefill_time: float
     decode_time: float
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
 
 
 @dataclass(slots=True)

@@ -115,34 +115,34 @@ def test_logprobs_are_normalised_and_include_chosen_token(llm):
 
 
 def test_priority_admitted_first(tiny_model):
-    """One sequence slot: the waiting requests run highest priority first, and equal
-    priorities in arrival order."""
+    """One sequence slot: the waiting requests run lowest priority value first (vLLM's
+    meaning; negative values allowed, 0 the default), equal priorities in arrival order."""
     engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=1))
     p = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    for rid, priority in (("low", 0), ("mid", 2), ("high", 5), ("mid-later", 2)):
+    for rid, priority in (("background", 5), ("mid", 2), ("urgent", -1), ("default", 0), ("mid-later", 2)):
         engine.add_request(rid, f"{rid} priority", p, priority=priority)
     finished = []
     while engine.has_unfinished():
         finished += [o.request_id for o in engine.step() if o.finished]
-    assert finished == ["high", "mid", "mid-later", "low"]
+    assert finished == ["urgent", "default", "mid", "mid-later", "background"]
 
 
 def test_aging_admits_a_starved_request_at_the_step_the_rule_gives(tiny_model):
-    """Effective priority = priority + steps waited // priority_aging_steps; higher first,
+    """Effective priority = priority - steps waited // priority_aging_steps; lower first,
     ties to the earlier arrival. One slot, two steps a request (prefill, one decode): the
-    k-th admission is at step 2k+1. A priority-3 request arrives every step, so the oldest
-    one waiting then is hi{k}, which has waited k+1 steps; old-low has waited 2k+1. old-low
-    goes first at the first k with (2k+1)//aging >= 3 + (k+1)//aging: k = 6 for aging 2,
-    after hi0..hi5, admitted at step 13 and finished at step 14."""
+    k-th admission is at step 2k+1. A priority-0 request arrives every step, so the oldest
+    one waiting then is hi{k}, which has waited k+1 steps; old-low (priority 3) has waited
+    2k+1. old-low goes first at the first k with 3 - (2k+1)//aging <= -((k+1)//aging):
+    k = 6 for aging 2, after hi0..hi5, admitted at step 13 and finished at step 14."""
     aging, gap = 2, 3
     k = next(k for k in range(100) if (2 * k + 1) // aging >= gap + (k + 1) // aging)
     assert k == 6
     engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=1, priority_aging_steps=aging))
     p = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    engine.add_request("old-low", "x", p, priority=0)
+    engine.add_request("old-low", "x", p, priority=gap)
     admitted, finished_at = [], {}
     for i in range(4 * k):
-        engine.add_request(f"hi{i}", "y", p, priority=gap)
+        engine.add_request(f"hi{i}", "y", p, priority=0)
         finished_at.update((o.request_id, engine.scheduler.step_count) for o in engine.step() if o.finished)
         admitted += [s.request_id for s in engine.scheduler.running if s.request_id not in admitted]
         if "old-low" in finished_at:

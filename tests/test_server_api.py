@@ -275,11 +275,11 @@ def gated_engine(gate: str, config):
 
 
 def test_priority_orders_admission(tiny_model, tmp_path):
-    """One sequence slot. A first request's step waits at a gate; a priority-0 request and
-    then a priority-5 one arrive meanwhile. When the gate opens, the priority-5 request runs
-    first: the priority-0 one gets its first token only after the other's 32 (the blocker
-    has finished by then whichever way the core received it: alone, or with the others and
-    admitted before the priority-0 one, as it is older)."""
+    """One sequence slot. A first request's step waits at a gate; a priority-5 request and
+    then a priority-0 one arrive meanwhile. When the gate opens, the priority-0 request runs
+    first (lower is earlier, as in vLLM): the priority-5 one gets its first token only after
+    the other's 32 (the blocker, priority 0 and older, has finished by then whichever way the
+    core received it: alone, or with the others and admitted first)."""
     gate = tmp_path / "gate"
     factory = functools.partial(gated_engine, str(gate))
     with running_server(tiny_model, max_num_seqs=1, engine_factory=factory) as server:
@@ -316,7 +316,7 @@ def test_priority_orders_admission(tiny_model, tmp_path):
 
         gate.touch()
         threads = []
-        for n, args in enumerate([("blocker", 0, 1), ("low", 0, 8), ("high", 5, 32)], start=1):
+        for n, args in enumerate([("blocker", 0, 1), ("low", 5, 8), ("high", 0, 32)], start=1):
             threads.append(threading.Thread(target=send, args=args))
             threads[-1].start()
             wait_for_live(n)  # sent to the engine core, in this order

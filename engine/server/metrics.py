@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -156,6 +156,11 @@ class StatLogger:
             REQUEST_LATENCY_BUCKETS,
         )
         self.prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.prefill_kv_computed = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            tokens,
+        )
         self.generation_tokens = hist(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
         )
@@ -204,6 +209,7 @@ class StatLogger:
             self.decode.observe(f.decode_time)
             self.inference.observe(f.prefill_time + f.decode_time)
             self.prompt_tokens.observe(f.num_prompt_tokens)
+            self.prefill_kv_computed.observe(f.num_prompt_tokens - max(f.num_cached_tokens, 0))
             self.generation_tokens.observe(f.num_generation_tokens)
             if f.num_generation_tokens > 1:
                 self.tpot.observe(f.decode_time / (f.num_generation_tokens - 1))
@@ -221,8 +227,13 @@ def cache_config_labels(config) -> dict[str, str]:
     return {
         "block_size": str(config.block_size),
         "cache_dtype": "auto",
+        "calculate_kv_scales": "False",
+        "cpu_offload_gb": "0",
         "enable_prefix_caching": str(bool(config.enable_prefix_caching)),
         "gpu_memory_utilization": str(config.gpu_memory_utilization),
+        "is_attention_free": "False",
+        "num_gpu_blocks_override": "None",
+        "sliding_window": "None",
         "swap_space": f"{config.swap_space_bytes / 2**30:g}",
         "kv_cold_dtype": config.kv_cold_dtype,
     }
@@ -270,6 +281,14 @@ class SnapshotCollector(Collector):
         by_reason.add_metric(lv + ["capacity"], s.num_waiting)
         by_reason.add_metric(lv + ["deferred"], 0)
         yield by_reason
+        sleep = GaugeMetricFamily(
+            "vllm:engine_sleep_state",
+            "Engine sleep state; awake = 1 means the engine is awake (this engine never sleeps).",
+            labels=LABELS + ["sleep_state"],
+        )
+        for state, value in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+            sleep.add_metric(lv + [state], value)
+        yield sleep
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv.usage)
         if self._cache_labels is not None and s.kv.num_blocks:  # the pool's size is known once the core is up
             labels = {
@@ -453,6 +472,10 @@ class ServerMetrics:
         cache_labels: dict[str, str] | None = None,
     ):
         self.registry = CollectorRegistry(auto_describe=False)
+        # process_*, python_gc_* and python_info, which vLLM's /metrics carries from the
+        # default registry: the API server process's CPU, memory and open files.
+        for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(default)
         self.stats = StatLogger(self.registry, model_name, max_model_len)
         self.http = HttpMetrics(self.registry)
         self.registry.register(SnapshotCollector(snapshot, model_name, cache_labels=cache_labels))
