@@ -26,6 +26,7 @@ from pathlib import Path
 import uvicorn
 
 from inferd.agent.collectors import COLLECTOR_MODULES
+from inferd.agent.kubernetes.node import add_arguments as add_kubernetes_arguments
 from inferd.agent.placement import best_node_for_gpus
 from inferd.agent.server import AgentState, create_app, load_extra_routers
 from inferd.agent.supervisor import Supervisor, SupervisorConfig
@@ -70,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-engine", action="store_true", help="collect and export only; do not run the engine")
     add_collector_arguments(parser, load_entries(COLLECTOR_MODULES))
     add_webhook_arguments(parser)
+    add_kubernetes_arguments(parser)
 
 
 def model_dir_problem(path: Path) -> str | None:
@@ -136,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"inferd agent: {message}", file=sys.stderr)
         return 2
 
+    kubernetes = getattr(args, "kubernetes", False)
+    if kubernetes:
+        args.no_engine = True  # the engines are pods that Kubernetes runs and restarts
     if not args.no_engine and not args.engine_command:
         if args.model is None:
             return fail("--model DIR is required (or --no-engine)")
@@ -164,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     state = AgentState.with_collectors(
-        CollectorSet(disabled={e.name for e in entries} - enabled),
+        # in Kubernetes mode the kubernetes collector reports each engine pod instead
+        CollectorSet(disabled=({e.name for e in entries} - enabled) | ({"engine"} if kubernetes else set())),
         topology=topology,
         topology_error=topology_error,
         placement={
@@ -186,13 +192,23 @@ def run(args: argparse.Namespace) -> int:
         extra=state.extra,
     )
     built: list[Built] = []
+    kube = None
     try:
         built += build_entries(entries, context)
         state.extra["args"] = args  # agent.webhook builds the remediation policy from them
-        try:
-            routers = load_extra_routers(state, log=log.warning)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"remediation: {exc}") from None
+        if kubernetes:
+            from inferd.agent.kubernetes.node import build as build_kubernetes
+            from inferd.agent.webhook import make_webhook_router
+
+            kube = build_kubernetes(args)
+            state.extra["remediation"] = kube.node.remediation
+            state.collectors.add(kube.collector)
+            routers = [make_webhook_router(kube.node.remediation, args.webhook_token_file)]
+        else:
+            try:
+                routers = load_extra_routers(state, log=log.warning)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"remediation: {exc}") from None
         built += build_entries(entries, context, late=True)
     except ValueError as exc:
         close_all(built)
@@ -222,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if supervisor:
             supervisor.start()
+        if kube is not None:
+            kube.node.start()
         for item in built:
             if item.start is not None:
                 item.start()
@@ -229,5 +247,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if supervisor:
             supervisor.stop()
+        if kube is not None:
+            for close in kube.closers:
+                close()
         close_all(built)
     return 0

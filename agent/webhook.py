@@ -20,13 +20,14 @@ import logging
 import os
 import secrets
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Protocol, TypeGuard
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from inferd.agent.remediation import Alert, RemediationPolicy
+from inferd.agent.audit import AuditLog
+from inferd.agent.remediation import Alert, PolicyConfig, RemediationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,20 @@ _ACTIONS = {
 }
 
 
-def make_webhook_router(policy: RemediationPolicy, token_file: str | os.PathLike | None) -> APIRouter:
+class AlertHandler(Protocol):
+    """What the routes need of a policy: a RemediationPolicy, or agent.kubernetes'
+    NodeRemediation, which routes each alert to the policy of an engine pod."""
+
+    audit: AuditLog
+    config: PolicyConfig
+
+    @property
+    def verifying(self) -> list[str]: ...
+
+    def handle(self, alert: Alert) -> dict[str, Any]: ...
+
+
+def make_webhook_router(policy: AlertHandler, token_file: str | os.PathLike | None) -> APIRouter:
     token = TokenFile(token_file)
     router = APIRouter()
 

@@ -51,7 +51,7 @@ def test_promtool_check_rules():
         [_tool("promtool"), "check", "rules", str(ALERTS / "rules.yml")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -86,6 +86,7 @@ def test_every_alert_is_complete():
         "InferdEngineFastPathFailing",
         "InferdEngineDown",
         "InferdCollectorDown",
+        "InferdPodNUMAMisaligned",
     }
     for name, rule in rules.items():
         assert render.parse_duration(rule["for"]) > 0, name
