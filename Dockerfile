@@ -27,7 +27,7 @@ RUN apt-get update \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/inferd/bin:$PATH \
     PYTHONUNBUFFERED=1
-EXPOSE 8000 9400
+EXPOSE 8000 10400
 CMD ["inferd", "agent"]
 
 # ---- the virtual environment with the dependencies, built here and copied whole into the

@@ -4,7 +4,7 @@ Discovers the topology (sysfs), picks the NUMA node for the engine (agent.placem
 starts `inferd serve` bound to that node and keeps it alive (agent.supervisor), builds
 the collectors of the registry (exporters.registry: gpu, pcie, numa, ebpf, engine, otlp,
 remediation, less any --no-collector NAME) into one CollectorSet, serves /metrics,
-/healthz and /v1/topology on 127.0.0.1:9400, and with --otlp-endpoint pushes the same
+/healthz and /v1/topology on 127.0.0.1:10400, and with --otlp-endpoint pushes the same
 metrics over OTLP/HTTP.
 
 Exit status: 0 after SIGTERM/SIGINT (the engine is stopped first), 2 for bad
@@ -49,7 +49,9 @@ log = logging.getLogger("inferd.agent")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="model directory (HF format) for the engine")
     parser.add_argument("--host", default="127.0.0.1", help="agent listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=9400, help="agent port (default 9400)")
+    # 9100-9999, the Prometheus exporter range, is fully allocated (10400 is dcgm-exporter's);
+    # 10400 sits outside it, off its outside-range table and clear of the kubelet's 10250-10259
+    parser.add_argument("--port", type=int, default=10400, help="agent port (default 10400)")
     parser.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     parser.add_argument("--procfs-root", type=Path, default=Path("/proc"))
     parser.add_argument("--engine-host", default="127.0.0.1", help="engine listen address (default 127.0.0.1)")

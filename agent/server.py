@@ -1,4 +1,4 @@
-"""The agent's HTTP app (port 9400): /metrics, /healthz, /v1/topology.
+"""The agent's HTTP app (port 10400): /metrics, /healthz, /v1/topology.
 
 /metrics is the agent's CollectorSet rendered by exporters.exposition (the same bytes
 client_python's generate_latest writes, in a third of the time).

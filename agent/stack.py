@@ -187,9 +187,9 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
                 str(token),
                 *config.agent_args,
             ),
-            "http://localhost:9400/healthz",
-            "http://localhost:9400/metrics",
-            (9400, 8000) if config.model else (9400,),
+            "http://localhost:10400/healthz",
+            "http://localhost:10400/metrics",
+            (10400, 8000) if config.model else (10400,),
             extra_health_urls=("http://localhost:8000/ready",) if config.model else (),
         ),
         Component(

@@ -1,7 +1,7 @@
 """Read the engine's own /metrics (port 8000) for the agent's decisions and for OTLP.
 
 The engine exports its KV paging and scheduler metrics on its own port, where
-Prometheus scrapes them. The agent must not repeat them on port 9400 (that would
+Prometheus scrapes them. The agent must not repeat them on port 10400 (that would
 double every series in Prometheus), so `EngineMetricsReader` is *not* a collector in
 the agent's CollectorSet: it is a source for the OTLP push and for code that decides
 (remediation), and `values()` gives the latest readings by sample name.

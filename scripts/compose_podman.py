@@ -388,7 +388,7 @@ def up(private_net: bool) -> None:
         else "on this host"
     )
     log(
-        f"up {where}: engine http://localhost:8000/v1, agent :9400, Prometheus :9090, Alertmanager :9093; "
+        f"up {where}: engine http://localhost:8000/v1, agent :10400, Prometheus :9090, Alertmanager :9093; "
         "stop with `scripts/compose_podman.py down`"
     )
 

@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def live_ports():
-    """The live stack's fixed ports (8000, 9090, 9093, 9400) for one test: one live stack
+    """The live stack's fixed ports (8000, 9090, 9093, 10400) for one test: one live stack
     at a time across xdist workers and test runs (server_fixtures.live_stack_ports)."""
     with live_stack_ports():
         yield

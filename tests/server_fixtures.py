@@ -244,7 +244,7 @@ LIVE_STACK_LOCK = Path(tempfile.gettempdir()) / "inferd-live-stack-ports.lock"
 
 @contextlib.contextmanager
 def live_stack_ports(timeout: float = 1800.0) -> Iterator[None]:
-    """Hold the live stack's fixed ports (8000, 9090, 9093, 9400) while a test or fixture
+    """Hold the live stack's fixed ports (8000, 9090, 9093, 10400) while a test or fixture
     runs `inferd stack up` or the compose stack: an flock, so one holder at a time across
     xdist workers and test runs, released when its process ends even if it crashes."""
     import fcntl

@@ -117,7 +117,7 @@ def test_promtool_check_config():
 def test_prometheus_scrapes_agent_and_engine_with_a_host_label():
     config = yaml.safe_load((ROOT / "prometheus/prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
-    assert jobs["inferd-agent"]["static_configs"][0]["targets"] == ["localhost:9400"]
+    assert jobs["inferd-agent"]["static_configs"][0]["targets"] == ["localhost:10400"]
     assert jobs["inferd-engine"]["static_configs"][0]["targets"] == ["localhost:8000"]
     for name in ("inferd-agent", "inferd-engine"):
         assert any(r["target_label"] == "host" for r in jobs[name]["relabel_configs"])
@@ -383,7 +383,7 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
 
         # The alert: Alertmanager -> webhook (bearer token from the shared volume) -> audit log.
         def alert_recorded():
-            status, body = stack.http("GET", "http://localhost:9400/v1/actions?limit=0")
+            status, body = stack.http("GET", "http://localhost:10400/v1/actions?limit=0")
             records = body.get("records", []) if isinstance(body, dict) else []
             return any(r.get("event") == "alert" and r.get("alert") == SMOKE_ALERT for r in records), status
 

@@ -175,7 +175,7 @@ REFERENCE = Path("/work/shared/reference")
 REPLAY = ROOT / "tests" / "fixtures" / "gpu" / "eight_h200.json"
 PROM = "http://localhost:9090"
 ENGINE = "http://localhost:8000"
-LIVE_PORTS = (8000, 9090, 9093, 9400)
+LIVE_PORTS = (8000, 9090, 9093, 10400)
 RATE_INTERVAL = "30s"  # Grafana's $__rate_interval for a 5 s scrape: max(4 x scrape, interval + scrape)
 
 
@@ -239,7 +239,7 @@ def _post_alert(name: str) -> None:
         ],
     }
     request = urllib.request.Request(
-        "http://localhost:9400/v1/alerts",
+        "http://localhost:10400/v1/alerts",
         data=_json.dumps(payload).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token_file().read_text().strip()}"},
     )

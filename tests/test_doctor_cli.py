@@ -95,7 +95,7 @@ def test_bad_options_are_refused_with_a_message(capsys):
     for args, message in (
         (["--since", "15 minutes"], "bad duration '15 minutes'"),
         (["--only", "pcei"], "unknown check(s) pcei"),
-        (["--agent", "localhost:9400"], "--agent must be an http(s) URL"),
+        (["--agent", "localhost:10400"], "--agent must be an http(s) URL"),
     ):
         assert main(["doctor", *args]) == 2
         captured = capsys.readouterr()

@@ -284,7 +284,7 @@ def test_engine_refusal_is_recorded_as_failed(engine, prom, audit_path, clock):
 
 def test_raise_batch_and_recompute(engine, prom, audit_path, clock):
     policy = make_policy(engine, prom, audit_path, clock, cooldown_s=0, verify_window_s=1)
-    result = policy.handle(firing("InferdGPUUnderutilizedWithQueue", job="inferd-agent", instance="127.0.0.1:9400"))
+    result = policy.handle(firing("InferdGPUUnderutilizedWithQueue", job="inferd-agent", instance="127.0.0.1:10400"))
     assert result["new"] == {"max_num_seqs": 80, "max_num_batched_tokens": 2560}
     clock.advance(2)
     policy.tick()
@@ -309,7 +309,7 @@ class FakeHost:
 def test_engine_down_asks_the_supervisor(engine, prom, audit_path, clock):
     host = FakeHost()
     policy = make_policy(engine, prom, audit_path, clock, host=host)
-    result = policy.handle(firing("InferdEngineDown", job="inferd-agent", instance="127.0.0.1:9400"))
+    result = policy.handle(firing("InferdEngineDown", job="inferd-agent", instance="127.0.0.1:10400"))
     assert result["result"] == "applied" and host.restarts == 1
     assert engine.changes == []
 

@@ -164,7 +164,7 @@ def test_config_validation():
 
 # --- live ------------------------------------------------------------------------------
 
-PORTS = (8000, 9090, 9093, 9400)
+PORTS = (8000, 9090, 9093, 10400)
 
 
 def live_preconditions() -> None:
@@ -185,7 +185,7 @@ def get(url: str) -> tuple[int, bytes]:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("live_ports")  # 8000/9090/9093/9400: one live stack at a time, across xdist workers
+@pytest.mark.usefixtures("live_ports")  # 8000/9090/9093/10400: one live stack at a time, across xdist workers
 def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
     live_preconditions()
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the stable JSON report (see --schema)")
     parser.add_argument("--schema", action="store_true", help="print the JSON report's JSON Schema and exit")
-    parser.add_argument("--agent", default=None, help="the agent's base URL, e.g. http://127.0.0.1:9400")
+    parser.add_argument("--agent", default=None, help="the agent's base URL, e.g. http://127.0.0.1:10400")
     parser.add_argument("--engine", default=None, help="the engine's base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--prometheus", default=None, help="Prometheus base URL; without it, instant values only")
     parser.add_argument("--since", default="15m", help="the window Prometheus queries look back over (s, m, h, d)")
