@@ -49,7 +49,7 @@ log = logging.getLogger("inferd.agent")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, help="model directory (HF format) for the engine")
     parser.add_argument("--host", default="127.0.0.1", help="agent listen address (default 127.0.0.1)")
-    # 9100-9999, the Prometheus exporter range, is fully allocated (10400 is dcgm-exporter's);
+    # 9100-9999, the Prometheus exporter range, is fully allocated (9400 is dcgm-exporter's);
     # 10400 sits outside it, off its outside-range table and clear of the kubelet's 10250-10259
     parser.add_argument("--port", type=int, default=10400, help="agent port (default 10400)")
     parser.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
