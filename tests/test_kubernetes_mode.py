@@ -11,7 +11,6 @@ to small engines on loopback (tests/remediation_fakes.py) so the admin calls are
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import threading
@@ -21,12 +20,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-import yaml
 
 pytest.importorskip("kubernetes")
 
 from fastapi.testclient import TestClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes_replay import API_TOKEN, ReplayApiServer, fixture, point_at
 
 from inferd.agent.cli import command_parser
 from inferd.agent.kubernetes.alert_pull import AlertPull, PullConfig, parse_alerts
@@ -41,15 +40,9 @@ from inferd.exporters.registry import CollectorSet
 
 from remediation_fakes import FakeEngine, ManualClock, _EngineHandler, alert_payload
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kubernetes"
-API_TOKEN = "replay-service-account-token"
 ADMIN_TOKEN = "admin-secret"
 HOOK_TOKEN = "hook-secret"
 SELECTOR = "app.kubernetes.io/component=engine"
-
-
-def fixture(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text())
 
 
 # ---- engines with /ready ------------------------------------------------------------------
@@ -78,131 +71,6 @@ class PodEngine(FakeEngine):
         return self.httpd.server_address[1]
 
 
-# ---- the API server replay ----------------------------------------------------------------
-
-
-class ReplayApiServer:
-    """Serves the recorded PodLists by node, one pod, and DELETE; records every request."""
-
-    def __init__(self, pods_by_node: dict[str, list[dict]]):
-        self.pods_by_node = pods_by_node
-        self.requests: list[dict[str, Any]] = []
-        self.ignore_field_selector = False
-        self.forbidden = False
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _reply(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _record(self) -> tuple[list[str], dict[str, list[str]]]:
-                url = urlparse(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                owner.requests.append(
-                    {
-                        "method": self.command,
-                        "path": url.path,
-                        "query": parse_qs(url.query),
-                        "authorization": self.headers.get("Authorization"),
-                        "body": body,
-                    }
-                )
-                return url.path.strip("/").split("/"), parse_qs(url.query)
-
-            def do_GET(self) -> None:
-                parts, query = self._record()
-                if owner.forbidden:
-                    return self._reply(403, fixture("status-forbidden.json"))
-                # /api/v1/pods or /api/v1/namespaces/NS/pods[/NAME]
-                if parts[:3] == ["api", "v1", "pods"] or (len(parts) == 5 and parts[4] == "pods"):
-                    items = owner.list(query)
-                    if len(parts) == 5:
-                        items = [p for p in items if p["metadata"]["namespace"] == parts[3]]
-                    return self._reply(200, {**fixture("pods-empty.json"), "items": items})
-                if len(parts) == 6 and parts[4] == "pods":
-                    pod = owner.find(parts[3], parts[5])
-                    return self._reply(200, pod) if pod else self._reply(404, fixture("status-not-found.json"))
-                self._reply(404, fixture("status-not-found.json"))
-
-            def do_DELETE(self) -> None:
-                parts, _ = self._record()
-                pod = owner.find(parts[3], parts[5]) if len(parts) == 6 else None
-                if pod is None:
-                    return self._reply(404, fixture("status-not-found.json"))
-                deleted = copy.deepcopy(pod)
-                deleted["metadata"].update(
-                    {k: v for k, v in fixture("pod-deleted.json")["metadata"].items() if k.startswith("deletion")}
-                )
-                for items in owner.pods_by_node.values():
-                    items[:] = [p for p in items if p is not pod]
-                self._reply(200, deleted)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-
-    def list(self, query: dict[str, list[str]]) -> list[dict]:
-        everything = [p for items in self.pods_by_node.values() for p in items]
-        field = query.get("fieldSelector", [""])[0]
-        if self.ignore_field_selector or not field:
-            return everything
-        assert field.startswith("spec.nodeName="), field
-        node = field.partition("=")[2]
-        labels = query.get("labelSelector", [""])[0]
-        key, _, value = labels.partition("=")
-        return [p for p in self.pods_by_node.get(node, []) if p["metadata"]["labels"].get(key) == value]
-
-    def find(self, namespace: str, name: str) -> dict | None:
-        for items in self.pods_by_node.values():
-            for pod in items:
-                if pod["metadata"]["namespace"] == namespace and pod["metadata"]["name"] == name:
-                    return pod
-        return None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "replay", "cluster": {"server": self.url}}],
-                    "users": [{"name": "agent", "user": {"token": API_TOKEN}}],
-                    "contexts": [{"name": "replay", "context": {"cluster": "replay", "user": "agent"}}],
-                    "current-context": "replay",
-                }
-            )
-        )
-        return path
-
-    def deletes(self) -> list[dict]:
-        return [r for r in self.requests if r["method"] == "DELETE"]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def _point_at(pod: dict, engine: PodEngine) -> dict:
-    """The recorded pod, its IP and engine port rewritten to a loopback engine."""
-    pod = copy.deepcopy(pod)
-    pod["status"]["podIP"] = "127.0.0.1"
-    pod["status"]["podIPs"] = [{"ip": "127.0.0.1"}]
-    pod["spec"]["containers"][0]["ports"][0]["containerPort"] = engine.port
-    return pod
-
-
 @pytest.fixture
 def cluster(tmp_path):
     """Node a: pods a1 (ready) and a2 (its core stalled); node b: pod b1 (ready)."""
@@ -211,8 +79,8 @@ def cluster(tmp_path):
     [b1] = fixture("pods-gpu-node-b.json")["items"]
     api = ReplayApiServer(
         {
-            "gpu-node-a": [_point_at(a1, engines["a1"]), _point_at(a2, engines["a2"])],
-            "gpu-node-b": [_point_at(b1, engines["b1"])],
+            "gpu-node-a": [point_at(a1, engines["a1"].port), point_at(a2, engines["a2"].port)],
+            "gpu-node-b": [point_at(b1, engines["b1"].port)],
         }
     )
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
