@@ -3,7 +3,8 @@
 For people without Grafana at hand: queries Prometheus for the last N minutes with the
 very expressions the boards use (dashboards/spec.py panels marked `headline`), draws
 each panel with matplotlib and writes `index.html` beside the PNGs, in `--output`
-(default `./inferd-report`); it prints the page's absolute path.
+(default `./inferd-report`); it prints the page's absolute path. The page opens with a
+diagnosis section: the `inferd doctor` checks over the same window.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def write_report(config: ReportConfig, boards: tuple[Board, ...], now: float | None = None) -> Path:
+def write_report(
+    config: ReportConfig, boards: tuple[Board, ...], now: float | None = None, diagnosis_html: str = ""
+) -> Path:
     end = time.time() if now is None else now
     start = end - 60 * config.minutes
     config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -159,6 +162,7 @@ def write_report(config: ReportConfig, boards: tuple[Board, ...], now: float | N
 </head><body>
 <h1>inferd report</h1>
 <p>{stamp(start)} to {stamp(end)} ({config.minutes} min, step {config.step_s} s) from {html.escape(config.prometheus_url)}</p>
+{diagnosis_html}
 {"".join(sections)}
 </body></html>
 """
@@ -183,6 +187,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output directory, created if needed; index.html and the PNGs go there "
         "(default: ./%(default)s, under the directory the command runs in)",
     )
+    parser.add_argument("--agent", default=None, help="the agent's base URL, for the diagnosis section")
+    parser.add_argument("--engine", default=None, help="the engine's base URL, for the diagnosis section")
+    parser.add_argument(
+        "--no-diagnosis", action="store_true", help="leave out the diagnosis section (the `inferd doctor` checks)"
+    )
+
+
+def diagnosis_section(args: argparse.Namespace, config: ReportConfig) -> str:
+    """The `inferd doctor` findings over the report's window, as HTML."""
+    from inferd.agent.doctor.inputs import DoctorOptions
+    from inferd.agent.doctor.render import to_html
+    from inferd.agent.doctor.runner import diagnose
+
+    options = DoctorOptions(
+        agent_url=getattr(args, "agent", None),
+        engine_url=getattr(args, "engine", None),
+        prometheus_url=config.prometheus_url,
+        since_s=60.0 * config.minutes,
+    )
+    return to_html(diagnose(options))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = ReportConfig(args.prometheus, args.minutes, args.out.expanduser().resolve(), args.step)
-        index = write_report(config, BOARDS)
+        diagnosis = "" if getattr(args, "no_diagnosis", False) else diagnosis_section(args, config)
+        index = write_report(config, BOARDS, diagnosis_html=diagnosis)
     except (ValueError, RuntimeError) as exc:
         print(f"inferd report: {exc}", file=sys.stderr)
         return 1

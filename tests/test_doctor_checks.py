@@ -3,6 +3,9 @@ fault where its check must (doctor_nodes.py builds them)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from doctor_nodes import (
     ENGINE_CONFIG,
@@ -26,6 +29,7 @@ from inferd.exporters.pcie_parsers import parse_pcie_capability
 from fixture_trees import ENGINE_PID
 
 WINDOW = 900.0
+SERVE_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "2026-11-29-cpu-serve-load.json"
 
 
 @pytest.fixture(autouse=True)
@@ -376,3 +380,63 @@ def test_only_keeps_the_named_checks_and_refuses_unknown_ones(healthy):
 
 def test_pcie_checks_reuse_the_topology_helpers():
     assert pcie.degraded_hops.__module__ == "inferd.agent.topo_cmd"
+
+
+def test_load_past_the_knee_of_a_recorded_sweep_fails(healthy, tmp_path):
+    from inferd.agent.doctor import headroom as hr
+    from inferd.agent.doctor import saturation
+
+    roots, replay = healthy
+    record = json.loads(SERVE_RESULTS.read_text())
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(
+        json.dumps(
+            {"figures": {"tiny": record["figures"]["tiny"], "level_columns": record["figures"]["level_columns"]}}
+        )
+    )
+    window = f"{int(WINDOW)}s"
+    step = f"sum(rate({hr.STEP_SUM}[{saturation.RATE}])) / sum(rate({hr.STEP_COUNT}[{saturation.RATE}]))"
+    batch = f"sum(rate({hr.BATCH_SUM}[{saturation.RATE}])) / sum(rate({hr.BATCH_COUNT}[{saturation.RATE}]))"
+    per_request = f"sum(increase({hr.GEN_SUM}[{window}])) / sum(increase({hr.GEN_COUNT}[{window}]))"
+
+    def batch_size(t, s, e):  # the batch grows over the window; step time follows 10 ms + 0.5 ms x b
+        return 4 + 28 * (t - s) / (e - s)
+
+    answers = {
+        f"sum(rate(vllm:request_success_total[{window}]))": [({}, lambda t, s, e: 9.0)],
+        step: [({}, lambda t, s, e: 0.010 + 0.0005 * batch_size(t, s, e))],
+        batch: [({}, batch_size)],
+        per_request: [({}, lambda t, s, e: 100.0)],
+    }
+    with FakeHttp(answers=answers) as prometheus, engine_server() as engine:
+        findings = diagnose(roots, replay, engine, prometheus=prometheus, only=("saturation",), sweep_path=str(sweep))
+    knee = findings["saturation.knee"]
+    assert knee.status == "fail"
+    assert knee.summary.startswith("load 9 req/s is 112% of the knee at 8")
+    assert "p99 latency x" in knee.summary
+    room = findings["saturation.headroom"]
+    # 100 ms SLO: b = 180 capped at max_num_seqs 64, t = 42 ms, 64 / 0.042 / 100 = 15.2 req/s, 9 in use
+    values = {e.name: e.value for e in room.evidence}
+    assert values["capacity_rps"] == pytest.approx(64 / 0.042 / 100, rel=1e-3)
+    assert values["headroom_rps"] == pytest.approx(64 / 0.042 / 100 - 9, rel=1e-3)
+    assert room.status == "ok"
+
+
+def test_knee_from_the_prometheus_window_without_a_sweep(healthy):
+    from inferd.agent.doctor import saturation
+
+    roots, replay = healthy
+
+    def concurrency(t, s, e):
+        return 1 + 63 * (t - s) / (e - s)
+
+    answers = {
+        saturation.CONCURRENCY: [({}, concurrency)],
+        saturation.TOKENS: [({}, lambda t, s, e: 40.0 * min(concurrency(t, s, e), 24))],
+    }
+    with FakeHttp(answers=answers) as prometheus, engine_server(engine_metrics(running=60, waiting=4)) as engine:
+        findings = diagnose(roots, replay, engine, prometheus=prometheus, only=("saturation.knee",))
+    knee = findings["saturation.knee"]
+    values = {e.name: e.value for e in knee.evidence}
+    assert 20 <= values["knee_load"] <= 32  # the bins straddle the bend at 24
+    assert knee.status == "fail" and "requests in the engine" in knee.summary

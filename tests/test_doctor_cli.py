@@ -175,3 +175,38 @@ def test_headroom_collector_reports_an_unreachable_engine_as_down():
     reader = EngineMetricsReader(EngineMetricsConfig(url="http://127.0.0.1:9/metrics", timeout_s=0.5))
     text = scrape(HeadroomCollector(reader, slo_step_s=0.05))
     assert samples(text, "inferd_collector_up") == {(("collector", "headroom"),): 0.0}
+
+
+def test_report_opens_with_the_diagnosis_section(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed")
+    from inferd.agent import report
+    from inferd.agent.cli import command_parser
+
+    def page(*extra: str) -> str:
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        args = command_parser("report").parse_args(
+            ["--prometheus", prometheus.url, "--minutes", "5", "--output", str(out), *extra]
+        )
+        assert report.run(args) == 0
+        return (out / "index.html").read_text()
+
+    with FakeHttp() as prometheus:
+        full = page()
+        queried = list(prometheus.queries)
+        bare = page("--no-diagnosis")
+    assert "<h2>Diagnosis</h2>" in full and "<h2>Diagnosis</h2>" not in bare
+    assert full.index("<h2>Diagnosis</h2>") < full.index("<h2>", full.index("<h2>Diagnosis</h2>") + 1)
+    assert "kv_cache.fault_fit" in full and "saturation.knee" in full
+    assert any("inferd_kv_page_faults_total" in q for q in queried)  # the doctor asked the report's Prometheus
+
+
+def test_the_manual_names_every_threshold_and_check():
+    from dataclasses import fields
+
+    from inferd.agent.doctor.check import load_checks
+    from inferd.agent.doctor.thresholds import Thresholds
+
+    manual = (REPO / "docs" / "DOCTOR.md").read_text()
+    missing = [f.name for f in fields(Thresholds) if f"`{f.name}`" not in manual]
+    missing += [c.id for c in load_checks() if f"| `{c.id}` |" not in manual]
+    assert missing == []

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from inferd import knee
 from inferd.agent.doctor.fault_fit import fit_fault_rate
 from inferd.agent.doctor.headroom import Totals, estimate
 from inferd.agent.doctor.saturation import Level, knee_of, sweep_levels
@@ -50,7 +51,7 @@ def test_fit_is_exact_on_exact_samples_and_refuses_what_cannot_be_fitted():
 def test_the_doctor_and_the_bench_share_one_knee_finder():
     from inferd.agent.doctor import saturation
 
-    assert saturation.find_knee is serve.find_knee
+    assert saturation.find_knee is serve.find_knee is knee.find_knee
 
 
 def test_knee_of_a_synthetic_sweep_with_the_latency_jump():

@@ -15,9 +15,9 @@ from inferd.exporters.numa import parse_status_field
 from inferd.exporters.sysfs import parse_cpulist, read_optional
 
 from .check import Check
-from .placement import engine_gpus_and_node
 from .findings import Evidence, Finding, skip
 from .inputs import Inputs
+from .placement import engine_gpus_and_node
 from .thresholds import Thresholds
 
 ID, LAYER = "configuration", "host"

@@ -72,3 +72,32 @@ def to_text(diagnosis: Diagnosis, colour: bool = False) -> str:
     counts = Counter(f.status for f in findings)
     lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES) + f"; exit status {diagnosis.exit_status}"]
     return "\n".join(lines) + "\n"
+
+
+def to_html(diagnosis: Diagnosis) -> str:
+    """The findings as an HTML section (for `inferd report`): a table, worst first, with
+    the evidence and fix of each finding that is not ok."""
+    import html
+
+    colours = {"fail": "#c4162a", "warn": "#e0b400", "skip": "#888", "ok": "#37872d"}
+    rows = []
+    for f in diagnosis.findings:
+        text = f.summary if f.status != "skip" else f.reason or ""
+        detail = ""
+        if f.status in ("fail", "warn"):
+            items = "".join(
+                f"<li>{html.escape(e.name)} = {html.escape(_value(e.value))} {html.escape(e.unit)} "
+                f"<span class='desc'>[{html.escape(e.source)}]</span></li>"
+                for e in f.evidence
+            )
+            detail = f"<ul>{items}</ul><p><b>fix:</b> {html.escape(f.fix or '')}</p>"
+        rows.append(
+            f"<tr><td style='color:{colours[f.status]}'><b>{f.status.upper()}</b></td>"
+            f"<td>{html.escape(f.id)}</td><td>{html.escape(text)}{detail}</td></tr>"
+        )
+    counts = Counter(f.status for f in diagnosis.findings)
+    tally = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
+    return (
+        f"<h2>Diagnosis</h2><p>inferd doctor: {tally} (docs/DOCTOR.md)</p>"
+        f"<table><tr><th>status</th><th>check</th><th>finding</th></tr>{''.join(rows)}</table>"
+    )

@@ -1,7 +1,7 @@
 """Saturation: the load at which throughput stops rising and p99 latency jumps (the knee,
-from the second differences of throughput over load: `find_knee`, the finder
-`inferd bench serve` uses), the current load against it, and the headroom (requests/s
-the node can still take at its step-time SLO; agent.doctor.headroom).
+from the second differences of throughput over load: inferd.knee, the finder
+`inferd bench serve` uses too), the current load against it, and the headroom
+(requests/s the node can still take at its step-time SLO; agent.doctor.headroom).
 
 The knee comes from a sweep file (`inferd bench serve` output, or a results record in
 benchmarks/results/) or, without one, from the Prometheus window: throughput against
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from inferd.engine.bench.serve import find_knee
+from inferd.knee import find_knee
 
 from . import headroom as hr
 from .check import Check
@@ -165,7 +165,8 @@ def _knee(inputs: Inputs, t: Thresholds) -> Finding:
     ]
     if knee.latency_jump is not None:
         evidence.append(Evidence("p99_jump_after_knee", knee.latency_jump, src, "x"))
-    jump = f", p99 latency x{knee.latency_jump:.1f} at the next level" if knee.latency_jump else ""
+    jumped = knee.latency_jump is not None and knee.latency_jump >= t.latency_jump
+    jump = f", p99 latency x{knee.latency_jump:.1f} at the next level" if jumped else ""
     if current is None:
         summary = f"knee at {knee.load:g} {unit} ({knee.throughput:.0f} tokens/s){jump}; current load unknown"
         why = f"current load: {inputs.prometheus_reason()}" if inputs.prometheus is None else "current load unknown"

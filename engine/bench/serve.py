@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from inferd.knee import find_knee
+
 log = logging.getLogger(__name__)
 
 
@@ -91,20 +93,6 @@ def percentile(values: list[float], q: float) -> float:
     pos = (len(xs) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def find_knee(loads: list[float], throughputs: list[float]) -> int | None:
-    """Index of the knee: the load after which the slope of throughput over load falls
-    the most (the most negative second difference). None with fewer than 3 levels or
-    when the slope never falls."""
-    if len(loads) != len(throughputs):
-        raise ValueError(f"{len(loads)} loads but {len(throughputs)} throughputs")
-    if len(loads) < 3:
-        return None
-    slopes = [(throughputs[i] - throughputs[i - 1]) / (loads[i] - loads[i - 1]) for i in range(1, len(loads))]
-    second = [slopes[i] - slopes[i - 1] for i in range(1, len(slopes))]  # second[i-1] belongs to level i
-    best = min(range(len(second)), key=lambda i: second[i])
-    return best + 1 if second[best] < 0 else None
 
 
 def make_prompt(rng: random.Random, words: list[str], length: int) -> str:
