@@ -7,6 +7,10 @@ remediation, less any --no-collector NAME) into one CollectorSet, serves /metric
 /healthz and /v1/topology on 127.0.0.1:10400, and with --otlp-endpoint pushes the same
 metrics over OTLP/HTTP.
 
+With --kubernetes it runs no engine: it finds the engine pods on its own node through the
+Kubernetes API and acts on them through their admin API, taking only the alerts about its
+node (agent.kubernetes; docs/ADMIN.md, "Kubernetes mode").
+
 Exit status: 0 after SIGTERM/SIGINT (the engine is stopped first), 2 for bad
 arguments (a --model that is not a model directory, an unreadable replay file, a
 collector name the registry does not know). The

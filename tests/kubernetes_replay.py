@@ -69,7 +69,7 @@ class ReplayApiServer:
                     return self._reply(403, fixture("status-forbidden.json"))
                 # /api/v1/pods or /api/v1/namespaces/NS/pods[/NAME]
                 if parts[:3] == ["api", "v1", "pods"] or (len(parts) == 5 and parts[4] == "pods"):
-                    items = owner.list(query)
+                    items = owner.list_pods(query)
                     if len(parts) == 5:
                         items = [p for p in items if p["metadata"]["namespace"] == parts[3]]
                     return self._reply(200, {**fixture("pods-empty.json"), "items": items})
@@ -94,7 +94,7 @@ class ReplayApiServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
-    def list(self, query: dict[str, list[str]]) -> list[dict]:
+    def list_pods(self, query: dict[str, list[str]]) -> list[dict]:
         everything = [p for items in self.pods_by_node.values() for p in items]
         field = query.get("fieldSelector", [""])[0]
         if self.ignore_field_selector or not field:

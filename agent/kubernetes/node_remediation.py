@@ -176,14 +176,14 @@ class NodeRemediation:
             for uid in [u for u in self._pods if u not in current]:
                 policy = self._policies.pop(uid, None)
                 if policy is not None:
-                    policy.stop()
+                    _close(policy)
                 log.info("engine pod %s left this node", self._pods.pop(uid).key)
             for uid, pod in current.items():
                 known = self._pods.get(uid)
                 if known is None or known.instance != pod.instance:
                     old = self._policies.pop(uid, None)
                     if old is not None:
-                        old.stop()
+                        _close(old)
                     config = dataclasses.replace(
                         self.config, engine_selector=f'{self.config.engine_selector},instance="{pod.instance}"'
                     )
@@ -204,7 +204,7 @@ class NodeRemediation:
     def stop(self) -> None:
         with self._lock:
             for policy in self._policies.values():
-                policy.stop()
+                _close(policy)
 
     def start(self) -> None:
         """Policies start as pods are found (update_pods); nothing runs before."""
@@ -323,6 +323,14 @@ class NodeRemediation:
         for policy in self._all():
             merged.update(policy.in_force)
         return merged
+
+
+def _close(policy: RemediationPolicy) -> None:
+    """Stop a pod's policy and close its engine connection (the pod left, or moved)."""
+    policy.stop()
+    close = getattr(policy.engine, "close", None)
+    if close is not None:
+        close()
 
 
 def _summed(counts: Iterable[dict]) -> dict:
