@@ -46,8 +46,10 @@ class BlockManager:
     # --- admission ------------------------------------------------------------
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks holding a prefix of the sequence. The last token is always
-        computed, so that the step that admits the sequence yields its logits."""
-        if not self.enable_prefix_caching:
+        computed, so that the step that admits the sequence yields its logits. None for a
+        sequence that asks for prompt logprobs: cached blocks have no logits to score
+        (engine/prompt_logprobs.py)."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         tokens = seq.token_ids
         hits: list[int] = []

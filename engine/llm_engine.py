@@ -39,6 +39,7 @@ from .model_runner import ModelRunner
 from .numa_memory import available_host_bytes, device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
+from .prompt_logprobs import record as record_prompt_logprobs
 from .request_validator import RequestLimits, RequestValidator
 from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, sample
@@ -237,7 +238,13 @@ class LLMEngine:
             Sequence(request_id, i, ids, params, priority, arrival, self.scheduler.step_count) for i in range(params.n)
         ]
         self.requests[request_id] = Request(
-            request_id, prompt if isinstance(prompt, str) else None, ids, params, seqs, arrival
+            request_id,
+            prompt if isinstance(prompt, str) else None,
+            ids,
+            params,
+            seqs,
+            arrival,
+            prompt_logprobs=[None] * len(ids) if params.prompt_logprobs is not None else None,
         )
         for seq in seqs:
             self.scheduler.add(seq)
@@ -348,11 +355,26 @@ class LLMEngine:
         by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
         return [by_seq.get(id(item.seq), -1) for item in batch]
 
+    def _record_prompt_logprobs(self, batch: list[ScheduledSeq], chunks: list | None) -> None:
+        """Write the prompt tokens a step scored into their requests (every sibling of an
+        n > 1 request scores the same prompt; whichever gets there writes the same values)."""
+        if chunks is None:
+            return
+        for item, chunk in zip(batch, chunks):
+            req = self.requests.get(item.seq.request_id)
+            if chunk is not None and req is not None and req.prompt_logprobs is not None:
+                record_prompt_logprobs(req.prompt_logprobs, chunk, self._token_text)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def _execute_and_sample(self, batch, sampling: list[Sequence]) -> tuple[list[int], list]:
-        """Run the step and choose its tokens. On the fast decode path the non-finite check
-        comes back with the tokens (one host sync); if it fails, the step runs again on
-        the portable path, with the seeded generators rewound."""
+        """Run the step, record the prompt tokens it scored (RunnerOutput.prompt_logprobs)
+        and choose its tokens. On the fast decode path the non-finite check comes back
+        with the tokens (one host sync); if it fails, the step runs again on the portable
+        path, with the seeded generators rewound."""
         output = self.runner.execute(batch)
+        self._record_prompt_logprobs(batch, output.prompt_logprobs)
         if not sampling:
             return [], []
         tokens = output.sampled_token_ids or greedy_on_device(output.logits, sampling)
@@ -367,7 +389,9 @@ class LLMEngine:
             for generator, state in rewind:
                 generator.set_state(state)
             self.runner.non_finite_after_all()
-            return sample(self.runner.execute(batch).logits, sampling, self.tokenizer.eos_token_ids, self.generator)
+            rerun = self.runner.execute(batch)
+            self._record_prompt_logprobs(batch, rerun.prompt_logprobs)
+            return sample(rerun.logits, sampling, self.tokenizer.eos_token_ids, self.generator)
 
     def _cool(self, seqs) -> None:
         """Quantize full blocks that left the hot window (not in fallback: no quantized

@@ -31,6 +31,9 @@ from .fast_path.cold_layout import cold_prefix_layout
 from .fast_path.gpu_sampling import can_sample_greedy_on_device
 from .kv_cache import KVCache
 from .model import LlamaModel
+from .prompt_logprobs import PromptLogprobRows
+from .prompt_logprobs import plan_rows as plan_prompt_rows
+from .prompt_logprobs import score as score_prompt_rows
 from .runner_output import RunnerOutput
 from .scheduler import ScheduledSeq
 
@@ -39,6 +42,15 @@ if TYPE_CHECKING:
     from .token_readback import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
+
+
+def _split_prompt_rows(
+    logits: torch.Tensor, num_sample_rows: int, plan: PromptLogprobRows | None, batch_size: int
+) -> RunnerOutput:
+    if plan is None:
+        return RunnerOutput(logits)
+    sampled = logits[:num_sample_rows] if num_sample_rows else logits.new_zeros(0, 0)
+    return RunnerOutput(sampled, prompt_logprobs=score_prompt_rows(logits[num_sample_rows:], plan, batch_size))
 
 
 class FastPathError(RuntimeError):
@@ -181,16 +193,20 @@ class ModelRunner:
         takes this KV layout, else, or after a fast-path failure (which switches the runner
         to the fallback), with the portable one."""
         input_ids, meta, sample_rows = self.prepare(batch)
+        # Rows scoring prompt tokens (engine/prompt_logprobs.py) get their logits in the same
+        # call as the sampling rows, after them.
+        plan = plan_prompt_rows(batch, meta.query_start)
+        rows = sample_rows + plan.rows if plan is not None else sample_rows
         has_cold = self.kv_layers[0][2] is not None
         fast_handles_batch = not has_cold or getattr(self.fast_attention, "supports_cold_kv", False)
         if fast and fast_handles_batch:
             try:
-                return RunnerOutput(
-                    self._forward(input_ids, meta, sample_rows, self._fast_attention_checked, check=True)
-                )
+                logits = self._forward(input_ids, meta, rows, self._fast_attention_checked, check=True)
+                return _split_prompt_rows(logits, len(sample_rows), plan, len(batch))
             except self.fast_path_errors as exc:
                 self._switch_to_fallback(exc)
-        return RunnerOutput(self._forward(input_ids, meta, sample_rows, paged_attention, check=False))
+        logits = self._forward(input_ids, meta, rows, paged_attention, check=False)
+        return _split_prompt_rows(logits, len(sample_rows), plan, len(batch))
 
     @torch.inference_mode()
     def launch_greedy_decode(

@@ -118,7 +118,9 @@ class OutputProcessor:
             )
         # Prompt tokens counted once per request, as in usage: the first sequence's prefix hits.
         cached = req.seqs[0].num_cached_tokens
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outs, finished, cached)
+        return RequestOutput(
+            req.request_id, req.prompt, req.prompt_token_ids, outs, finished, cached, req.prompt_logprobs
+        )
 
     def _record_finished(self, req: Request, stats: StepStats) -> None:
         first = req.seqs[0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .prompt_logprobs import PromptLogprobs
+
 
 class CompletionOutput:
     """One completion as of the step that returned it.
@@ -103,3 +105,6 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then
+    # {token id: Logprob} per prompt token (engine/prompt_logprobs.py), as vLLM's.
+    prompt_logprobs: PromptLogprobs | None = None

@@ -26,6 +26,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     """Return this many top log-probabilities per generated token (plus the chosen one)."""
+    prompt_logprobs: int | None = None
+    """Return this many top log-probabilities per prompt token (plus the prompt's own), as vLLM."""
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -57,6 +59,10 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.logprobs is not None:
             check_range("logprobs", self.logprobs, 0, 20)
+        if self.prompt_logprobs is not None:
+            if isinstance(self.prompt_logprobs, bool) or not isinstance(self.prompt_logprobs, int):
+                raise ValueError(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")
+            check_range("prompt_logprobs", self.prompt_logprobs, 0, 20)
 
     @property
     def is_greedy(self) -> bool:

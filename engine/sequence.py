@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .detokenizer import IncrementalDetokenizer
+from .prompt_logprobs import PromptLogprobs
 from .sampling_params import SamplingParams
 
 
@@ -149,6 +150,9 @@ class Request:
     counted_prompt: bool = False
     num_cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Filled by position as prefill chunks score the prompt (engine/prompt_logprobs.py);
+    # None when params.prompt_logprobs is None.
+    prompt_logprobs: PromptLogprobs | None = None
 
     @property
     def is_finished(self) -> bool:
