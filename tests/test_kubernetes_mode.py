@@ -350,6 +350,17 @@ def test_each_agent_pulls_its_own_nodes_alerts_and_acts_once(cluster, alertmanag
     assert (query["active"], query["silenced"], query["inhibited"]) == (["true"], ["false"], ["false"])
 
 
+def test_alerts_wait_while_the_api_server_cannot_be_listed(cluster, alertmanager):
+    api, engines, agent = cluster
+    api.forbidden = True
+    node, _ = agent("gpu-node-a", f"--alertmanager-url={alertmanager.url}")
+    node.refresh()
+    assert alertmanager.queries == [] and engines["a1"].changes == []
+    api.forbidden = False
+    node.refresh()
+    assert len(engines["a1"].changes) == 1
+
+
 def test_a_restarted_agent_does_not_act_again(cluster, alertmanager):
     _, engines, agent = cluster
     first, _ = agent("gpu-node-a", f"--alertmanager-url={alertmanager.url}")
@@ -364,7 +375,11 @@ def test_a_restarted_agent_does_not_act_again(cluster, alertmanager):
 def test_two_replicas_are_merged_and_one_down_is_skipped(alertmanager):
     clock = ManualClock()
     pull = AlertPull(
-        PullConfig((alertmanager.url, "http://127.0.0.1:9"), "host", "gpu-node-a", resolve_after_s=10), clock
+        # two replicas answering the same alert, and one that does not answer
+        PullConfig(
+            (alertmanager.url, alertmanager.url, "http://127.0.0.1:9"), "host", "gpu-node-a", resolve_after_s=10
+        ),
+        clock,
     )
     [alert] = pull.poll()
     assert (alert.name, alert.status, alert.fingerprint) == ("InferdKVCacheThrashing", "firing", "8c2e5f1a9b3d7046")

@@ -133,7 +133,8 @@ class KubernetesNode:
                 log.info("engine pods on %s: %s", self.discovery.config.node_name, [p.key for p in pods] or "none")
             self.api_error = None
             self._update(pods)
-        if self.pull is not None:
+        # Alerts wait while the pods are unknown: routed now, they would find no engine.
+        if self.pull is not None and self.api_error is None:
             for alert in self.pull.poll():
                 try:
                     self.remediation.handle(alert)
