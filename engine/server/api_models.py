@@ -1,12 +1,24 @@
 """Request bodies of the OpenAI-compatible endpoints.
 
 Types are checked here (a wrong type is a malformed request: 422); values are
-checked by `SamplingParams` (a bad value: 400 naming the parameter). Unknown fields
-are refused with 400, as OpenAI's API does ("Unrecognized request argument"), so a
-typo never silently changes nothing. Non-finite numbers are malformed (422); a
-temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides OpenAI's fields, vLLM's sampling
-extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
-skip_special_tokens) and `priority` are accepted.
+checked by `SamplingParams` (a bad value: 400 naming the parameter). Non-finite numbers
+are malformed (422); a temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides
+OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids, skip_special_tokens) and `priority` are accepted.
+
+Unknown fields, at the top level, in `stream_options` and in chat messages alike, are
+accepted and ignored as vLLM does, each field name logged once per process
+(unknown_fields.py). Refused with 400 `unsupported_parameter` instead, when they carry a
+non-default value, are the fields whose loss would silently change the answer: beam
+search (`use_beam_search`, and `best_of` other than n), `suffix`, `prompt_embeds`,
+`prompt_logprobs`, guided/structured outputs (`guided_json`, `guided_regex`,
+`guided_choice`, `guided_grammar`, `structured_outputs`, `response_format` other than
+text), `allowed_token_ids`, `bad_words`, `logits_processors`, `vllm_xargs`,
+`truncate_prompt_tokens`, `include_stop_str_in_output`, `return_tokens_as_token_ids`,
+the chat template's inputs (`chat_template`, `chat_template_kwargs`, `documents`,
+`continue_final_message`), legacy `functions`/`function_call`, non-text `modalities` and
+`audio`, `kv_transfer_params` and `cache_salt` (prefix-cache isolation). A field this
+module declares is never treated as unknown, so declaring one lifts its refusal.
 """
 
 from __future__ import annotations
@@ -17,7 +29,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictFloat, StrictInt
 
 from ..sampling_params import SamplingParams
-from .errors import ApiError, bad_request
+from .errors import bad_request
+from .unknown_fields import check_unknown_fields
 
 
 def _whole_float_to_int(value: Any) -> Any:
@@ -65,15 +78,11 @@ def _is_unicode(text: str) -> bool:
 
 
 class _Lenient(BaseModel):
-    # extra="allow" keeps unknown fields in model_extra, so the handler can name them.
+    # extra="allow" keeps unknown fields in model_extra, so the handler can check and log them.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
-    def reject_unknown_fields(self) -> None:
-        extra = sorted(self.model_extra or {})
-        if extra:
-            raise ApiError(
-                400, f"Unrecognized request argument supplied: {', '.join(extra)}", extra[0], "unrecognized_argument"
-            )
+    def check_unknown_fields(self, where: str = "", log_as: str | None = None) -> None:
+        check_unknown_fields(self.model_extra, where, log_as)
 
 
 class StreamOptions(_Lenient):
@@ -113,9 +122,9 @@ class SamplingFields(_Lenient):
                 where,
                 "invalid_encoding",
             )
-        self.reject_unknown_fields()
+        self.check_unknown_fields()
         if self.stream_options is not None:
-            self.stream_options.reject_unknown_fields()
+            self.stream_options.check_unknown_fields("stream_options.")
             if not self.stream:
                 raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         if self.logit_bias:
@@ -249,6 +258,8 @@ class ChatCompletionRequest(SamplingFields):
         self.check_common()
         if not self.messages:
             raise bad_request("messages must hold at least one message", "messages")
+        for i, message in enumerate(self.messages):
+            message.check_unknown_fields(f"messages[{i}].", "messages[].")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise bad_request(
                 "response_format other than text is not supported by this server",

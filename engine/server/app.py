@@ -47,6 +47,7 @@ from .errors import ApiError, error_response, unparsable_body_message
 from .metrics import ServerMetrics, cache_config_labels
 from .middleware import BodyLimitAndMetrics
 from .serving import OpenAIServing
+from .token_routes import document_token_schemas, make_tokenize_router
 from .tool_parsers import TOOL_PARSERS
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,8 @@ ERROR_SCHEMA = {
 # The body-limit middleware runs before routing: any request can get it.
 COMMON_ERRORS = {413: "the request body is larger than --max-body-bytes"}
 GENERATION_ERRORS = {
-    400: "a value out of range or not supported, an unknown request argument, a prompt too long for the context, "
-    "a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
+    400: "a value out of range or not supported (a field this server refuses, api_models.py), a prompt too long "
+    "for the context, a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
     404: "the model does not exist",
     422: "the body is not a JSON object of the documented types",
     500: "the engine failed while serving the request (code engine_error)",
@@ -124,13 +125,20 @@ _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"t
 _USAGE = {
     "type": "object",
     "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+    "properties": {
+        **{k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        "prompt_tokens_details": {
+            "type": "object",
+            "required": ["cached_tokens"],
+            "properties": {"cached_tokens": {"type": "integer", "minimum": 0}},
+        },
+    },
 }
 
 
 # The values the checks after pydantic's (SamplingParams, the requests' check(), the serving
 # layer) accept, written into the request schemas, which from pydantic know only the types;
-# unknown fields are a 400. What JSON Schema cannot say stays a 400: min_tokens <= max_tokens,
+# unknown fields are ignored. What JSON Schema cannot say stays a 400: min_tokens <= max_tokens,
 # best_of = n, stream_options and top_logprobs only with stream / logprobs, the context length,
 # token ids past the vocabulary, at most 256 sequences (prompts x n) per request.
 _TEXT = {"type": "string", "minLength": 1}
@@ -228,7 +236,7 @@ _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
 def _document_request_values(schemas: dict) -> None:
     for name in ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions"):
         model = schemas[name]
-        model["additionalProperties"] = False
+        model["additionalProperties"] = True  # unknown fields are ignored, as vLLM does (api_models.py)
         for prop_name, prop in model["properties"].items():
             if prop_name in _REPLACED:
                 model["properties"][prop_name] = {"title": prop.get("title", prop_name), **_REPLACED[prop_name]}
@@ -498,6 +506,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
     async def prometheus_metrics():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(make_tokenize_router(serving))
     app.include_router(make_admin_router(engine, settings.admin_token, settings.enable_fault_injection))
     app.add_middleware(BodyLimitAndMetrics, max_body_bytes=settings.max_body_bytes, http_metrics=metrics.http)
 
@@ -511,6 +520,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
             )
             doc.setdefault("components", {})["securitySchemes"] = {"adminToken": {"type": "http", "scheme": "bearer"}}
             _document_request_values(doc["components"]["schemas"])
+            document_token_schemas(doc["components"]["schemas"])
             app.openapi_schema = _document_errors(doc, ERROR_SCHEMA, COMMON_ERRORS)
         return app.openapi_schema
 

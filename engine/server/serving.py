@@ -361,10 +361,17 @@ class OpenAIServing:
         return [finals[i] for i in range(len(job.prompts))]
 
     # --- responses ----------------------------------------------------------------------
-    def _usage(self, job: _Job, outs: Sequence[RequestOutput | None]) -> dict[str, int]:
+    def _usage(self, job: _Job, outs: Sequence[RequestOutput | None]) -> dict[str, Any]:
         prompt = sum(len(p.token_ids) for p in job.prompts)
         completion = sum(len(o.token_ids) for out in outs if out is not None for o in out.outputs)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        # Prompt tokens the prefix cache supplied (OpenAI's field; vLLM's with --enable-prompt-tokens-details).
+        cached = sum(out.num_cached_tokens for out in outs if out is not None)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     def _final_body(self, job: _Job, finals: list[RequestOutput]) -> dict:
         n = job.params.n

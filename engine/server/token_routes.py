@@ -1,0 +1,203 @@
+"""vLLM's utility routes: /tokenize, /detokenize, /version and GET /v1/models/{model}.
+
+Request and response shapes are vLLM's (vllm/entrypoints/openai/protocol.py), so
+clients and gateways that count tokens through a vLLM server work unchanged:
+
+- `POST /tokenize` takes `prompt` (a string; `add_special_tokens`, default true) or
+  chat `messages` (+ `add_generation_prompt`, default true, and `tools`), rendered
+  through the same chat template as /v1/chat/completions; it returns `count`,
+  `max_model_len`, `tokens` and, with `return_token_strs`, `token_strs`. For messages,
+  `add_special_tokens` defaults to what the chat route does, so the count is the
+  prompt the engine would see: false when the model has a chat template (it writes its
+  own BOS), true for the plain fallback template.
+- `POST /detokenize` takes `tokens` and returns `prompt`; ids outside the tokenizer's
+  vocabulary are a 400 naming them.
+- `GET /version` returns `{"version": ...}`.
+- `GET /v1/models/{model}` returns the served model's card; any other id is a 404 in
+  OpenAI's error shape (code `model_not_found`).
+
+The tokenizer lives in the API server process, so these answer while the model loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import StrictBool
+
+from .api_models import ChatMessage, JsonInt, _Lenient, first_non_unicode
+from .chat import ChatTemplateError, render_chat, template_messages
+from .errors import ApiError, bad_request
+from .serving import TOKENIZE_IN_THREAD_CHARS, OpenAIServing
+from .tool_parsers.tool_choice import tool_request
+
+
+def inferd_version() -> str:
+    try:
+        return importlib.metadata.version("inferd")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
+
+
+class TokenizeRequest(_Lenient):
+    """vLLM's TokenizeCompletionRequest and TokenizeChatRequest in one body: exactly one
+    of `prompt` and `messages`."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: StrictBool | None = False
+
+    def check(self) -> None:
+        where = first_non_unicode(self.model_dump(exclude_none=True))
+        if where is not None:
+            raise bad_request(
+                f"{where} is not valid Unicode text (it holds a lone surrogate)", where, "invalid_encoding"
+            )
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("give exactly one of prompt and messages", "prompt" if self.prompt else "messages")
+        self.check_unknown_fields()
+        if self.messages is not None:
+            if not self.messages:
+                raise bad_request("messages must hold at least one message", "messages")
+            for i, message in enumerate(self.messages):
+                message.check_role(i)
+                message.check_unknown_fields(f"messages[{i}].", "messages[].")
+        elif self.tools:
+            raise bad_request("tools are only allowed with messages", "tools")
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[JsonInt]
+
+
+TOKENIZE_RESPONSE = {
+    "type": "object",
+    "required": ["count", "max_model_len", "tokens"],
+    "properties": {
+        "count": {"type": "integer"},
+        "max_model_len": {"type": "integer"},
+        "tokens": {"type": "array", "items": {"type": "integer"}},
+        "token_strs": {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]},
+    },
+}
+DETOKENIZE_RESPONSE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
+VERSION_RESPONSE = {"type": "object", "required": ["version"], "properties": {"version": {"type": "string"}}}
+MODEL_CARD = {
+    "type": "object",
+    "required": ["id", "object", "max_model_len"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "max_model_len": {"type": "integer"}},
+}
+
+
+def document_token_schemas(schemas: dict) -> None:
+    """What pydantic cannot say in the request schemas: exactly one of prompt and messages,
+    token ids are not negative."""
+    body = schemas["TokenizeRequest"]
+    body["properties"]["prompt"] = {"title": "Prompt", "type": "string"}
+    body["properties"]["messages"] = {
+        "title": "Messages",
+        "type": "array",
+        "minItems": 1,
+        "items": {"$ref": "#/components/schemas/ChatMessage"},
+    }
+    body["oneOf"] = [{"required": ["prompt"]}, {"required": ["messages"]}]
+    body["additionalProperties"] = True
+    tokens = schemas["DetokenizeRequest"]
+    tokens["properties"]["tokens"]["items"] = {"type": "integer", "minimum": 0}
+    tokens["additionalProperties"] = True
+
+
+def _ok(description: str, schema: dict) -> dict:
+    return {200: {"description": description, "content": {"application/json": {"schema": schema}}}}
+
+
+def make_tokenize_router(serving: OpenAIServing) -> APIRouter:
+    router = APIRouter()
+    tok = serving.tokenizer
+
+    async def encode(text: str, add_special: bool) -> list[int]:
+        if len(text) >= TOKENIZE_IN_THREAD_CHARS:  # as the generation routes: keep the event loop free
+            return await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special)
+        return tok.encode(text, add_special_tokens=add_special)
+
+    @router.post(
+        "/tokenize",
+        responses={
+            **_ok("the prompt's token ids", TOKENIZE_RESPONSE),
+            400: {"description": "neither or both of prompt and messages, a refused field, or a bad message"},
+            404: {"description": "the model does not exist"},
+            422: {"description": "the body is not a JSON object of the documented types"},
+        },
+    )
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        body.check()
+        serving.check_model(body.model)
+        if body.messages is not None:
+            tools = tool_request(body.tools, None, None)
+            messages = template_messages(body.messages, short_ids=serving.tool_call_parser == "mistral")
+            try:
+                text = render_chat(
+                    messages,
+                    tok.chat_template,
+                    tok.bos_token,
+                    tok.eos_token,
+                    body.add_generation_prompt,
+                    tools=tools.tools if tools else None,
+                )
+            except ChatTemplateError as exc:
+                raise bad_request(str(exc), "messages") from None
+            default_special = tok.chat_template is None
+        else:
+            assert body.prompt is not None
+            text, default_special = body.prompt, True
+        add_special = default_special if body.add_special_tokens is None else body.add_special_tokens
+        ids = await encode(text, add_special)
+        return {
+            "count": len(ids),
+            "max_model_len": serving.max_model_len,
+            "tokens": ids,
+            "token_strs": [tok.id_to_token(i) or "" for i in ids] if body.return_token_strs else None,
+        }
+
+    @router.post(
+        "/detokenize",
+        responses={
+            **_ok("the text of the token ids", DETOKENIZE_RESPONSE),
+            400: {"description": "a token id outside the tokenizer's vocabulary"},
+            404: {"description": "the model does not exist"},
+            422: {"description": "the body is not a JSON object of the documented types"},
+        },
+    )
+    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
+        body.check_unknown_fields()
+        serving.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < tok.vocab_size]
+        if bad:
+            raise bad_request(
+                f"tokens has unknown token id(s) {bad[:5]}; vocabulary is [0, {tok.vocab_size})", "tokens"
+            )
+        return {"prompt": tok.decode(body.tokens, skip_special_tokens=False)}
+
+    @router.get("/version", responses=_ok("the server's version", VERSION_RESPONSE))
+    async def version() -> dict[str, str]:
+        return {"version": inferd_version()}
+
+    @router.get(
+        "/v1/models/{model:path}",  # served names often hold a slash (org/model)
+        responses={**_ok("the model's card", MODEL_CARD), 404: {"description": "no model has this id"}},
+    )
+    async def model_card(model: str) -> dict[str, Any]:
+        if model != serving.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+        [card] = serving.models()["data"]
+        return card
+
+    return router
