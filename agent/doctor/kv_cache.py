@@ -23,8 +23,9 @@ TITLES = {
 RATE = "2m"
 FAULTS = f"sum(rate(inferd_kv_page_faults_total[{RATE}]))"
 STEPS = f"sum(rate(inferd_scheduler_step_duration_seconds_count[{RATE}]))"
-USED = 'sum(inferd_kv_blocks{state="used"})'
-RUNNING = "sum(vllm:num_requests_running)"
+# averaged over the rate's own range, so every column describes the same two minutes
+USED = f'sum(avg_over_time(inferd_kv_blocks{{state="used"}}[{RATE}]))'
+RUNNING = f"sum(avg_over_time(vllm:num_requests_running[{RATE}]))"
 USAGE = "max(vllm:kv_cache_usage_perc)"
 DEFAULT_BLOCK_SIZE = 16
 
