@@ -42,6 +42,64 @@ failures: list[str] = []
 T0 = time.perf_counter()
 DEVICE = "cuda"  # --dry-run: cpu, tiny preset, float32, kernels in Triton's interpreter
 PRESET = "llama3-8b-shape"
+# The model the model sections run on (`--shape`): the 8B shape, or a smaller one with the
+# traits of a family users load; random weights either way.
+SHAPES: dict[str, dict] = {
+    "llama3-8b-shape": dict(preset="llama3-8b-shape"),
+    # Llama-3.2-1B: head_dim 64, tied embeddings
+    "head-dim-64": dict(
+        preset="small",
+        tie_word_embeddings=True,
+        overrides=dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=40960,
+        ),
+    ),
+    # Qwen2.5-0.5B: GQA 7 (14 heads over 2), head_dim 64, q/k/v bias, tied embeddings
+    "gqa-7-bias": dict(
+        preset="small",
+        arch="qwen2",
+        tie_word_embeddings=True,
+        overrides=dict(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=4,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=40960,
+        ),
+    ),
+    # Qwen2.5-1.5B: GQA 6 (12 heads over 2), head_dim 128, q/k/v bias
+    "gqa-6-bias": dict(
+        preset="small",
+        arch="qwen2",
+        overrides=dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=4,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            max_position_embeddings=40960,
+        ),
+    ),
+    # multi-head attention without grouping (8 query heads, 8 KV heads)
+    "mha": dict(
+        preset="small",
+        overrides=dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=40960,
+        ),
+    ),
+}
+SHAPE = "llama3-8b-shape"
 
 
 def log(msg: str) -> None:
@@ -195,9 +253,10 @@ def check_model() -> None:
     from inferd.engine.bench.gpu_decode import build, new_engine
     from inferd.engine.bench.random_model import hf_model_sharing_weights
 
-    model_dir, model = build(PRESET, device=DEVICE, dtype=DTYPE_NAME if DEVICE == "cuda" else None)
+    spec = dict(SHAPES[SHAPE]) if DEVICE == "cuda" else dict(preset=PRESET)
+    model_dir, model = build(device=DEVICE, dtype=DTYPE_NAME if DEVICE == "cuda" else None, **spec)
     vocab = model.config.vocab_size
-    log(f"{PRESET} model built on {DEVICE}")
+    log(f"{SHAPE if DEVICE == 'cuda' else PRESET} model built on {DEVICE}")
     # Synchronous steps: record_logits sees every step's logits (async steps keep them on the device).
     common = dict(
         kv_gib=20 if DEVICE == "cuda" else 0.02,
@@ -611,9 +670,12 @@ def main() -> int:
         help="comma-separated subset of the model sections, e.g. "
         "check_greedy,check_batch_invariance (kernel checks and op timing then skipped)",
     )
+    parser.add_argument(
+        "--shape", default="llama3-8b-shape", choices=sorted(SHAPES), help="the model the model sections run on"
+    )
     args = parser.parse_args()
-    global DEVICE, PRESET, DTYPE_NAME, MODEL_SECTIONS
-    DTYPE_NAME = args.dtype
+    global DEVICE, PRESET, DTYPE_NAME, MODEL_SECTIONS, SHAPE
+    DTYPE_NAME, SHAPE = args.dtype, args.shape
     if args.model_sections:
         names = args.model_sections.split(",")
         unknown = [n for n in names if n not in {f.__name__ for f in MODEL_SECTIONS}]
@@ -644,7 +706,8 @@ def main() -> int:
 
             traceback.print_exc()
             check(f"{step.__name__}_ran", False, error=f"{type(exc).__name__}: {exc}"[:500])
-        with open(f"{args.out}/check_{DTYPE_NAME}.json", "w") as f:
+        suffix = "" if SHAPE == "llama3-8b-shape" else f"_{SHAPE}"
+        with open(f"{args.out}/check_{DTYPE_NAME}{suffix}.json", "w") as f:
             json.dump(results, f, indent=2, default=str)
     print("\nFAILED: " + ", ".join(failures) if failures else "\nall checks passed")
     return 1 if failures else 0

@@ -69,6 +69,9 @@ def noting(section):
     run.__name__ = section.__name__
     return run
 
+if len(sys.argv) > 4:  # a shape and the sections to run on it
+    script.SHAPE = sys.argv[4]
+    script.MODEL_SECTIONS = [s for s in script.MODEL_SECTIONS if s.__name__ in sys.argv[5].split(",")]
 script.MODEL_SECTIONS = [noting(s) for s in script.MODEL_SECTIONS]
 for name in sys.argv[3].split(","):
     getattr(script, name)()
@@ -77,11 +80,11 @@ with open(sys.argv[2], "w") as f:
 """
 
 
-def run_checks(steps: str, out: Path) -> dict:
+def run_checks(steps: str, out: Path, *shape_and_sections: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     result = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(SCRIPT), str(out), steps],
+        [sys.executable, "-c", DRIVER, str(SCRIPT), str(out), steps, *shape_and_sections],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -126,3 +129,22 @@ def test_model_section(model_checks, section):
     assert section in model_checks["sections"], f"{section} did not run"
     mine = {name: checks[name] for name in model_checks["sections"][section]}
     assert not failed(mine), failed(mine)
+
+
+def _other_shapes() -> list[str]:
+    """The script's SHAPES besides the 8B one, read without importing it."""
+    for node in ast.parse(SCRIPT.read_text()).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "SHAPES":
+            return [key.value for key in node.value.keys if key.value != "llama3-8b-shape"]
+    raise AssertionError(f"{SCRIPT} has no SHAPES dict")
+
+
+@pytest.mark.parametrize("shape", _other_shapes())
+def test_the_fast_path_on_other_model_shapes(tmp_path, shape):
+    """head_dim 64, GQA 6 and 7, q/k/v bias, tied embeddings, no GQA: the fast path attaches
+    and its greedy tokens and logits hold against the portable path and transformers."""
+    result = run_checks("check_model", tmp_path / "out.json", shape, "check_greedy,check_contexts")
+    checks = result["checks"]
+    assert checks["fast_path_attached"]["ok"], checks["fast_path_attached"]
+    assert {"check_greedy", "check_contexts"} <= set(result["sections"])
+    assert not failed(checks), failed(checks)

@@ -152,14 +152,15 @@ def environment() -> dict:
 
 
 # --- engine set-up ---------------------------------------------------------------------------
-def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda", dtype: str | None = None):
-    """(checkpoint dir, model on `device`) for the preset, weights drawn on the device.
-    device="cpu" (a tiny preset, float32) is the dry run of the scripts' Python code."""
+def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda", dtype: str | None = None, **spec):
+    """(checkpoint dir, model on `device`) for the preset, weights drawn on the device;
+    `spec`: more ModelSpec fields (arch, tie_word_embeddings, overrides). device="cpu" (a
+    tiny preset, float32) is the dry run of the scripts' Python code."""
     from .random_model import random_model_on_device, write_checkpoint_stub
 
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     model_dir = tempfile.mkdtemp(prefix="inferd-bench-")
-    write_checkpoint_stub(model_dir, preset=preset, dtype=dtype)
+    write_checkpoint_stub(model_dir, preset=preset, dtype=dtype, **spec)
     model = random_model_on_device(model_dir, getattr(torch, dtype), torch.device(device), seed=seed)
     return model_dir, model
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
@@ -21,13 +22,16 @@ from ..dummy_weights import random_model_on_device  # noqa: F401  (benchmarks im
 from ..model import LlamaModel
 
 
-def write_checkpoint_stub(out_dir: str | Path, preset: str = "llama3-8b-shape", dtype: str = "bfloat16") -> Path:
-    """make_model's directory without the weights file."""
+def write_checkpoint_stub(
+    out_dir: str | Path, preset: str = "llama3-8b-shape", dtype: str = "bfloat16", **spec: Any
+) -> Path:
+    """make_model's directory without the weights file; `spec`: more ModelSpec fields
+    (arch, tie_word_embeddings, overrides of the preset's shape)."""
     with (
         mock.patch.object(mm, "random_weights", lambda *a, **k: {}),
         mock.patch.object(mm, "save_weights", lambda *a, **k: None),
     ):
-        return mm.make_model(out_dir, mm.ModelSpec(preset=preset, dtype=dtype))
+        return mm.make_model(out_dir, mm.ModelSpec(preset=preset, dtype=dtype, **spec))
 
 
 @contextmanager
