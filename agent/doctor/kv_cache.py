@@ -47,21 +47,8 @@ def _thrashing(inputs: Inputs, t: Thresholds) -> Finding:
     title, fid = TITLES["thrashing"], f"{ID}.thrashing"
     prometheus = inputs.prometheus
     if prometheus is None:
-        if inputs.engine is None:
-            return skip(ID, "thrashing", LAYER, title, inputs.why("engine"))
-        usage = inputs.engine.value("vllm:kv_cache_usage_perc")
-        return Finding(
-            fid,
-            ID,
-            LAYER,
-            "ok" if usage is not None else "skip",
-            title,
-            f"KV usage {usage:.0%} now; fault and preemption rates need the window" if usage is not None else "",
-            0.0,
-            (Evidence("kv_usage", usage, f"{inputs.engine.source} vllm:kv_cache_usage_perc"),),
-            reason=None if usage is not None else "the engine exports no vllm:kv_cache_usage_perc",
-            not_judged=(f"faults and preemptions per second: {inputs.prometheus_reason()}",),
-        )
+        reason = f"fault and preemption rates need the window: {inputs.prometheus_reason()}"
+        return skip(ID, "thrashing", LAYER, title, reason)
     window = prometheus.window
     faults_expr = f"sum(increase(inferd_kv_page_faults_total[{window}]))"
     preempt_expr = f"sum(increase(vllm:num_preemptions_total[{window}]))"

@@ -130,7 +130,9 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
         f"bind the {what} to node {node}: `inferd agent` does it (numactl --cpunodebind={node} "
         f"--membind={node}); a hand-started engine: `numactl --cpunodebind={node} --membind={node} inferd serve ...`"
     )
-    impact = max(cpu_remote, remote or 0.0) * 0.3 if status_word == "fail" else 0.05
+    # ranking weight, not a measurement: host-side work and host<->GPU copies cross the socket
+    # link in proportion to the share off node, and they are part of each step, not all of it
+    impact = max(0.3 * max(cpu_remote, remote or 0.0), 0.05) if status_word == "fail" else 0.05
     return Finding(
         fid,
         ID,
@@ -138,7 +140,7 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
         status_word,
         TITLE,
         f"{what} (pid {pid}) for {gpu_text} on node {node}: " + "; ".join(text for _, text in problems),
-        min(impact, 1.0) or 0.05,
+        min(impact, 1.0),
         tuple(evidence),
         fix=fix,
         not_judged=not_judged,
