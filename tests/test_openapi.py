@@ -35,13 +35,14 @@ HOOK_TOKEN = "hook-token-for-schemathesis"
 
 # Rules across fields that JSON Schema does not say (min_tokens <= max_tokens, best_of = n,
 # stream_options only with stream, the context length, ...; see engine/server/app.py) make
-# some schema-valid generation requests a 400; every other operation must take valid data.
+# some schema-valid generation requests a 400, as do the chat template's rules for /tokenize
+# and token ids past the vocabulary for /detokenize; every other operation must take valid data.
 ENGINE_CONFIG = """
 [checks]
 enabled = true
 
 [[operations]]
-include-path-regex = "^/v1/(chat/)?completions$"
+include-path-regex = "^(/v1/(chat/)?completions|/tokenize|/detokenize)$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
 """
 
@@ -127,6 +128,10 @@ def test_engine_document_lists_every_status(engine):
         ("POST", "/v1/completions"): generation,
         ("POST", "/v1/chat/completions"): generation,
         ("GET", "/v1/models"): ["200", "413"],
+        ("GET", "/v1/models/{model}"): ["200", "404", "413", "422"],
+        ("POST", "/tokenize"): ["200", "400", "404", "413", "422"],
+        ("POST", "/detokenize"): ["200", "400", "404", "413", "422"],
+        ("GET", "/version"): ["200", "413"],
         ("GET", "/health"): ["200", "413", "503"],
         ("GET", "/ready"): ["200", "413", "503"],
         ("GET", "/metrics"): ["200", "413"],
@@ -161,7 +166,7 @@ def test_schemathesis_engine_with_admin_token(engine, tmp_path):
         f"Authorization: Bearer {ADMIN_TOKEN}",
         config=ENGINE_CONFIG,
     )
-    assert report["operations"]["tested"] == 10
+    assert report["operations"]["tested"] == 14
     # The generation routes were reached with bodies the engine ran, not only refused.
     for path in ("/v1/completions", "/v1/chat/completions"):
         assert report["valid_rates"][f"POST {path}"]["fuzzing"]["accepted"] > 0
