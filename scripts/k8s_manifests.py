@@ -115,6 +115,11 @@ def remediate_route(alertmanager: dict[str, Any]) -> dict[str, Any]:
 def alertmanager_config() -> dict[str, Any]:
     """The remediate route and the agent's webhook receiver as an AlertmanagerConfig.
 
+    The route keeps remediate="true" alerts away from the other receivers. Its webhook
+    reaches one agent through the Service, which acts only on alerts about its own node;
+    what makes every alert reach its node's agent is each agent pulling its node's alerts
+    from Alertmanager's API (--alertmanager-url), deduplicated against the webhook.
+
     prometheus-operator adds a `namespace="<this namespace>"` matcher to the route unless
     the Alertmanager resource sets alertmanagerConfigMatcherStrategy None (README)."""
     source = load_yaml(ALERTMANAGER)
