@@ -352,14 +352,14 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
 def test_agent_arguments_parse(rendered):
     agent = container(rendered, "DaemonSet", "inferd-agent")
     assert agent["command"] == ["inferd", "agent"]
-    parser = agent_parser()
-    if not any("--kubernetes" in action.option_strings for action in parser._actions):
-        pytest.xfail("the agent has no Kubernetes mode (--kubernetes, --node-name) in this tree yet")
-    args = parser.parse_args(_expand(agent["args"], {"NODE_NAME": "gpu-node-1"}))
+    args = agent_parser().parse_args(_expand(agent["args"], {"NODE_NAME": "gpu-node-1"}))
     assert args.host == "0.0.0.0"
     assert (args.sysfs_root, args.procfs_root) == (Path("/host/sys"), Path("/host/proc"))
     assert str(args.webhook_token_file).startswith("/etc/inferd/tokens/")
-    assert args.node_name == "gpu-node-1"
+    assert args.kubernetes is True and args.node_name == "gpu-node-1"
+    assert args.engine_port_name == "http"  # the engine container's port name
+    assert args.node_label == "host"  # the label the ServiceMonitors set to the node's name
+    assert args.alertmanager_url
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
@@ -476,10 +476,17 @@ def test_engine_runs_as_non_root_without_capabilities(rendered):
 
 
 def test_engine_pods_are_what_the_agent_looks_for(rendered):
+    agent = container(rendered, "DaemonSet", "inferd-agent")
+    args = agent_parser().parse_args(_expand(agent["args"], {"NODE_NAME": "n"}))
     labels = one(rendered, "Deployment", "inferd-engine")["spec"]["template"]["metadata"]["labels"]
-    assert labels["app.kubernetes.io/component"] == "engine"
+    wanted = dict(term.split("=", 1) for term in args.engine_label_selector.split(","))
+    assert wanted.items() <= labels.items()
     (port,) = container(rendered, "Deployment", "inferd-engine")["ports"]
-    assert port["name"] == "http"
+    assert port["name"] == args.engine_port_name
+    # the engines' namespace is the agent's own (POD_NAMESPACE), where its Role lets it list pods
+    env = {e["name"]: e for e in agent["env"]}
+    assert args.engine_namespace is None
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 # --- scraping, network, tokens -------------------------------------------------------
