@@ -22,6 +22,10 @@ class FakeNvml:
         self.sample_counter = itertools.count()
         self.initialised = False
         self.freed_samples = 0
+        self.clock_reasons: dict[int, int] = {}
+        self.ecc_uncorrected: dict[int, int] = {}
+        self.remapped_rows: dict[int, tuple[int, int, int, int]] = {}  # corrected, uncorrected, pending, failed
+        self.pending_xids: dict[int, list[int]] = {}
 
     def __getattr__(self, name):  # constants and structures come from nvidia-ml-py
         return getattr(real, name)
@@ -69,7 +73,7 @@ class FakeNvml:
         return sample
 
     def nvmlGpmMetricsGet(self, request):
-        values = {2: 78.0, 3: 11.5, 5: 75.75, 10: 14.35, 20: 0.5, 21: 2.5}
+        values = {1: 96.0, 2: 78.0, 3: 11.5, 5: 75.75, 10: 14.35, 20: 0.5, 21: 2.5}
         for i in range(request.numMetrics):
             metric = request.metrics[i]
             metric.value = values[metric.metricId]
@@ -125,3 +129,27 @@ class FakeNvml:
             values[i].valueType = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             values[i].value.ullVal = field_id * 10 + scope
         return values
+
+    # health: clock event reasons, ECC, row remapping and XID events, set per GPU by tests
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.clock_reasons.get(h, 0)
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        return self.ecc_uncorrected.get(h, 0)
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return self.remapped_rows.get(h, (0, 0, 0, 0))
+
+    def nvmlEventSetCreate(self):
+        return SimpleNamespace(handles=[])
+
+    def nvmlDeviceRegisterEvents(self, h, event_types, event_set):
+        event_set.handles.append(h)
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        for h in event_set.handles:
+            if self.pending_xids.get(h):
+                return SimpleNamespace(
+                    device=h, eventType=real.nvmlEventTypeXidCriticalError, eventData=self.pending_xids[h].pop(0)
+                )
+        raise real.NVMLError(real.NVML_ERROR_TIMEOUT)

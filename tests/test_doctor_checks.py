@@ -440,3 +440,39 @@ def test_knee_from_the_prometheus_window_without_a_sweep(healthy):
     values = {e.name: e.value for e in knee.evidence}
     assert 20 <= values["knee_load"] <= 32  # the bins straddle the bend at 24
     assert knee.status == "fail" and "requests in the engine" in knee.summary
+
+
+def test_nvml_back_end_reads_throttle_reasons_ecc_remaps_and_xids_for_gpu_health(tmp_path):
+    from inferd.agent.doctor import gpu_health
+    from inferd.agent.doctor.inputs import Inputs
+    from inferd.agent.doctor.thresholds import DEFAULT
+    from inferd.exporters.gpu_nvml import NvmlBackend
+
+    from gpu_fake_nvml import FakeNvml
+
+    fake = FakeNvml(num_gpus=2, gpm=False)
+    fake.clock_reasons[1] = 0x8  # hardware slowdown
+    fake.ecc_uncorrected[0] = 3
+    fake.remapped_rows[1] = (0, 1, 1, 0)
+    backend = NvmlBackend(nvml=fake)
+    try:
+        first = backend.read()  # registers the XID event sets
+        fake.pending_xids[0] = [79, 13]
+        second = backend.read()
+        third = backend.read()
+    finally:
+        backend.close()
+    assert [g.xid_errors for g in first.gpus] == [[], []]
+    assert [g.xid_errors for g in second.gpus] == [[79, 13], []] and third.gpus[0].xid_errors == []
+    assert second.gpus[1].clocks_event_reasons == 0x8 and second.gpus[0].ecc_uncorrected_volatile == 3
+    assert (second.gpus[1].remapped_rows_pending, second.gpus[1].remapped_rows_failure) == (True, False)
+    inputs = Inputs(DoctorOptions(), now=0.0, gpu_snapshots=[first, second, third], gpu_source="nvml")
+    findings = {f.id: f for f in gpu_health.run(inputs, DEFAULT)}
+    assert (
+        findings["gpu_health.throttle"].status == "fail"
+        and "GPU1 hw_slowdown" in findings["gpu_health.throttle"].summary
+    )
+    assert findings["gpu_health.xid"].summary.startswith("GPU0: XID 13, 79")
+    memory = findings["gpu_health.memory"]
+    assert memory.status == "fail" and "GPU0: 3 uncorrected ECC errors" in memory.summary
+    assert "GPU1: row remapping pending" in memory.summary
