@@ -4,14 +4,15 @@ Types are checked here (a wrong type is a malformed request: 422); values are
 checked by `SamplingParams` (a bad value: 400 naming the parameter). Non-finite numbers
 are malformed (422); a temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides
 OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens,
-ignore_eos, stop_token_ids, skip_special_tokens) and `priority` are accepted.
+ignore_eos, stop_token_ids, skip_special_tokens), `priority` and `prompt_logprobs` are
+accepted; completions take `echo` (with `max_tokens` 0: the prompt alone).
 
 Unknown fields, at the top level, in `stream_options` and in chat messages alike, are
 accepted and ignored as vLLM does, each field name logged once per process
 (unknown_fields.py). Refused with 400 `unsupported_parameter` instead, when they carry a
 non-default value, are the fields whose loss would silently change the answer: beam
 search (`use_beam_search`, and `best_of` other than n), `suffix`, `prompt_embeds`,
-`prompt_logprobs`, guided/structured outputs (`guided_json`, `guided_regex`,
+guided/structured outputs (`guided_json`, `guided_regex`,
 `guided_choice`, `guided_grammar`, `structured_outputs`, `response_format` other than
 text), `allowed_token_ids`, `bad_words`, `logits_processors`, `vllm_xargs`,
 `truncate_prompt_tokens`, `include_stop_str_in_output`, `return_tokens_as_token_ids`,
@@ -112,6 +113,7 @@ class SamplingFields(_Lenient):
     stop_token_ids: list[JsonInt] | None = None
     skip_special_tokens: StrictBool = True
     priority: JsonInt = 0
+    prompt_logprobs: JsonInt | None = None
 
     def check_common(self) -> None:
         # First, so that no later check, message or the tokenizer ever sees a surrogate.
@@ -129,8 +131,12 @@ class SamplingFields(_Lenient):
                 raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         if self.logit_bias:
             raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_parameter")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise bad_request(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}", "prompt_logprobs")
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         temperature = 1.0 if self.temperature is None else self.temperature
         if 0.0 < temperature < MIN_TEMPERATURE:
@@ -160,6 +166,7 @@ class SamplingFields(_Lenient):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
         )
         try:
@@ -187,12 +194,26 @@ class CompletionRequest(SamplingFields):
 
     def check(self) -> None:
         self.check_common()
-        if self.echo:
-            raise bad_request("echo is not supported by this server", "echo", "unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request(
+                "max_tokens must be an integer >= 1 (0 only with echo: the prompt and its logprobs), got 0",
+                "max_tokens",
+            )
         if self.suffix:
             raise bad_request("suffix is not supported by this server", "suffix", "unsupported_parameter")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise bad_request("best_of must equal n (beam search and best-of sampling are not supported)", "best_of")
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """The engine's prompt logprobs: `prompt_logprobs`, and with echo as many as `logprobs`."""
+        wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
+        return max(wanted) if wanted else None
+
+    @property
+    def echo_only(self) -> bool:
+        """Echo with max_tokens 0: the prompt (and its logprobs) without a completion."""
+        return bool(self.echo) and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts (OpenAI accepts one or a batch)."""

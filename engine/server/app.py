@@ -158,6 +158,7 @@ _VALUES = {
     "seed": {"minimum": 0, "maximum": 2**63 - 1},
     "logprobs": {"minimum": 0, "maximum": 20},
     "top_logprobs": {"minimum": 0, "maximum": 20},
+    "prompt_logprobs": {"minimum": 0, "maximum": 20},
     "stop_token_ids": {"items": {"type": "integer", "minimum": 0}},
 }
 _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
@@ -170,7 +171,6 @@ _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
         ]
     },
     "stop": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT}, {"type": "null"}]},
-    "echo": {"enum": [False, None]},
     "suffix": {"enum": ["", None]},
     "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
     "tools": {
@@ -243,6 +243,8 @@ def _document_request_values(schemas: dict) -> None:
             for branch in prop.get("anyOf", [prop]):  # the non-null branch of `X | None`
                 if prop_name in _VALUES and branch.get("type") in ("integer", "number", "array"):
                     branch.update(_VALUES[prop_name])
+                    if name == "CompletionRequest" and prop_name == "max_tokens":
+                        branch["minimum"] = 0  # 0 only with echo: the prompt's logprobs alone (a 400 otherwise)
 
 
 def _generation_ok(choice: dict) -> dict:

@@ -34,6 +34,7 @@ import zmq.asyncio
 from ..config import EngineConfig, TunableError
 from ..model_config import ModelConfig
 from ..outputs import CompletionOutput, RequestOutput
+from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
@@ -99,6 +100,7 @@ class _Live:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None
     error: BaseException | None = None
 
     def apply(self, delta: RequestDelta) -> None:
@@ -113,6 +115,8 @@ class _Live:
             s.finish_reason, s.stop_reason = d.finish_reason, d.stop_reason
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         if self.finished or not self.wake_on_finish_only:
             self.changed.set()
 
@@ -132,7 +136,13 @@ class _Live:
             for i, s in enumerate(self.seqs)
         ]
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.num_cached_tokens
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            outs,
+            self.finished,
+            self.num_cached_tokens,
+            self.prompt_logprobs,
         )
 
     def finish_as_aborted(self) -> None:

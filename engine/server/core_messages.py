@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestLimits
 from ..sampling_params import SamplingParams
 from ..stats import StepStats
@@ -76,6 +77,9 @@ class RequestDelta(msgspec.Struct, array_like=True):
     seqs: list[SeqDelta]
     finished: bool
     num_cached_tokens: int = 0
+    # Sent once, with the request's first delta (the prompt is scored by then), when its
+    # params ask for prompt logprobs.
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class RequestError(msgspec.Struct, array_like=True):

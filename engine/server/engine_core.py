@@ -299,6 +299,7 @@ class EngineCore:
 
     def _delta(self, out: RequestOutput) -> RequestDelta:
         sent = self._sent.get(out.request_id) or [_Sent() for _ in out.outputs]
+        is_first = all(s.num_tokens == 0 for s in sent)
         seqs = []
         for o in out.outputs:
             s = sent[o.index]
@@ -319,7 +320,8 @@ class EngineCore:
                 self.tracer.finished(
                     out.request_id, out.outputs[0].finish_reason or "abort", sum(s.num_tokens for s in sent)
                 )
-        return RequestDelta(out.request_id, seqs, out.finished, out.num_cached_tokens)
+        prompt_logprobs = out.prompt_logprobs if is_first else None
+        return RequestDelta(out.request_id, seqs, out.finished, out.num_cached_tokens, prompt_logprobs)
 
     def _fail_all(self, exc: BaseException) -> None:
         message = f"engine step failed: {type(exc).__name__}: {exc}"

@@ -27,7 +27,14 @@ from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .chat import ChatTemplateError, render_chat, template_messages
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
 from .errors import ApiError, bad_request, error_body
-from .logprobs import chat_logprobs, completion_logprobs
+from .logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    end_offset,
+    join_completion_logprobs,
+    prompt_logprobs_json,
+)
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
 from .tool_parsers import TOOL_PARSERS, ToolCallStream, ToolParser, detect_tool_parser, make_tool_parser
 from .tool_parsers.tool_choice import ToolRequest, forced_call_constraint, tool_request
@@ -77,6 +84,9 @@ class _Job:
     tools: ToolRequest | None = None
     tool_parser: ToolParser | None = None
     """Set when the choices' text is parsed for tool calls."""
+    echo: bool = False  # completions: the prompt comes first in each choice's text and logprobs
+    echo_only: bool = False  # echo with max_tokens 0: the one token the engine generates is dropped
+    prompt_logprobs: int | None = None  # the request's prompt_logprobs (the response field)
 
 
 def streamable_text(text: str, finished: bool, holdback: int) -> str:
@@ -142,10 +152,17 @@ class OpenAIServing:
                 "context_length_exceeded",
             )
 
-    def _params(self, body: SamplingFields, max_tokens: int, logprobs: int | None, param: str) -> SamplingParams:
+    def _params(
+        self,
+        body: SamplingFields,
+        max_tokens: int,
+        logprobs: int | None,
+        param: str,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
         if isinstance(max_tokens, int) and max_tokens < 1:
             raise bad_request(f"{param} must be an integer >= 1, got {max_tokens}", param)
-        return body.sampling_params(max_tokens, logprobs)
+        return body.sampling_params(max_tokens, logprobs, prompt_logprobs)
 
     def _job(
         self,
@@ -156,7 +173,7 @@ class OpenAIServing:
         top_logprobs: int | None = None,
     ) -> _Job:
         prefix = "chatcmpl" if chat else "cmpl"
-        return _Job(
+        job = _Job(
             f"{prefix}-{uuid.uuid4().hex}",
             int(time.time()),
             self.model_name,
@@ -169,6 +186,8 @@ class OpenAIServing:
             chat,
             top_logprobs,
         )
+        job.prompt_logprobs = body.prompt_logprobs
+        return job
 
     # --- endpoints ----------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
@@ -177,8 +196,16 @@ class OpenAIServing:
         raw_prompts = body.prompts()
         self._check_sequences(len(raw_prompts), body.n)
         # Without max_tokens the prompt decides it; check the other values against the longest possible.
+        # Echo without a completion still runs the engine's one step that scores the prompt;
+        # the token it samples is dropped (_Job.echo_only).
+        requested = 1 if body.echo_only else body.max_tokens
+        prompt_lps = body.num_prompt_logprobs
         probe = self._params(
-            body, body.max_tokens if body.max_tokens is not None else self.max_model_len, body.logprobs, "max_tokens"
+            body,
+            requested if requested is not None else self.max_model_len,
+            body.logprobs,
+            "max_tokens",
+            prompt_lps,
         )
         prompts = []
         for i, p in enumerate(raw_prompts):
@@ -188,12 +215,14 @@ class OpenAIServing:
             prompts.append(_Prompt(p, ids))
         if body.max_tokens is None:
             max_tokens = self.max_model_len - max(len(p.token_ids) for p in prompts)
-            params = self._params(body, max_tokens, body.logprobs, "max_tokens")
+            params = self._params(body, max_tokens, body.logprobs, "max_tokens", prompt_lps)
         else:
             params = probe
         for prompt in prompts:
             self._check_length(len(prompt.token_ids), params.max_tokens, "max_tokens")
-        return await self._respond(self._job(body, prompts, params, chat=False), request)
+        job = self._job(body, prompts, params, chat=False)
+        job.echo, job.echo_only = bool(body.echo), body.echo_only
+        return await self._respond(job, request)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         body.check()
@@ -227,12 +256,18 @@ class OpenAIServing:
             raise bad_request("messages render to an empty prompt", "messages")
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.requested_max_tokens
-        probe = self._params(body, requested if requested is not None else self.max_model_len, body.num_logprobs, param)
+        probe = self._params(
+            body,
+            requested if requested is not None else self.max_model_len,
+            body.num_logprobs,
+            param,
+            body.prompt_logprobs,
+        )
         if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
         await self._validate_prompt(ids, probe, "messages")
         if requested is None:
-            params = self._params(body, self.max_model_len - len(ids), body.num_logprobs, param)
+            params = self._params(body, self.max_model_len - len(ids), body.num_logprobs, param, body.prompt_logprobs)
         else:
             params = probe
         self._check_length(len(ids), params.max_tokens, param)
@@ -363,7 +398,9 @@ class OpenAIServing:
     # --- responses ----------------------------------------------------------------------
     def _usage(self, job: _Job, outs: Sequence[RequestOutput | None]) -> dict[str, Any]:
         prompt = sum(len(p.token_ids) for p in job.prompts)
-        completion = sum(len(o.token_ids) for out in outs if out is not None for o in out.outputs)
+        completion = 0
+        if not job.echo_only:
+            completion = sum(len(o.token_ids) for out in outs if out is not None for o in out.outputs)
         # Prompt tokens the prefix cache supplied (OpenAI's field; vLLM's with --enable-prompt-tokens-details).
         cached = sum(out.num_cached_tokens for out in outs if out is not None)
         return {
@@ -393,18 +430,19 @@ class OpenAIServing:
                         }
                     )
                 else:
-                    choices.append(
-                        {
-                            "index": index,
-                            "text": o.text,
-                            "logprobs": completion_logprobs(self.tokenizer, o, 0)
-                            if job.params.logprobs is not None
-                            else None,
-                            "finish_reason": o.finish_reason,
-                            "stop_reason": o.stop_reason,
-                        }
-                    )
-        return {
+                    choice = {
+                        "index": index,
+                        "text": self._echo_text(job, i) + ("" if job.echo_only else o.text),
+                        "logprobs": self._completion_logprobs(job, i, out, o, 0, True)
+                        if job.params.logprobs is not None
+                        else None,
+                        "finish_reason": "length" if job.echo_only else o.finish_reason,
+                        "stop_reason": None if job.echo_only else o.stop_reason,
+                    }
+                    if job.prompt_logprobs is not None:
+                        choice["prompt_logprobs"] = self._prompt_logprobs(job, i, out)
+                    choices.append(choice)
+        body: dict[str, Any] = {
             "id": job.request_id,
             "object": "chat.completion" if job.chat else "text_completion",
             "created": job.created,
@@ -412,6 +450,37 @@ class OpenAIServing:
             "choices": choices,
             "usage": self._usage(job, finals),
         }
+        if job.chat and job.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self._prompt_logprobs(job, 0, finals[0])
+        return body
+
+    # --- echo and prompt logprobs -------------------------------------------------------
+    def _echo_text(self, job: _Job, i: int) -> str:
+        if not job.echo:
+            return ""
+        text = job.prompts[i].text
+        return text if isinstance(text, str) else self.tokenizer.decode(text, skip_special_tokens=False)
+
+    def _prompt_logprobs(self, job: _Job, i: int, out: RequestOutput) -> list | None:
+        if out.prompt_logprobs is None or job.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_json(job.prompts[i].token_ids, out.prompt_logprobs, job.prompt_logprobs)
+
+    def _completion_logprobs(
+        self, job: _Job, i: int, out: RequestOutput | None, o: CompletionOutput, start: int, with_prompt: bool
+    ) -> dict:
+        """A completion choice's logprobs from token `start`; with echo and `with_prompt`,
+        the prompt's first (vLLM: prompt tokens, then the completion's)."""
+        if not (job.echo and with_prompt):
+            if job.echo_only:
+                return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            return completion_logprobs(self.tokenizer, o, start)
+        prompt_ids = job.prompts[i].token_ids
+        lps = (out.prompt_logprobs if out is not None else None) or [None] * len(prompt_ids)
+        head = echo_logprobs(self.tokenizer, prompt_ids, lps, job.params.logprobs or 0)
+        if job.echo_only:
+            return head
+        return join_completion_logprobs(head, completion_logprobs(self.tokenizer, o, start, end_offset(head)))
 
     # --- streaming ----------------------------------------------------------------------
     async def _stream(self, job: _Job) -> AsyncGenerator[str, None]:
@@ -450,7 +519,7 @@ class OpenAIServing:
                     state = job.states.setdefault((i, o.index), _ChoiceState())
                     if state.done:
                         continue
-                    choice = self._delta(job, i * n + o.index, o, state, holdback)
+                    choice = self._delta(job, i * n + o.index, o, state, holdback, out, i)
                     if choice is not None:
                         choices.append(choice)
                 if choices:
@@ -468,22 +537,42 @@ class OpenAIServing:
             await outputs.aclose()
         yield SSE_DONE
 
-    def _delta(self, job: _Job, index: int, o: CompletionOutput, state: _ChoiceState, holdback: int) -> dict | None:
+    def _delta(
+        self,
+        job: _Job,
+        index: int,
+        o: CompletionOutput,
+        state: _ChoiceState,
+        holdback: int,
+        out: RequestOutput | None = None,
+        prompt_index: int = 0,
+    ) -> dict | None:
         finished = o.finish_reason is not None
         text = streamable_text(o.text, finished, holdback)
         delta_text = text[state.sent_chars :] if len(text) > state.sent_chars else ""
         new_tokens = len(o.token_ids) - state.sent_tokens
         if job.tool_parser is not None and job.tools is not None:
             return self._tool_delta(job, index, o, state, text, new_tokens)
-        if not delta_text and not finished and not (job.params.logprobs is not None and new_tokens > 0):
+        if job.echo_only:
+            delta_text, new_tokens = "", 0
+        echo_now = job.echo and not state.started  # the prompt goes out with the choice's first chunk
+        if (
+            not echo_now
+            and not delta_text
+            and not finished
+            and not (job.params.logprobs is not None and new_tokens > 0)
+        ):
             return None
         logprobs = None
         if job.params.logprobs is not None:
             logprobs = (
                 chat_logprobs(self.tokenizer, o, job.top_logprobs or 0, state.sent_tokens)
                 if job.chat
-                else completion_logprobs(self.tokenizer, o, state.sent_tokens)
+                else self._completion_logprobs(job, prompt_index, out, o, state.sent_tokens, echo_now)
             )
+        if echo_now:
+            delta_text = self._echo_text(job, prompt_index) + delta_text
+        state.started = True
         state.sent_chars = max(state.sent_chars, len(text))
         state.sent_tokens = len(o.token_ids)
         state.done = finished
@@ -500,8 +589,8 @@ class OpenAIServing:
             "index": index,
             "text": delta_text,
             "logprobs": logprobs,
-            "finish_reason": o.finish_reason,
-            "stop_reason": o.stop_reason,
+            "finish_reason": ("length" if job.echo_only and finished else o.finish_reason),
+            "stop_reason": None if job.echo_only else o.stop_reason,
         }
 
     def _tool_delta(
