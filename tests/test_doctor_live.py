@@ -36,6 +36,7 @@ def test_real_agent_and_engine_give_only_ok_and_skips_with_reasons(tiny_model, m
         agent.wait_ready()
         assert wait_for(engine_ready, timeout=180), "inferd serve did not come up"
         assert wait_for(agent_sees_engine_pages, timeout=30)
+        scraped = agent.metrics()
         result = subprocess.run(
             [
                 sys.executable,
@@ -55,6 +56,8 @@ def test_real_agent_and_engine_give_only_ok_and_skips_with_reasons(tiny_model, m
         )
     finally:
         assert agent.stop() == 0
+    assert 'inferd_collector_up{collector="headroom"} 1.0' in scraped  # the agent measures its engine
+    assert "# TYPE inferd_headroom_requests_per_second gauge" in scraped
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     jsonschema.validate(report, SCHEMA)
