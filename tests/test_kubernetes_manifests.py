@@ -51,7 +51,7 @@ ensure_tokens = _load_module("ensure_tokens", DEPLOY / "base" / "ensure_tokens.p
 OVERLAYS = generator.overlays()
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]  # libyaml when built in
     """YAML 1.2 as kustomize writes it: a bare `=` (YAML 1.1's value key) is a string."""
 
 
@@ -518,6 +518,10 @@ def test_network_policies(rendered):
     agent_labels = one(rendered, "DaemonSet", "inferd-agent")["spec"]["template"]["metadata"]["labels"]
     same_namespace = [p for p in engine_from if "namespaceSelector" not in p]
     assert len(same_namespace) == 1 and same_namespace[0]["podSelector"]["matchLabels"].items() <= agent_labels.items()
+    for kind, name in (("DaemonSet", "inferd-agent"), ("Deployment", "inferd-engine")):
+        (rule,) = one(rendered, "NetworkPolicy", name)["spec"]["ingress"]
+        port_names = {p["name"] for p in container(rendered, kind, name)["ports"]}
+        assert {p["port"] for p in rule["ports"]} <= port_names  # named ports resolve against the pod's
     tokens = one(rendered, "NetworkPolicy", "inferd-tokens")
     assert tokens["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in tokens["spec"]
 
@@ -575,7 +579,7 @@ class _SecretsApi:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
 
 @pytest.fixture
