@@ -321,12 +321,14 @@ def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
         err_s = max(rel(a, b) for a, b in zip(slow_logits[s_ids[i]], ref_s))
         n_same = agree(f_tok[i], s_tok[i])
         err_fs = max([rel(a, b) for a, b in zip(fast_logits[f_ids[i]][: n_same + 1], slow_logits[s_ids[i]])] or [0])
-        # Pass: as close to transformers as the portable path is (bf16 noise sets both), and
-        # greedy agreement with transformers whenever the portable path itself agrees fully.
+        # Pass: as close to transformers as the portable path is (bf16 noise sets both; on a
+        # shallow model the portable path, which computes as transformers does, can be far
+        # closer than one bf16 kernel's rounding, so that rounding is the floor), and greedy
+        # agreement with transformers whenever the portable path itself agrees fully.
         portable_agrees = agree(s_tok[i], h_tok) == n_tok
         check(
             f"greedy32_prompt{lens[i]}",
-            err_f <= NOISE_RATIO * err_s + 1e-6
+            err_f <= max(NOISE_RATIO * err_s, BF16_REL_TOL)
             and (agree(f_tok[i], h_tok) == n_tok or not portable_agrees or DTYPE_NAME == "bfloat16"),
             fast_vs_hf_agree=agree(f_tok[i], h_tok),
             fast_vs_fallback_agree=n_same,
