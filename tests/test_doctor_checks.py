@@ -100,7 +100,7 @@ def test_engine_bound_to_the_far_socket_fails_placement(tmp_path):
     placement = findings["placement.engine"]
     assert placement.status == "fail"
     assert "100% of its CPUs are off node 0" in placement.summary
-    assert "not node 0" in placement.summary and "100% of its resident pages are off node 0" in placement.summary
+    assert "not node 0" in placement.summary and "100% of its pages are off node 0" in placement.summary
     assert "numactl --cpunodebind=0 --membind=0" in placement.fix
     sources = {e.name: e.source for e in placement.evidence}
     assert sources["cpus_allowed"].endswith("/4242/status")
@@ -476,3 +476,17 @@ def test_nvml_back_end_reads_throttle_reasons_ecc_remaps_and_xids_for_gpu_health
     memory = findings["gpu_health.memory"]
     assert memory.status == "fail" and "GPU0: 3 uncorrected ECC errors" in memory.summary
     assert "GPU1: row remapping pending" in memory.summary
+
+
+def test_placement_uses_the_ebpf_allocations_where_numa_maps_is_unreadable(tmp_path):
+    roots = write_node(tmp_path / "host")
+    (roots.procfs / str(ENGINE_PID) / "numa_maps").unlink()
+    allocs = "# TYPE inferd_ebpf_page_allocs_total counter\n" + "".join(
+        f'inferd_ebpf_page_allocs_total{{comm="inferd-serve",locality="{loc}",node="{node}",pid="{ENGINE_PID}"}} {n}\n'
+        for node, loc, n in ((0, "local", 300.0), (1, "remote", 700.0))
+    )
+    with agent_server(agent_metrics() + allocs) as agent:
+        findings = diagnose(roots, gpu_replay(tmp_path / "g.json"), agent=agent, only=("placement",))
+    placement = findings["placement.engine"]
+    assert placement.status == "fail" and "70% of its pages are off node 0" in placement.summary
+    assert any(e.source.endswith("inferd_ebpf_page_allocs_total") for e in placement.evidence)

@@ -3,8 +3,9 @@
 Reads /proc/PID/{status,environ,numa_maps} of the engine (and of each worker process it
 started: /proc/PID/task/PID/children), the GPUs it uses (CUDA_VISIBLE_DEVICES as
 indices, else all) and their nodes from the topology; `agent.placement` picks the node
-when the GPUs span several. Where procfs cannot show the pages, the agent's
-inferd_numa_process_remote_ratio (numa_maps or the eBPF collector) stands in.
+when the GPUs span several. The resident pages come from numa_maps; where procfs
+cannot show them, the agent's inferd_numa_process_remote_ratio stands in, and the eBPF
+collector's inferd_ebpf_page_allocs_total (where loaded) adds where new pages went.
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
         problems.append(("warn", f"its memory is not bound (nodes {format_cpulist(mems)} allowed)"))
     remote, not_judged = _remote_share(inputs, proc, node, pid, evidence)
     if remote is not None and remote >= t.placement_memory_remote_fail:
-        problems.append(("fail", f"{remote:.0%} of its resident pages are off node {node}"))
+        problems.append(("fail", f"{remote:.0%} of its pages are off node {node}"))
     elif remote is not None and remote >= t.placement_memory_remote_warn:
-        problems.append(("warn", f"{remote:.0%} of its resident pages are off node {node}"))
+        problems.append(("warn", f"{remote:.0%} of its pages are off node {node}"))
     fid = f"{ID}.{what}"
     if not problems:
         summary = f"{what} (pid {pid}) runs and allocates on node {node}, the node of {gpu_text}"
@@ -150,6 +151,9 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
 def _remote_share(
     inputs: Inputs, proc: Path, node: int, pid: int, evidence: list[Evidence]
 ) -> tuple[float | None, tuple[str, ...]]:
+    ebpf = _ebpf_share(inputs, node, pid)
+    if ebpf is not None:
+        evidence.append(ebpf)
     numa_maps = read_optional(proc / "numa_maps")
     if numa_maps is not None:
         pages = parse_numa_maps(numa_maps)
@@ -165,7 +169,23 @@ def _remote_share(
                     Evidence("resident_pages_off_gpu_node_ratio", sample.value, f"{inputs.agent.source} {sample.name}")
                 )
                 return sample.value, ()
+    if ebpf is not None:
+        return float(ebpf.value), ()  # type: ignore[arg-type]
     return None, (f"remote share of its memory: {proc}/numa_maps unreadable and no agent figure",)
+
+
+def _ebpf_share(inputs: Inputs, node: int, pid: int) -> Evidence | None:
+    """Share of the pages the eBPF probe saw the process allocate off `node` (since the agent started)."""
+    if inputs.agent is None:
+        return None
+    allocs = inputs.agent.all("inferd_ebpf_page_allocs_total", pid=str(pid))
+    total = sum(s.value for s in allocs)
+    if not total:
+        return None
+    off = sum(s.value for s in allocs if s.labels.get("node") != str(node))
+    return Evidence(
+        "allocated_pages_off_gpu_node_ratio", off / total, f"{inputs.agent.source} inferd_ebpf_page_allocs_total"
+    )
 
 
 CHECK = Check(ID, LAYER, TITLE, run)
