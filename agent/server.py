@@ -1,7 +1,9 @@
 """The agent's HTTP app (port 10400): /metrics, /healthz, /v1/topology.
 
 /metrics is the agent's CollectorSet rendered by exporters.exposition (the same bytes
-client_python's generate_latest writes, in a third of the time).
+client_python's generate_latest writes, in a third of the time), followed by
+client_python's default process_*, python_gc_* and python_info families, which
+exporters conventionally carry (node_exporter and dcgm-exporter have Go's process_*).
 
 Hooks for other agent modules: `AgentState` is the narrow object the routes read, and
 `create_app(state, routers)` mounts extra FastAPI routers. `agent.main` mounts the
@@ -17,11 +19,12 @@ a bad query parameter) or from an unexpected exception, is `{"error": "<message>
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
 
 from inferd.agent.supervisor import Supervisor
 from inferd.exporters.engine_metrics import EngineMetricsReader
@@ -50,7 +53,8 @@ class AgentState:
 
     def render_metrics(self) -> bytes:
         """The /metrics body: every collector's families in the text format (exporters.exposition)."""
-        return render_exposition(self.collectors.collect())
+        defaults = (c.collect() for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR))
+        return render_exposition(itertools.chain(self.collectors.collect(), *defaults))
 
     def health(self) -> dict[str, Any]:
         supervisor = self.supervisor

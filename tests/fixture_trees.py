@@ -94,19 +94,22 @@ UPDATE_GOLDEN_ENV = "INFERD_UPDATE_GOLDEN"
 # Values that differ on every run of the same inputs: how long something took and when
 # it happened. Golden files keep their series (so a missing one is still caught) with
 # the value 0.0; a sample's own timestamp, if any, is dropped.
-_VOLATILE_NAME = re.compile(r"_(duration_seconds|timestamp_seconds)$")
+# The process's own readings (client_python's default collectors) change from run to run too.
+_VOLATILE_NAME = re.compile(r"_(duration_seconds|timestamp_seconds)$|^process_|^python_gc_")
 _SAMPLE_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{.*\})? (?P<value>\S+)(?: -?\d+)?$")
 
 
 def without_volatile_values(exposition: str) -> str:
-    """The exposition with every volatile sample's value (see _VOLATILE_NAME) read as 0.0
-    and sample timestamps dropped; everything else byte for byte."""
+    """The exposition with every volatile sample's value (see _VOLATILE_NAME) read as 0.0,
+    python_info without its labels (the interpreter's version) and sample timestamps
+    dropped; everything else byte for byte."""
     lines = []
     for line in exposition.splitlines(keepends=True):
         match = None if line.startswith("#") else _SAMPLE_LINE.match(line.rstrip("\n"))
         if match:
             value = "0.0" if _VOLATILE_NAME.search(match["name"]) else match["value"]
-            line = f"{match['name']}{match['labels'] or ''} {value}\n"
+            labels = "" if match["name"] == "python_info" else match["labels"]  # the interpreter's version
+            line = f"{match['name']}{labels or ''} {value}\n"
         lines.append(line)
     return "".join(lines)
 
