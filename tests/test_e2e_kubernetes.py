@@ -30,9 +30,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-pytest.importorskip("kubernetes")
-
 from kubernetes_replay import ReplayApiServer, fixture, point_at
 
 pytestmark = pytest.mark.slow

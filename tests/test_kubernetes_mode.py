@@ -20,9 +20,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-
-pytest.importorskip("kubernetes")
-
 from fastapi.testclient import TestClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes_replay import API_TOKEN, ReplayApiServer, fixture, point_at

@@ -22,9 +22,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MISSING_CLIENT = (
-    "--kubernetes needs the official Kubernetes client: pip install 'inferd[k8s]' (the `kubernetes` package)"
-)
+MISSING_CLIENT = "--kubernetes needs the official Kubernetes client, a dependency of inferd: pip install kubernetes"
 _PORT_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?$")  # IANA_SVC_NAME, as the API validates it
 _SELECTOR_TERM = re.compile(r"^!?[A-Za-z0-9./_-]+(\s*(==|!=|=)\s*[A-Za-z0-9._-]*|\s+(in|notin)\s+\(.*\))?$")
 
