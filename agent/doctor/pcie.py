@@ -70,10 +70,11 @@ def _links(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
         if ceiling and bottleneck:
             worst = min(worst, bottleneck / ceiling)
     for d in hops:
-        src = f"sysfs:{device_dir(inputs.sysfs, d['device'])}/current_link_{{speed,width}}"
+        base = f"sysfs:{device_dir(inputs.sysfs, d['device'])}"
         role = ROLE_NAMES.get(d["role"], d["role"])
-        evidence.append(Evidence(f"gpu{d['gpu']}_hop{d['hop']}_{d['device']}", f"{d['current']} ({role})", src))
-        evidence.append(Evidence(f"gpu{d['gpu']}_hop{d['hop']}_{d['device']}_max", d["max"], src))
+        name = f"gpu{d['gpu']}_hop{d['hop']}_{d['device']}"
+        evidence.append(Evidence(name, f"{d['current']} ({role})", f"{base}/current_link_{{speed,width}}"))
+        evidence.append(Evidence(f"{name}_ceiling", d["max"], f"{base}/max_link_{{speed,width}} (both ends)"))
     for gpu in topology.gpus:
         ceiling, bottleneck = _gpu_ceiling(gpu), gpu.bottleneck_bytes_per_second
         if ceiling and bottleneck and bottleneck < ceiling:
@@ -267,11 +268,13 @@ def read_capability(inputs: Inputs, bdf: str) -> tuple[PcieCapability | None, st
 def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
     title = TITLES["payload"]
     evidence: list[Evidence] = []
+    flagged: list[Evidence] = []  # the evidence of the paths with a problem
     problems: list[str] = []
     unread: list[str] = []
     t_mrrs = t.pcie_min_read_request_bytes
     for gpu in topology.gpus:
         caps = []
+        path_evidence = []
         for hop in gpu.path:
             capability, why = read_capability(inputs, hop.device)
             if capability is None:
@@ -279,7 +282,7 @@ def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
                 continue
             src = f"sysfs:{device_dir(inputs.sysfs, hop.device)}/config"
             caps.append((hop, capability))
-            evidence.append(
+            path_evidence.append(
                 Evidence(
                     f"gpu{gpu.index}_{hop.device}",
                     f"MPS {capability.mps_bytes} (max {capability.mps_supported_bytes}), MRRS {capability.mrrs_bytes}, "
@@ -287,6 +290,7 @@ def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
                     src,
                 )
             )
+        before = len(problems)
         sizes = {c.mps_bytes for _, c in caps}
         if len(sizes) > 1:
             detail = ", ".join(f"{h.device} {c.mps_bytes}" for h, c in caps)
@@ -297,6 +301,9 @@ def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
                 problems.append(f"GPU{gpu.index}: Max Read Request Size {own.mrrs_bytes} B (below {t_mrrs})")
             if own.aspm_enabled:
                 problems.append(f"GPU{gpu.index}: ASPM {'+'.join(own.aspm_enabled)} enabled on its link")
+        evidence += path_evidence
+        if len(problems) > before:
+            flagged += path_evidence
     if not evidence:
         return skip(ID, "payload", LAYER, title, "config space unreadable: " + "; ".join(unread[:2]))
     not_judged = tuple(unread[:4]) + ((f"... and {len(unread) - 4} more",) if len(unread) > 4 else ())
@@ -311,7 +318,7 @@ def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
         title,
         "; ".join(problems),
         0.1,
-        tuple(evidence),
+        tuple(flagged),
         fix="let the kernel set the path consistently (boot with pci=pcie_bus_perf, or set MPS to the lowest "
         "supported along the path with setpci); raise MRRS to 512+ B; disable ASPM on GPU links "
         "(pcie_aspm=off or the BIOS)",
