@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -545,7 +546,7 @@ def test_pods_mount_the_token_keys_the_job_creates(rendered):
 class _SecretsApi:
     """The API server's Secret endpoints, as much as ensure_tokens uses: GET one, POST."""
 
-    def __init__(self, existing: bool = False, conflict: bool = False):
+    def __init__(self, existing: bool = False, conflict: bool = False, tls: tuple[Path, Path] | None = None):
         self.existing, self.conflict = existing, conflict
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
         api = self
@@ -578,7 +579,13 @@ class _SecretsApi:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:  # the API server's certificate, signed by the service account's CA
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*map(str, tls))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
 
@@ -623,6 +630,57 @@ def test_tokens_job_creates_the_secret_once(secrets_api, service_account):
     tokens = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
     assert set(tokens) == set(ensure_tokens.KEYS)
     assert all(len(t) == 64 and int(t, 16) >= 0 for t in tokens.values()) and len(set(tokens.values())) == 2
+
+
+def test_tokens_job_speaks_tls_with_the_service_account_ca(secrets_api, service_account, tmp_path):
+    openssl = _tool("openssl", "Debian package openssl")
+    cert, key = tmp_path / "apiserver.crt", tmp_path / "apiserver.key"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kubernetes",
+        ]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    api = secrets_api(tls=(cert, key))
+    (service_account / "ca.crt").write_bytes(cert.read_bytes())
+    assert _run_tokens(api, service_account) == 0
+    assert [r[0] for r in api.requests] == ["GET", "POST"]
+    other = tmp_path / "other.crt"  # a CA that did not sign the server's certificate: refused, not downgraded
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+        ]
+        + ["-keyout", str(tmp_path / "other.key"), "-out", str(other)],
+        check=True,
+        capture_output=True,
+    )
+    (service_account / "ca.crt").write_bytes(other.read_bytes())
+    assert _run_tokens(api, service_account) == 1
+    assert len(api.requests) == 2
 
 
 def test_tokens_job_keeps_an_existing_secret(secrets_api, service_account):
