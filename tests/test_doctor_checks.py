@@ -376,6 +376,8 @@ def test_only_keeps_the_named_checks_and_refuses_unknown_ones(healthy):
     assert set(findings) == {"pcie.link", "gpu_health.throttle", "gpu_health.xid", "gpu_health.memory"}
     with pytest.raises(ValueError, match="unknown check"):
         diagnose(roots, replay, only=("pcei",))
+    with pytest.raises(ValueError, match="no finding pcie.lnk; these checks give pcie.errors, pcie.link"):
+        diagnose(roots, replay, only=("pcie.lnk",))
 
 
 def test_pcie_checks_reuse_the_topology_helpers():

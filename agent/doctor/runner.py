@@ -52,6 +52,10 @@ def run_checks(inputs: Inputs, thresholds: Thresholds = DEFAULT) -> list[Finding
         findings.extend(found)
     finding_ids = [name for name in only if "." in name]
     if finding_ids:
+        unknown = sorted(set(finding_ids) - {f.id for f in findings})
+        if unknown:
+            known = ", ".join(sorted(f.id for f in findings))
+            raise ValueError(f"--only: no finding {', '.join(unknown)}; these checks give {known}")
         findings = [f for f in findings if f.id in finding_ids or f.check in only]
     return ranked(findings)
 
