@@ -13,6 +13,8 @@ Constructor (what the agent calls):
         export_numa_balancing=False,  # True only where the NUMA collector does not run:
                                     #   it owns inferd_numa_balancing_enabled (docs/METRICS.md)
         tracefs=None,               # tracefs path; None = find it (mounting it when root)
+        process_pods=None,          # exporters.cgroup_pods.ProcessPods in Kubernetes: watched
+                                    #   processes' series also get pod, namespace, container
     )
 
 The probes load on the first collect() or on start() (compiling takes about a second;
@@ -30,7 +32,10 @@ Each probe is optional and reported on its own:
 
 Watched processes get ``pid`` and ``comm`` labels; everything else is summed under
 ``pid="", comm="other"``, and the counts of processes that leave the watch list (exit,
-restart, exec into another name) move there too.
+restart, exec into another name) move there too. With ``process_pods`` (``--kubernetes``
+or ``--pod-resources-socket``) the per-process families also carry ``pod``, ``namespace``
+and ``container`` (dcgm-exporter's names), from the process's cgroup and the kubelet's
+pod-resources answer (exporters.cgroup_pods); empty where no pod is known.
 The collector stays up (``inferd_collector_up{collector="ebpf"} 1``) when probes are down:
 their state is ``inferd_ebpf_probe_up``, so one family says what each probe is doing.
 """
@@ -61,6 +66,9 @@ from inferd.ebpf.probes import (
 )
 from inferd.ebpf.tracefs import find_tracefs, mount_tracefs, read_symbolic_field
 from inferd.ebpf.watch import OTHER_TGID, DepartedProcessFolder, WatchList
+from inferd.exporters.cgroup_pods import ProcessPods
+from inferd.exporters.pod_resources import NO_POD, POD_LABELS, pod_labels
+from inferd.exporters.pod_resources import shared as shared_pod_resources
 from inferd.exporters.registry import BuildContext, Built, CollectorEntry, CollectorUnavailable
 
 log = logging.getLogger(__name__)
@@ -101,6 +109,7 @@ class EbpfNumaCollector:
         probes: Iterable[str] | None = None,
         export_numa_balancing: bool = False,
         tracefs: str | Path | None = None,
+        process_pods: ProcessPods | None = None,
     ):
         self.sysfs_root = Path(sysfs_root)
         self.procfs_root = Path(procfs_root)
@@ -111,6 +120,9 @@ class EbpfNumaCollector:
             raise ValueError(f"unknown eBPF probe(s) {unknown}; known: {sorted(PROBES)}")
         self.export_numa_balancing = export_numa_balancing
         self._tracefs = Path(tracefs) if tracefs else None
+        self.process_pods = process_pods
+        self._pod_labels: dict[int, tuple[str, str, str]] = {}
+        self._extra_labels = list(POD_LABELS) if process_pods is not None else []
         self._probes: dict[str, LoadedProbe] = {}
         self._down: dict[str, str] = {}
         self._folders = {name: DepartedProcessFolder() for name in self.probe_names}
@@ -228,6 +240,7 @@ class EbpfNumaCollector:
             up.add_metric([name], 1.0 if name in self._probes else 0.0)
         yield up
         self.refresh_watched()
+        self._refresh_pod_labels()
         balancing = self._numa_balancing_enabled()
         if self.export_numa_balancing and balancing is not None:
             yield GaugeMetricFamily(
@@ -262,8 +275,21 @@ class EbpfNumaCollector:
         child before it exec'd into another name) and not gone."""
         return tgid in self._watched_now and self.watch.is_alive(tgid)
 
+    def _refresh_pod_labels(self) -> None:
+        if self.process_pods is None:
+            return
+        try:
+            found = self.process_pods.resolve(sorted(self._watched_now))
+        except Exception:  # the kubelet or /proc must not fail the eBPF scrape
+            log.exception("pod attribution of watched processes failed")
+            found = {}
+        self._pod_labels = {pid: pod_labels(ref) for pid, ref in found.items()}
+
     def _process_labels(self, tgid: int) -> list[str]:
-        return ["" if tgid == OTHER_TGID else str(tgid), self.watch.comm_of(tgid)]
+        labels = ["" if tgid == OTHER_TGID else str(tgid), self.watch.comm_of(tgid)]
+        if self.process_pods is not None:
+            labels += self._pod_labels.get(tgid, NO_POD)
+        return labels
 
     def _numa_balancing_enabled(self) -> bool | None:
         try:
@@ -275,7 +301,7 @@ class EbpfNumaCollector:
         family = CounterMetricFamily(
             "inferd_ebpf_page_allocs",
             "Pages allocated, by page node and locality to the CPU",
-            labels=["pid", "comm", "node", "locality"],
+            labels=["pid", "comm", *self._extra_labels, "node", "locality"],
         )
         for (tgid, node, locality), pages in sorted(rows.items()):
             node_label = str(node) if node >= 0 else "unknown"
@@ -286,7 +312,7 @@ class EbpfNumaCollector:
         family = CounterMetricFamily(
             "inferd_ebpf_numa_hint_faults",
             "NUMA balancing hinting faults, local or remote",
-            labels=["pid", "comm", "locality"],
+            labels=["pid", "comm", *self._extra_labels, "locality"],
         )
         for (tgid, remote), faults in sorted(rows.items()):
             family.add_metric([*self._process_labels(tgid), "remote" if remote else "local"], faults)
@@ -305,14 +331,18 @@ class EbpfNumaCollector:
 
     def _moves(self, rows: dict) -> Metric:
         family = CounterMetricFamily(
-            "inferd_ebpf_task_numa_moves", "NUMA balancer task moves, swaps and sticks", labels=["pid", "comm", "kind"]
+            "inferd_ebpf_task_numa_moves",
+            "NUMA balancer task moves, swaps and sticks",
+            labels=["pid", "comm", *self._extra_labels, "kind"],
         )
         for (tgid, kind), moves in sorted(rows.items()):
             family.add_metric([*self._process_labels(tgid), MOVE_KIND.get(kind, str(kind))], moves)
         return family
 
     def _page_faults(self, rows: dict) -> Metric:
-        family = CounterMetricFamily("inferd_ebpf_page_faults", "User-mode page faults", labels=["pid", "comm"])
+        family = CounterMetricFamily(
+            "inferd_ebpf_page_faults", "User-mode page faults", labels=["pid", "comm", *self._extra_labels]
+        )
         for (tgid,), faults in sorted(rows.items()):
             family.add_metric(self._process_labels(tgid), faults)
         return family
@@ -326,6 +356,11 @@ def _release_compiler_memory() -> None:
         pass
 
 
+def _process_pods(context: BuildContext) -> ProcessPods | None:
+    resources = shared_pod_resources(context.args, context.extra)
+    return None if resources is None else ProcessPods(context.args.procfs_root, resources)
+
+
 def build(context: BuildContext) -> Built:
     args = context.args
     collector = EbpfNumaCollector(
@@ -335,6 +370,7 @@ def build(context: BuildContext) -> Built:
         watch_pids=args.watch_pid,
         watch_comms=args.watch_comm,
         export_numa_balancing="numa" not in context.enabled,
+        process_pods=_process_pods(context),
     )
 
     def start() -> None:

@@ -15,6 +15,7 @@ from inferd.strict_fields import from_fields
 
 # NVML GPM metric ids (nvmlGpmMetricId_t) -> reading key.
 GPM_METRICS: dict[int, str] = {
+    1: "graphics_util_pct",  # NVML_GPM_METRIC_GRAPHICS_UTIL: DCGM's GR_ENGINE_ACTIVE on Hopper
     2: "sm_util_pct",
     3: "sm_occupancy_pct",
     5: "any_tensor_util_pct",

@@ -187,6 +187,8 @@ def test_nvml_backend_with_gpm_reads_every_value_and_honours_field_return_codes(
         backend.close()
     assert not fake.initialised and fake.freed_samples == 4  # NVML shut down, 2 samples x 2 GPUs freed
     assert [s.value for s in got["DCGM_FI_PROF_SM_ACTIVE"]] == pytest.approx([0.78, 0.78])
+    # GPM's graphics-engine activity (96 %), not utilization.gpu (97 %), where GPM runs
+    assert [s.value for s in got["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]] == pytest.approx([0.96, 0.96])
     assert [s.value for s in got["DCGM_FI_PROF_PCIE_RX_BYTES"]] == pytest.approx([2.5 * MIB] * 2)
     assert [s.labels["pci_bus_id"] for s in got["DCGM_FI_DEV_GPU_UTIL"]] == ["00000000:18:00.0", "00000000:19:00.0"]
     assert "inferd_pcie_replay_rollover_total" not in got  # NOT_SUPPORTED return code
