@@ -79,6 +79,8 @@ def test_published_schema_is_a_valid_schema_and_rejects_a_bad_report(capsys):
     assert main(["doctor", "--schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema == SCHEMA
+    # the published copy beside the manual: `inferd doctor --schema > docs/doctor.schema.json` after a change
+    assert json.loads((REPO / "docs" / "doctor.schema.json").read_text()) == SCHEMA
     jsonschema.Draft202012Validator.check_schema(schema)
     finding = Finding("pcie.link", "pcie", "pcie", "warn", "t", "s", 0.1, (Evidence("x", 1, "sysfs:x"),), fix="f")
     report = to_dict(Diagnosis((finding,), Inputs(DoctorOptions(), now=1.0)))
