@@ -347,6 +347,23 @@ def test_each_agent_pulls_its_own_nodes_alerts_and_acts_once(cluster, alertmanag
     assert (query["active"], query["silenced"], query["inhibited"]) == (["true"], ["false"], ["false"])
 
 
+def test_a_resolved_alert_goes_to_the_pods_its_firing_went_to(cluster, alertmanager):
+    _, engines, agent = cluster
+    node, client = agent("gpu-node-a", f"--alertmanager-url={alertmanager.url}")
+    node.refresh()
+    assert node.pull is not None
+    node.pull.config.resolve_after_s = 0
+    alertmanager.alerts[:] = alertmanager.alerts[1:]  # node a's alert resolved
+    node.refresh()
+    records = client.get("/v1/actions", params={"limit": 0}).json()["records"]
+    routed = [(r["status"], r["pods"]) for r in records if r["event"] == "routed"]
+    pod = ["inferd/inferd-engine-7d9c6b5f4-8xq2m"]
+    assert routed == [("firing", pod), ("resolved", pod)]
+    policy_saw = [(r["status"], r["pod"]) for r in records if r["event"] == "alert"]
+    assert policy_saw == [("firing", pod[0]), ("resolved", pod[0])]
+    assert node.remediation.firing == []
+
+
 def test_alerts_wait_while_the_api_server_cannot_be_listed(cluster, alertmanager):
     api, engines, agent = cluster
     api.forbidden = True
