@@ -92,16 +92,27 @@ def _token_rows_on_device(
     # imported here: importing the package defines (and on the CPU cannot build) the kernels
     from .fast_path.attention import paged_decode_attention
 
-    device = q.device
+    tables, context = _token_rows(meta, q.device)
+    return paged_decode_attention(q.contiguous(), k_cache, v_cache, tables, context, scale, DEVICE_SPLITS)
+
+
+_rows_of_step: tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None = None
+
+
+def _token_rows(meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query token: its sequence's block table and its own context length. Built once
+    per step (every layer attends with the same metadata)."""
+    global _rows_of_step
+    if _rows_of_step is not None and _rows_of_step[0] is meta:
+        return _rows_of_step[1], _rows_of_step[2]
     query_lens = torch.tensor(meta.query_lens, device=device)
     seq_of_token = torch.repeat_interleave(torch.arange(len(meta.query_lens), device=device), query_lens)
     starts = torch.tensor(meta.query_start, device=device)
-    offset = torch.arange(q.shape[0], device=device) - starts[seq_of_token]
+    offset = torch.arange(int(sum(meta.query_lens)), device=device) - starts[seq_of_token]
     context = meta.context_lens.to(device)[seq_of_token] - query_lens[seq_of_token] + 1 + offset
     tables = meta.block_tables.to(device)[seq_of_token]
-    return paged_decode_attention(
-        q.contiguous(), k_cache, v_cache, tables, context.to(meta.context_lens.dtype), scale, DEVICE_SPLITS
-    )
+    _rows_of_step = (meta, tables, context.to(meta.context_lens.dtype))
+    return tables, _rows_of_step[2]
 
 
 def _token_by_token(
