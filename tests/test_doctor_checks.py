@@ -492,3 +492,44 @@ def test_placement_uses_the_ebpf_allocations_where_numa_maps_is_unreadable(tmp_p
     placement = findings["placement.engine"]
     assert placement.status == "fail" and "70% of its pages are off node 0" in placement.summary
     assert any(e.source.endswith("inferd_ebpf_page_allocs_total") for e in placement.evidence)
+
+
+def test_copy_shares_are_judged_against_the_link_and_the_dram_peak():
+    from inferd.agent.doctor.copy_bandwidth import _one
+    from inferd.agent.doctor.thresholds import DEFAULT
+
+    link = 63.0e9  # Gen5 x16 after encoding
+    good = _one(0, {"h2d": 55e9, "d2h": 54e9, "d2d": 4.1e12}, "NVIDIA H200", link, DEFAULT)
+    assert good.status == "ok" and "h2d 55.0 GB/s (87%)" in good.summary and "d2d 4100.0 GB/s (85%)" in good.summary
+    slow_host = _one(1, {"h2d": 26e9, "d2h": 45e9, "d2d": 4.1e12}, "NVIDIA H200", link, DEFAULT)
+    assert slow_host.status == "fail" and "under 80%: d2h, h2d" in slow_host.summary  # 41% and 71%
+    unknown = _one(2, {"h2d": 55e9, "d2h": 54e9, "d2d": 1e12}, "NVIDIA B300", link, DEFAULT)
+    assert unknown.status == "ok" and unknown.not_judged == (
+        "device copy against peak: no datasheet peak for 'NVIDIA B300'",
+    )
+
+
+def test_active_checks_skip_unless_asked_and_say_why_without_cuda(healthy):
+    roots, replay = healthy
+    assert diagnose(roots, replay, only=("copy_bandwidth",))["copy_bandwidth.all"].reason == (
+        "loads the GPU and host: run with --active"
+    )
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the copies would run")
+    findings = diagnose(roots, replay, only=("copy_bandwidth",), active=True)
+    assert findings["copy_bandwidth.all"].reason == "no CUDA device visible to torch"
+
+
+def test_headroom_from_the_agent_is_reported_and_warns_near_capacity(healthy):
+    roots, replay = healthy
+    figures = (
+        "# TYPE inferd_headroom_requests_per_second gauge\ninferd_headroom_requests_per_second {room}\n"
+        "# TYPE inferd_headroom_capacity_requests_per_second gauge\ninferd_headroom_capacity_requests_per_second 20\n"
+    )
+    with agent_server(agent_metrics() + figures.format(room=12)) as agent:
+        ok = diagnose(roots, replay, agent=agent, only=("saturation.headroom",))["saturation.headroom"]
+    with agent_server(agent_metrics() + figures.format(room=1)) as agent:
+        near = diagnose(roots, replay, agent=agent, only=("saturation.headroom",))["saturation.headroom"]
+    assert ok.status == "ok" and ok.summary == "12 req/s of 20 req/s left at the agent's --headroom-step-slo"
+    assert near.status == "warn" and "warn under 10% left" in near.summary

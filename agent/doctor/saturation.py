@@ -198,7 +198,7 @@ def _headroom(inputs: Inputs, t: Thresholds) -> Finding:
         capacity = inputs.agent.value("inferd_headroom_capacity_requests_per_second")
         if room is not None and capacity is not None:
             src = f"{inputs.agent.source} inferd_headroom_*"
-            return _headroom_finding(fid, title, room, capacity, src, t)
+            return _headroom_finding(fid, title, room, capacity, src, t, None)
     if inputs.prometheus is None:
         why = "the agent has no headroom figure yet" if inputs.agent is not None else inputs.why("agent")
         return skip(ID, "headroom", LAYER, title, f"{why}, and {inputs.prometheus_reason()}")
@@ -224,30 +224,32 @@ def _headroom(inputs: Inputs, t: Thresholds) -> Finding:
     if result is None:
         return skip(ID, "headroom", LAYER, title, "step time never varied with batch size in the window: no slope")
     src = prometheus.source(f"{step} against {batch}")
-    return _headroom_finding(fid, title, result.headroom_rps, result.capacity_rps, src, t)
+    return _headroom_finding(fid, title, result.headroom_rps, result.capacity_rps, src, t, t.headroom_step_slo_seconds)
 
 
-def _headroom_finding(fid: str, title: str, room: float, capacity: float, src: str, t: Thresholds) -> Finding:
-    evidence = (
-        Evidence("headroom_rps", room, src, "req/s"),
-        Evidence("capacity_rps", capacity, src, "req/s"),
-        Evidence("step_slo_seconds", t.headroom_step_slo_seconds, "thresholds"),
-    )
-    summary = f"{room:.3g} req/s of {capacity:.3g} req/s left at a {t.headroom_step_slo_seconds * 1e3:g} ms step"
-    if capacity <= 0 or room / capacity >= 1 - t.knee_load_warn:
+def _headroom_finding(
+    fid: str, title: str, room: float, capacity: float, src: str, t: Thresholds, slo_s: float | None
+) -> Finding:
+    """`slo_s` None: the agent's figure, at the agent's own --headroom-step-slo."""
+    evidence = [Evidence("headroom_rps", room, src, "req/s"), Evidence("capacity_rps", capacity, src, "req/s")]
+    if slo_s is not None:
+        evidence.append(Evidence("step_slo_seconds", slo_s, "thresholds: headroom_step_slo_seconds", "s"))
+    at = f"a {slo_s * 1e3:g} ms step" if slo_s is not None else "the agent's --headroom-step-slo"
+    summary = f"{room:.3g} req/s of {capacity:.3g} req/s left at {at}"
+    if capacity <= 0:
         return Finding(
             fid,
             ID,
             LAYER,
-            "ok" if capacity > 0 else "warn",
+            "warn",
             title,
-            summary,
-            0.0 if capacity > 0 else 0.3,
-            evidence,
-            fix=None
-            if capacity > 0
-            else "the step time exceeds the SLO even at batch 1: see engine.regime and engine.fast_path",
+            summary + ": the step time exceeds the SLO even at batch 1",
+            0.3,
+            tuple(evidence),
+            fix="see engine.regime and engine.fast_path: steps are slow before the batch grows",
         )
+    if room / capacity >= 1 - t.knee_load_warn:
+        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
     return Finding(
         fid,
         ID,
@@ -256,7 +258,7 @@ def _headroom_finding(fid: str, title: str, room: float, capacity: float, src: s
         title,
         summary + f" (warn under {1 - t.knee_load_warn:.0%} left)",
         0.2,
-        evidence,
+        tuple(evidence),
         fix="the node is near capacity at its SLO: route new load elsewhere or add a replica",
     )
 
