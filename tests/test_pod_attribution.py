@@ -287,13 +287,13 @@ ENGINE_CGROUP = (
 )
 
 
-def write_procfs(root: Path) -> Path:
+def write_procfs(root: Path, engine_cgroup: str = ENGINE_CGROUP) -> Path:
     """A host /proc: the engine (pid 4242, holding GPUs 0 and 1 open) and its tokenizer
     (4250, same container, no GPU) in engine A's pod; a host process (77); the driver's
     GPU information files that map device minors to UUIDs."""
     processes = {
-        4242: ("engine", ENGINE_CGROUP, [0, 1]),
-        4250: ("tokenizer", ENGINE_CGROUP, []),
+        4242: ("engine", engine_cgroup, [0, 1]),
+        4250: ("tokenizer", engine_cgroup, []),
         77: ("tokenizer", "0::/system.slice/containerd.service\n", []),
     }
     for pid, (comm, cgroup, minors) in processes.items():
@@ -347,8 +347,14 @@ def key(name: str, **labels: str) -> tuple[str, frozenset]:
     return (name, frozenset(labels.items()))
 
 
-def test_ebpf_series_of_pod_processes_carry_the_pod(kubelet, tmp_path):
-    proc = write_procfs(tmp_path / "proc")
+IN_PODS = sorted(name for name, case in CGROUPS.items() if case["container_id"])
+
+
+@pytest.mark.parametrize("cgroup", IN_PODS)
+def test_ebpf_series_of_pod_processes_carry_the_pod(kubelet, tmp_path, cgroup):
+    """The same node under each cgroup driver and version: the engine's container found
+    through its cgroup path, named by the kubelet's answer for the GPUs it holds."""
+    proc = write_procfs(tmp_path / "proc", CGROUPS[cgroup]["text"])
     got = ebpf_samples(ebpf_collector(proc, kubelet))
     engine = {"pod": "inferd-engine-7d9c6b5f4-8xq2m", "namespace": "inferd", "container": "engine"}
     none = {"pod": "", "namespace": "", "container": ""}
