@@ -19,7 +19,9 @@ text), `allowed_token_ids`, `bad_words`, `logits_processors`, `vllm_xargs`,
 the chat template's inputs (`chat_template`, `chat_template_kwargs`, `documents`,
 `continue_final_message`), legacy `functions`/`function_call`, non-text `modalities` and
 `audio`, `kv_transfer_params` and `cache_salt` (prefix-cache isolation). A field this
-module declares is never treated as unknown, so declaring one lifts its refusal.
+module declares is never treated as unknown, so declaring one lifts its refusal. Not
+refused, as vLLM does not refuse them: `n` > 1 with `stream`, `length_penalty` (it only
+acts with beam search), `prediction` (a speed hint), `add_special_tokens`.
 """
 
 from __future__ import annotations
