@@ -20,8 +20,9 @@ the chat template's inputs (`chat_template`, `chat_template_kwargs`, `documents`
 `continue_final_message`), legacy `functions`/`function_call`, non-text `modalities` and
 `audio`, `kv_transfer_params` and `cache_salt` (prefix-cache isolation). A field this
 module declares is never treated as unknown, so declaring one lifts its refusal. Not
-refused, as vLLM does not refuse them: `n` > 1 with `stream`, `length_penalty` (it only
-acts with beam search), `prediction` (a speed hint), `add_special_tokens`.
+refused: `n` > 1 with `stream` (vLLM streams it too), `length_penalty` (it only acts with
+beam search), `prediction` (a speed hint); ignored: `add_special_tokens`, which vLLM
+honours, but whose default for each route is what this server always does.
 """
 
 from __future__ import annotations
