@@ -131,6 +131,24 @@ class ProcessPods:
                 minors.add(int(match.group(1)))
         return minors
 
+    def gpu_pids(self) -> list[int]:
+        """Processes in a pod that hold open a GPU the kubelet gave to a container: what the
+        eBPF probes watch in Kubernetes, where no supervisor names the engine's pid."""
+        owners = self.resources.owners()
+        if not owners:
+            return []
+        uuids = self.gpu_uuids_by_minor()
+        pids = []
+        for entry in self.proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if self.cgroup_of(pid) is None:
+                continue
+            if any(uuids.get(minor) in owners for minor in self.gpu_minors(pid)):
+                pids.append(pid)
+        return sorted(pids)
+
     def resolve(self, pids: list[int]) -> dict[int, PodRef]:
         """The container of each pid that the kubelet's answer and the cgroups place."""
         cgroups = {pid: self.cgroup_of(pid) for pid in pids}

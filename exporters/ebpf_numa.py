@@ -35,7 +35,9 @@ Watched processes get ``pid`` and ``comm`` labels; everything else is summed und
 restart, exec into another name) move there too. With ``process_pods`` (``--kubernetes``
 or ``--pod-resources-socket``) the per-process families also carry ``pod``, ``namespace``
 and ``container`` (dcgm-exporter's names), from the process's cgroup and the kubelet's
-pod-resources answer (exporters.cgroup_pods); empty where no pod is known.
+pod-resources answer (exporters.cgroup_pods); empty where no pod is known. With no
+engine of its own to name (Kubernetes runs the engines), the agent then watches the
+processes that hold open a GPU the kubelet gave to a pod.
 The collector stays up (``inferd_collector_up{collector="ebpf"} 1``) when probes are down:
 their state is ``inferd_ebpf_probe_up``, so one family says what each probe is doing.
 """
@@ -363,14 +365,18 @@ def _process_pods(context: BuildContext) -> ProcessPods | None:
 
 def build(context: BuildContext) -> Built:
     args = context.args
+    process_pods = _process_pods(context)
+    watch_pids_fn: Callable[[], Iterable[int] | int | None] = context.engine_pid
+    if context.supervisor is None and process_pods is not None:
+        watch_pids_fn = process_pods.gpu_pids  # Kubernetes runs the engines: watch what holds their GPUs
     collector = EbpfNumaCollector(
         args.sysfs_root,
         args.procfs_root,
-        watch_pids_fn=context.engine_pid,
+        watch_pids_fn=watch_pids_fn,
         watch_pids=args.watch_pid,
         watch_comms=args.watch_comm,
         export_numa_balancing="numa" not in context.enabled,
-        process_pods=_process_pods(context),
+        process_pods=process_pods,
     )
 
     def start() -> None:

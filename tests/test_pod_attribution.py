@@ -397,3 +397,14 @@ def test_ebpf_series_outside_kubernetes_keep_their_labels(tmp_path):
     lines = _exposition(ebpf_collector(proc, None))
     assert 'inferd_ebpf_page_faults_total{comm="engine",pid="4242"} 60.0' in lines
     assert not any("pod=" in line for line in lines)
+
+
+def test_in_kubernetes_the_probes_watch_the_processes_holding_pod_gpus(kubelet, tmp_path):
+    proc = write_procfs(tmp_path / "proc")
+    (proc / "5000" / "fd").mkdir(parents=True)  # a host process holding GPU 0: not a pod's
+    (proc / "5000" / "cgroup").write_text("0::/system.slice/nvidia-persistenced.service\n")
+    (proc / "5000" / "fd" / "3").symlink_to("/dev/nvidia0")
+    process_pods = ProcessPods(proc, pod_resources(kubelet.socket_path))
+    assert process_pods.gpu_pids() == [4242]
+    kubelet.response.ClearField("pod_resources")  # the kubelet gave that GPU to no one
+    assert process_pods.gpu_pids() == []
