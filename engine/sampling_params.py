@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import check_range
+from .structured_outputs import StructuredOutputsParams, check_logit_bias
 
 
 @dataclass(slots=True)
@@ -29,6 +30,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """Return this many top log-probabilities per prompt token (plus the prompt's own), as vLLM."""
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    """Constrain the output to a JSON schema, regex, choice or grammar."""
+    logit_bias: dict[int, float] | None = None
+    """Added to the logits of these token ids before sampling, OpenAI's range [-100, 100];
+    ids against the vocabulary are checked by the request validator, which knows it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,6 +69,9 @@ class SamplingParams:
             if isinstance(self.prompt_logprobs, bool) or not isinstance(self.prompt_logprobs, int):
                 raise ValueError(f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}")
             check_range("prompt_logprobs", self.prompt_logprobs, 0, 20)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams, got {self.structured_outputs!r}")
+        self.logit_bias = check_logit_bias(self.logit_bias) or None
 
     @property
     def is_greedy(self) -> bool:
