@@ -127,6 +127,25 @@ def test_priority_admitted_first(tiny_model):
     assert finished == ["urgent", "default", "mid", "mid-later", "background"]
 
 
+def test_the_least_urgent_running_request_is_preempted(tiny_model):
+    """Two requests share a 64-block pool that cannot hold both to their end: the one
+    with the higher priority value (5, less urgent in vLLM's meaning, and the older one)
+    is preempted, the priority-0 one never is."""
+    engine = LLMEngine(
+        EngineConfig(model=tiny_model, block_size=16, kv_cache_bytes=524288, preemption_mode="recompute", watermark=0.0)
+    )
+    assert engine.request_limits.num_usable_blocks == 64
+    p = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)  # 600 tokens each: 38 blocks
+    engine.add_request("background", [7] * 480, p, priority=5)
+    engine.add_request("urgent", [9] * 480, p, priority=0)
+    background, urgent = (engine.requests[rid].seqs[0] for rid in ("background", "urgent"))
+    finished = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert background.num_preemptions >= 1 and urgent.num_preemptions == 0
+    assert finished == ["urgent", "background"]
+
+
 def test_aging_admits_a_starved_request_at_the_step_the_rule_gives(tiny_model):
     """Effective priority = priority - steps waited // priority_aging_steps; lower first,
     ties to the earlier arrival. One slot, two steps a request (prefill, one decode): the
