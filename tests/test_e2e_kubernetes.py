@@ -155,6 +155,18 @@ class Fleet:
                 "--log.level=warn",
             ],
         )
+        for name in ("prometheus", "alertmanager"):
+            wait_for(lambda n=name: self.http.get(f"{self.url(n)}/-/ready").status_code == 200, 60, f"{name}", self)
+        for node in NODES:
+            wait_for(
+                lambda n=node: self.http.get(f"{self.url(f'engine-{n}')}/ready").status_code == 200,
+                120,
+                f"engine of {node}",
+                self,
+            )
+        # The replayed pods have run for a day: the agents start once the engines serve, as
+        # they would, and once the alerts their start-up raised (InferdEngineDown) are gone.
+        wait_for(lambda: self.active_alerts() == [], 60, "no alert active", self)
         for node in NODES:
             self._spawn(
                 f"agent-{node}",
@@ -180,15 +192,7 @@ class Fleet:
                 ],
                 env,
             )
-        for name in ("prometheus", "alertmanager"):
-            wait_for(lambda n=name: self.http.get(f"{self.url(n)}/-/ready").status_code == 200, 60, f"{name}", self)
         for node in NODES:
-            wait_for(
-                lambda n=node: self.http.get(f"{self.url(f'engine-{n}')}/ready").status_code == 200,
-                120,
-                f"engine of {node}",
-                self,
-            )
             wait_for(lambda n=node: self.pods(n) == 1, 60, f"agent of {node} to find its engine pod", self)
 
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
@@ -229,6 +233,14 @@ class Fleet:
     def records(self, node: str) -> list[dict]:
         response = self.http.get(f"{self.url(f'agent-{node}')}/v1/actions", params={"limit": 0})
         return response.json()["records"]
+
+    def active_alerts(self) -> list[str]:
+        """Names of the remediate alerts Prometheus has pending or firing."""
+        alerts = self.http.get(f"{self.url('prometheus')}/api/v1/alerts").json()["data"]["alerts"]
+        listed = self.http.get(f"{self.url('alertmanager')}/api/v2/alerts", params={"active": "true"}).json()
+        return [a["labels"]["alertname"] for a in alerts if a["labels"].get("remediate") == "true"] + [
+            a["labels"]["alertname"] for a in listed
+        ]
 
     def webhook_sent(self) -> float:
         """Notifications Alertmanager delivered to the webhook (failed ones not counted)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,26 @@ def test_a_stalled_engine_pod_is_deleted_and_a_ready_one_is_not(cluster):
     # the ready pod: a restart alert finds nothing to delete
     assert post(client_a, engine_down(starts_at="2026-11-29T11:00:00Z"))["result"] == "no_engine"
     assert len(api.deletes()) == 1
+
+
+@pytest.mark.parametrize(
+    "state, fragment",
+    [
+        ("just started", "grace 120s); not deleted"),
+        ({"waiting": {"reason": "ContainerCreating"}}, "Running with a container not running; not deleted"),
+    ],
+)
+def test_a_pod_that_may_still_be_starting_is_not_deleted(cluster, state, fragment):
+    api, _, agent = cluster
+    if state == "just started":
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        state = {"running": {"startedAt": now}}
+    api.pods_by_node["gpu-node-a"][1]["status"]["containerStatuses"][0]["state"] = state
+    node_a, client_a = agent("gpu-node-a")
+    node_a.refresh()
+    result = post(client_a, engine_down())
+    assert result["result"] == "failed" and fragment in result["error"], result
+    assert api.deletes() == []
 
 
 def test_pod_deletions_are_rate_limited_per_node(cluster):

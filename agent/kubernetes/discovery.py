@@ -40,6 +40,8 @@ class EnginePod:
     phase: str
     is_ready: bool  # the pod's Ready condition, as the kubelet reports it
     is_deleting: bool  # metadata.deletionTimestamp is set
+    started_at: float | None = None
+    """Unix time its containers have all been running since (the latest start); None while one is not running."""
 
     @property
     def key(self) -> str:
@@ -127,6 +129,18 @@ def engine_port(pod: Any, port_name: str) -> int | None:
     return None
 
 
+def running_since(pod: Any) -> float | None:
+    """When the last of the pod's containers (re)started, if all of them run now."""
+    statuses = (pod.status.container_statuses if pod.status else None) or ()
+    starts = []
+    for status in statuses:
+        running = status.state.running if status.state else None
+        if running is None or running.started_at is None:
+            return None
+        starts.append(running.started_at.timestamp())
+    return max(starts) if starts else None
+
+
 def engine_pod(pod: Any, port_name: str) -> EnginePod:
     """An EnginePod from the client's V1Pod."""
     status = pod.status
@@ -142,6 +156,7 @@ def engine_pod(pod: Any, port_name: str) -> EnginePod:
         phase=(status.phase if status else None) or "Unknown",
         is_ready=is_ready,
         is_deleting=pod.metadata.deletion_timestamp is not None,
+        started_at=running_since(pod),
     )
 
 

@@ -66,12 +66,18 @@ class NodeConfig:
     numa_remote_ratio: float = 0.2
     max_pod_deletions: int = 1
     pod_deletion_window_s: float = 600.0
+    pod_startup_grace_s: float = 120.0
+    """A pod whose containers have run for less is never deleted (it may still be starting)."""
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "numa_interval_s", "pod_deletion_window_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if isinstance(self.pod_startup_grace_s, bool) or not isinstance(self.pod_startup_grace_s, (int, float)):
+            raise ValueError(f"pod_startup_grace_s must be a number, got {self.pod_startup_grace_s!r}")
+        if self.pod_startup_grace_s < 0:
+            raise ValueError(f"pod_startup_grace_s must be >= 0, got {self.pod_startup_grace_s}")
         if not 0 <= self.numa_remote_ratio <= 1:
             raise ValueError(f"numa_remote_ratio must be in [0, 1], got {self.numa_remote_ratio}")
         if isinstance(self.max_pod_deletions, bool) or not isinstance(self.max_pod_deletions, int):
@@ -323,6 +329,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stalled engine pods the agent may delete per --pod-deletion-window on this node (0: never)",
     )
     group.add_argument("--pod-deletion-window", type=float, default=600.0, help="seconds (see --max-pod-deletions)")
+    group.add_argument(
+        "--pod-startup-grace",
+        type=float,
+        default=120.0,
+        help="seconds an engine pod's containers must have run before the agent may delete it",
+    )
 
 
 def policy_config(args: argparse.Namespace) -> PolicyConfig:
@@ -368,6 +380,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
         interval_s=args.kubernetes_interval,
         max_pod_deletions=args.max_pod_deletions,
         pod_deletion_window_s=args.pod_deletion_window,
+        pod_startup_grace_s=args.pod_startup_grace,
     )
     discovery = PodDiscovery(discovery_config, api if api is not None else load_core_api(args.kubeconfig))
     pull = None
@@ -386,7 +399,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
     def make_policy(pod: EnginePod, pod_config: PolicyConfig, pod_audit: AuditLog) -> RemediationPolicy:
         engine = EngineClient(pod.url, token) if token and pod.url else None
         # restart_engine only: the policy asks a host for the methods it has (no rebind here)
-        host: Any = PodHost(pod, discovery, limiter)
+        host: Any = PodHost(pod, discovery, limiter, startup_grace_s=config.pod_startup_grace_s)
         policy = RemediationPolicy(engine, pod_audit, pod_config, PrometheusQuery(prometheus_url), host=host)
         policy.start()
         return policy

@@ -20,8 +20,9 @@ handles it. The resolved notification goes to the pods its firing one went to.
 
 `PodHost` is the policy's EngineHost for a pod: `restart_engine` deletes the pod so that
 its controller replaces it, only when its /ready still says engine_stalled, engine_dead or
-does not answer (never while loading or draining), at most `max_deletions` per
-`deletion_window_s` on this node. It offers no `rebind_engine`: the kubelet's CPU,
+does not answer (never while loading or draining), only once its containers have been
+running for `startup_grace_s` (a pod still pulling its image or starting its server does
+not answer either), and at most `max_deletions` per `deletion_window_s` on this node. It offers no `rebind_engine`: the kubelet's CPU,
 Memory and Topology Managers place a pod, and the agent reports a misplaced one
 (inferd_pod_numa_misaligned) instead of moving it.
 """
@@ -114,8 +115,12 @@ class PodHost:
         discovery: PodDiscovery,
         limiter: DeletionLimiter,
         probe: Callable[[str], str] = probe_ready,
+        startup_grace_s: float = 120.0,
+        clock: Callable[[], float] = time.time,
     ):
         self.pod, self.discovery, self.limiter, self.probe = pod, discovery, limiter, probe
+        self.startup_grace_s = startup_grace_s
+        self._clock = clock
 
     def restart_engine(self) -> str:
         pod = self.pod
@@ -124,6 +129,13 @@ class PodHost:
             return f"pod {pod.key} (uid {pod.uid}) is gone already; its controller replaces it"
         if fresh.is_deleting:
             return f"pod {pod.key} is being deleted already"
+        if fresh.started_at is None:
+            raise RuntimeError(f"pod {pod.key} is {fresh.phase} with a container not running; not deleted")
+        running_s = self._clock() - fresh.started_at
+        if running_s < self.startup_grace_s:
+            raise RuntimeError(
+                f"pod {pod.key} started {running_s:.0f}s ago (grace {self.startup_grace_s:g}s); not deleted"
+            )
         state = self.probe(fresh.url) if fresh.url else "unreachable"
         if state not in DELETABLE:
             # Failing (rather than succeeding with nothing done) spends no cooldown.
