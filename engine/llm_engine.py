@@ -47,6 +47,7 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Request, Sequence, SequenceStatus
 from .stats import EngineCounters, KVSnapshot, StepStats
+from .structured_outputs_grammar import StructuredOutputs
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class LLMEngine:
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
         self.validator = RequestValidator(self.tokenizer, self.request_limits)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
+        # Grammars compile on its worker thread; their requests wait there, not in the scheduler.
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self.device)
         log.info(
             "engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
             self.model_name,
@@ -246,6 +249,9 @@ class LLMEngine:
             arrival,
             prompt_logprobs=[None] * len(ids) if params.prompt_logprobs is not None else None,
         )
+        if params.structured_outputs is not None:
+            self.structured.hold(request_id, seqs, params.structured_outputs)
+            return
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -255,6 +261,7 @@ class LLMEngine:
         if req is None:
             return False
         now = time.time()
+        self.structured.drop(request_id)
         for seq in req.seqs:
             if not seq.is_finished:
                 self.output_processor.finish(seq, "abort", now)  # leaves the scheduler, frees its blocks
@@ -274,6 +281,9 @@ class LLMEngine:
         decode step in flight (async scheduling), this launches the next one first and
         then processes the one in flight."""
         start = time.perf_counter()
+        failed = self._admit_constrained() if self.structured.num_held else []
+        if failed:
+            return failed
         prev, self._inflight = self._inflight, None
         if prev is not None and not any(item.seq.status is SequenceStatus.RUNNING for item in prev.batch):
             prev.tokens.synchronize()  # all its sequences finished or were aborted meanwhile
@@ -290,6 +300,26 @@ class LLMEngine:
         self._inflight = self.async_decode.launch_next(prev)
         return self._finish(prev, start)
 
+    def _admit_constrained(self) -> list[RequestOutput]:
+        """Requests whose grammar finished compiling join the scheduler; one that failed to
+        compile finishes as aborted (its output is returned). With nothing else to run,
+        wait a little for a grammar instead of spinning."""
+        if not self.scheduler.waiting and not self.scheduler.running and self._inflight is None:
+            self.structured.wait(timeout=0.01)
+        ready, failed = self.structured.take_ready()
+        for seq in ready:
+            self.scheduler.add(seq)
+        outputs = []
+        now = time.time()
+        for request_id, reason in failed.items():
+            log.error("request %s: its structured-outputs grammar did not compile: %s", request_id, reason)
+            req = self.requests.pop(request_id)
+            for seq in req.seqs:
+                self.output_processor.finish(seq, "abort", now)
+            self.counters.requests_finished["abort"] += 1
+            outputs.append(self.output_processor._output(req, True))
+        return outputs
+
     def _step_synchronously(self, batch: list[ScheduledSeq], stats: StepStats, start: float) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
         if batch:
@@ -298,6 +328,7 @@ class LLMEngine:
             self._advance(batch)
             if sampling:
                 outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, time.time(), stats)
+                self.structured.release_finished(sampling)
         return self._close_step(stats, start, outputs)
 
     def _advance(self, batch: list[ScheduledSeq]) -> None:
@@ -380,18 +411,24 @@ class LLMEngine:
         tokens = output.sampled_token_ids or greedy_on_device(output.logits, sampling)
         if tokens is not None:
             return tokens, [None] * len(sampling)
+        # Filled while the device computes the logits (the runner does not wait for them).
+        mask = self.structured.fill(sampling)
         flag = output.finite
         generators = [self.generator] + [s.generator for s in sampling if s.generator] if flag is not None else []
         rewind = [(g, g.get_state()) for g in generators]
+        eos = self.tokenizer.eos_token_ids
         try:
-            return sample(output.logits, sampling, self.tokenizer.eos_token_ids, self.generator, finite=flag)
+            result = sample(output.logits, sampling, eos, self.generator, finite=flag, mask=mask)
         except NonFiniteLogits:
             for generator, state in rewind:
                 generator.set_state(state)
             self.runner.non_finite_after_all()
             rerun = self.runner.execute(batch)
             self._record_prompt_logprobs(batch, rerun.prompt_logprobs)
-            return sample(rerun.logits, sampling, self.tokenizer.eos_token_ids, self.generator)
+            result = sample(rerun.logits, sampling, eos, self.generator, mask=mask)
+        if mask is not None:
+            self.structured.accept(sampling, result[0])
+        return result
 
     def _cool(self, seqs) -> None:
         """Quantize full blocks that left the hot window (not in fallback: no quantized

@@ -8,6 +8,10 @@ logits stay on the device; only the chosen token ids (and any requested logprobs
 come back. A row with a seed is drawn from its own CPU generator (its probabilities,
 one row, are copied over), so its output depends on neither the batch nor the device.
 Log-probabilities are those of the raw model output (as vLLM V1 returns them).
+
+Before the penalties: `logit_bias` is added (one scatter over the batch) and a
+structured-outputs row's grammar mask (engine/structured_outputs_grammar.py) sets every
+token its grammar forbids to -inf, both on the logits' device.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 
 from .device_index import device_index
 from .sequence import Sequence
+from .structured_outputs_grammar import TokenMask
 
 # Temperatures this small are greedy in effect, and dividing by them overflows (vLLM: 1e-5).
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -30,6 +35,8 @@ def _is_plain_greedy(seq: Sequence) -> bool:
         and not p.presence_penalty
         and not p.frequency_penalty
         and seq.num_output_tokens >= p.min_tokens
+        and p.structured_outputs is None
+        and not p.logit_bias
     )
 
 
@@ -50,6 +57,28 @@ def _ban(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -
     if rows:
         r, c = _scatter_index(rows, cols, logits.device)
         logits[r, c] = float("-inf")
+
+
+def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    rows: list[int] = []
+    cols: list[int] = []
+    bias: list[float] = []
+    vocab = logits.shape[1]
+    for i, seq in enumerate(seqs):
+        for token, value in (seq.params.logit_bias or {}).items():
+            if token < vocab:  # the validator checked ids against the model's vocabulary
+                rows.append(i)
+                cols.append(token)
+                bias.append(value)
+    if rows:
+        r, c = _scatter_index(rows, cols, logits.device)
+        logits.index_put_((r, c), torch.tensor(bias, dtype=logits.dtype).to(logits.device), accumulate=True)
+
+
+def _apply_mask(logits: torch.Tensor, mask: TokenMask) -> None:
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, mask.bitmask, vocab_size=logits.shape[1], indices=mask.rows)
 
 
 def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -148,14 +177,19 @@ def sample(
     eos_token_ids: list[int],
     generator: torch.Generator,
     finite: torch.Tensor | None = None,
+    mask: TokenMask | None = None,
 ) -> tuple[list[int], list[dict[int, float] | None]]:
     """Next token per row; `generator` (on the logits' device) draws for unseeded rows.
     `finite`: a 0-d bool tensor computed on the device (are the logits finite?), read
-    with the tokens; when false, NonFiniteLogits is raised instead of returning."""
+    with the tokens; when false, NonFiniteLogits is raised instead of returning.
+    `mask`: the allowed tokens of the structured-outputs rows."""
     raw = logits.float()
-    if all(_is_plain_greedy(s) for s in seqs):
+    if mask is None and all(_is_plain_greedy(s) for s in seqs):
         return _read(raw.argmax(dim=-1), finite), [None] * len(seqs)
     logits = raw.clone()
+    _apply_logit_bias(logits, seqs)
+    if mask is not None:
+        _apply_mask(logits, mask)
     _ban(logits, seqs, eos_token_ids)
     _apply_penalties(logits, seqs)
     greedy = [s.params.temperature < GREEDY_BELOW_TEMPERATURE for s in seqs]

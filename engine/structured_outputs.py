@@ -77,7 +77,7 @@ class StructuredOutputsParams:
         if self.json is None:
             return None
         value = _json.loads(self.json) if isinstance(self.json, str) else self.json
-        return _json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return _json.dumps(value, separators=(",", ":"))  # property order is output order
 
     @property
     def cache_key(self) -> tuple[str, str, str, str]:

@@ -13,8 +13,8 @@ from ..sequence import Sequence
 
 
 def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
-    """Is the next token an argmax of the raw logits (no penalties, logprobs or
-    min_tokens masking), with `pending` tokens sampled but not yet appended?"""
+    """Is the next token an argmax of the raw logits (no penalties, logprobs, logit bias,
+    grammar or min_tokens masking), with `pending` tokens sampled but not yet appended?"""
     p = seq.params
     return (
         p.is_greedy
@@ -23,6 +23,8 @@ def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
         and not p.presence_penalty
         and not p.frequency_penalty
         and seq.num_output_tokens + pending >= p.min_tokens
+        and p.structured_outputs is None  # its grammar mask and the bias apply in the sampler
+        and not p.logit_bias
     )
 
 

@@ -1,0 +1,226 @@
+"""Structured outputs through xgrammar: a constraint becomes a grammar, the grammar is
+compiled against the model's vocabulary, and each constrained sequence gets a matcher
+that says, per step, which tokens may come next (a bitmask the sampler applies to the
+logits on their device) and advances with the token drawn.
+
+Compiling (tens of milliseconds to seconds for a large schema over a 128k vocabulary)
+runs on a worker thread, never in the step: a request whose grammar is not compiled yet
+waits outside the scheduler (`hold` / `take_ready`) while the others keep stepping.
+Compiled grammars are cached by their constraint, so repeated schemas compile once.
+A grammar that terminates allows only the stop tokens, so the sequence ends through the
+ordinary EOS check (output_processor.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .structured_outputs import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+    from .sequence import Sequence
+    from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# xgrammar's errors start "[20:16:44] /project/cpp/regex_converter.cc:94: "; the reason follows.
+_XGR_PREFIX = re.compile(r"^(\[[^\]]*\]\s*)?\S+\.(cc|h):\d+:\s*")
+
+
+def _literal(text: str) -> str:
+    """An EBNF string literal: xgrammar reads JSON's escapes."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
+    """The constraint as an xgrammar Grammar (no tokenizer needed, so the API server
+    checks it too); a ValueError naming the constraint's field when it is invalid."""
+    import xgrammar as xgr
+
+    kind = params.kind
+    try:
+        if kind == "json":
+            # Compact separators, no free whitespace: a model cannot pad the output forever.
+            schema = params.schema_text or ""
+            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+            if params.before or params.after:
+                parts = [xgr.Grammar.from_ebnf(f"root ::= {_literal(t)}") for t in (params.before, params.after) if t]
+                grammar = xgr.Grammar.concat(
+                    *([parts[0]] if params.before else []), grammar, *([parts[-1]] if params.after else [])
+                )
+            return grammar
+        if kind == "json_object":
+            return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(params.regex or "")
+        if kind == "choice":
+            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(_literal(c) for c in params.choice or []))
+        text = params.grammar or ""
+        if "::=" in text:
+            return xgr.Grammar.from_ebnf(text)
+        return xgr.Grammar.from_lark(text)  # vLLM's guided_grammar takes Lark (`rule: ...`) too
+    except (RuntimeError, ValueError, TypeError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = _XGR_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
+        raise ValueError(f"structured_outputs.{kind} is invalid: {reason}") from None
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
+    """The vocabulary as xgrammar reads it: token text by id (ids past the tokenizer,
+    padding of the embedding, are never allowed) and how token text maps to bytes."""
+    import xgrammar as xgr
+
+    vocab = tokenizer._tok.get_vocab(with_added_tokens=True)
+    encoded = [""] * max(vocab_size, max(vocab.values(), default=-1) + 1)
+    for token, i in vocab.items():
+        encoded[i] = token
+    if tokenizer.decode_is_concatenative:
+        vocab_type = xgr.VocabType.BYTE_LEVEL
+    elif tokenizer.byte_fallback_ids:
+        vocab_type = xgr.VocabType.BYTE_FALLBACK
+    else:
+        vocab_type = xgr.VocabType.RAW
+    first = tokenizer._tok.encode("a", add_special_tokens=False).tokens
+    add_prefix_space = bool(first) and first[0].startswith("\u2581")  # sentencepiece's "▁a"
+    return xgr.TokenizerInfo(
+        encoded[:vocab_size],
+        vocab_type,
+        vocab_size=vocab_size,
+        stop_token_ids=list(tokenizer.eos_token_ids),
+        add_prefix_space=add_prefix_space,
+    )
+
+
+@dataclass(slots=True)
+class TokenMask:
+    """Per-step allowed tokens: `bitmask` [num sampling rows, ceil(vocab / 32)] int32
+    (bit set = allowed, xgrammar's layout), meaningful on `rows` only."""
+
+    bitmask: torch.Tensor
+    rows: list[int]
+
+
+@dataclass(slots=True)
+class _Held:
+    seqs: list[Sequence]
+    grammar: Future[Any]
+
+
+class StructuredOutputs:
+    """The engine's grammars and matchers. Engine thread: hold, take_ready, fill, accept,
+    release. Worker thread: building the tokenizer info and compiling."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device, max_workers: int = 1):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.device = device
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar")
+        self._compiler: Any = None  # built on the worker at first use
+        self._cache: dict[tuple[str, str, str, str], Future[Any]] = {}
+        self._held: dict[str, _Held] = {}
+        self._matchers: dict[Sequence, Any] = {}
+        self.num_compiled = 0
+
+    # --- compiling -----------------------------------------------------------------
+    def compile(self, params: StructuredOutputsParams) -> Future[Any]:
+        key = params.cache_key
+        future = self._cache.get(key)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self._pool.submit(self._compile, params)
+            self._cache[key] = future
+        return future
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            self._compiler = xgr.GrammarCompiler(tokenizer_info(self.tokenizer, self.vocab_size), max_threads=2)
+        compiled = self._compiler.compile_grammar(build_grammar(params))
+        self.num_compiled += 1
+        return compiled
+
+    def hold(self, request_id: str, seqs: list[Sequence], params: StructuredOutputsParams) -> None:
+        """Keep a request's sequences until its grammar is compiled (take_ready)."""
+        self._held[request_id] = _Held(seqs, self.compile(params))
+
+    def take_ready(self) -> tuple[list[Sequence], dict[str, str]]:
+        """Sequences whose grammar is ready, each with its matcher now, and the requests
+        whose grammar failed to compile (request id -> reason)."""
+        import xgrammar as xgr
+
+        ready: list[Sequence] = []
+        failed: dict[str, str] = {}
+        for request_id, held in list(self._held.items()):
+            if not held.grammar.done():
+                continue
+            del self._held[request_id]
+            exc = held.grammar.exception()
+            if exc is not None:
+                failed[request_id] = str(exc)
+                continue
+            for seq in held.seqs:
+                self._matchers[seq] = xgr.GrammarMatcher(held.grammar.result())
+            ready += held.seqs
+        return ready, failed
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    def wait(self, timeout: float) -> None:
+        """Block until some held grammar is ready or `timeout` passes (an idle engine)."""
+        if self._held:
+            wait_futures([h.grammar for h in self._held.values()], timeout, return_when="FIRST_COMPLETED")
+
+    def drop(self, request_id: str) -> None:
+        """An aborted request: forget it whether held or running."""
+        held = self._held.pop(request_id, None)
+        if held is None:
+            for seq in [s for s in self._matchers if s.request_id == request_id]:
+                del self._matchers[seq]
+
+    # --- per step --------------------------------------------------------------------
+    def is_constrained(self, seq: Sequence) -> bool:
+        return seq in self._matchers
+
+    def fill(self, seqs: list[Sequence]) -> TokenMask | None:
+        """The allowed-token bitmask of the step's sampling rows, on the logits' device,
+        or None when none of them is constrained."""
+        import xgrammar as xgr
+
+        rows = [i for i, seq in enumerate(seqs) if seq in self._matchers]
+        if not rows:
+            return None
+        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
+        for i in rows:
+            self._matchers[seqs[i]].fill_next_token_bitmask(bitmask, i)
+        if self.device.type != "cpu":
+            bitmask = bitmask.pin_memory().to(self.device, non_blocking=True)
+        return TokenMask(bitmask, rows)
+
+    def accept(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """Advance each constrained sequence's matcher with the token it drew."""
+        for seq, token in zip(seqs, tokens):
+            matcher = self._matchers.get(seq)
+            if matcher is not None and not matcher.is_terminated() and not matcher.accept_token(token):
+                # Only a row whose every allowed token was banned (min_tokens against a
+                # grammar that can only stop) gets here; its output no longer matches.
+                log.warning("request %s drew token %d outside its grammar", seq.request_id, token)
+
+    def release_finished(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            if seq.is_finished:
+                self._matchers.pop(seq, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
