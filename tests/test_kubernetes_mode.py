@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import threading
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -510,6 +512,10 @@ def test_a_pod_on_the_other_socket_is_reported_misaligned(tmp_path, cluster):
     # the other pod holds no GPU in this tree: no placement series
     assert 't5kzp",resource' not in text
     assert f"inferd_engine_up{{{pod}}} 1.0" in text
+    promtool = shutil.which("promtool")
+    if promtool:  # the exposition follows Prometheus' naming rules
+        lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
     assert (
         'inferd_engine_ready_state{namespace="inferd",pod="inferd-engine-7d9c6b5f4-t5kzp",state="engine_stalled"} 1.0'
         in text
