@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
+from ..structured_outputs import StructuredOutputsParams
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .chat import ChatTemplateError, render_chat, template_messages
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
@@ -296,13 +297,7 @@ class OpenAIServing:
         if parser.keeps_special_tokens:
             changes["skip_special_tokens"] = False  # the format's marker is a special token
         if tools.is_forced:
-            try:
-                from ..structured_outputs import StructuredOutputsParams  # type: ignore[import-not-found,unused-ignore]
-            except ImportError:
-                raise bad_request(
-                    f'tool_choice "{tools.choice}" needs structured outputs, which this build lacks', "tool_choice"
-                ) from None
-            if getattr(params, "structured_outputs", None) is not None:
+            if params.structured_outputs is not None:
                 raise bad_request(
                     "a forced tool call (tool_choice required or a named function) cannot be combined with "
                     "response_format or another structured output",
