@@ -253,11 +253,11 @@ def engine_applies_structured_outputs() -> bool:
     return any("structured_output" in (engine_dir / name).read_text() for name in step_modules)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def random_family_server(request, model_factory):
     if not engine_applies_structured_outputs():
         pytest.skip("the engine does not apply SamplingParams.structured_outputs yet")
-    family = "hermes"
+    family = request.param
     server = ServerThread(build_app(family_model(model_factory, family))).start()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     try:
@@ -300,6 +300,7 @@ FORCED_TOOLS = [
 ]
 
 
+@pytest.mark.slow
 def test_required_always_yields_a_valid_call(random_family_server):
     _, _, client = random_family_server
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED_TOOLS}
@@ -318,6 +319,7 @@ def test_required_always_yields_a_valid_call(random_family_server):
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
+@pytest.mark.slow
 def test_named_function_is_called(random_family_server):
     _, _, client = random_family_server
     for seed in range(4):
