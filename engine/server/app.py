@@ -245,6 +245,17 @@ def _document_request_values(schemas: dict) -> None:
                     branch.update(_VALUES[prop_name])
                     if name == "CompletionRequest" and prop_name == "max_tokens":
                         branch["minimum"] = 0  # 0 only with echo: the prompt's logprobs alone (a 400 otherwise)
+    # Rules across fields that JSON Schema can say (the tool-calling checks in serving.py and chat.py).
+    schemas["ChatCompletionRequest"]["if"] = {
+        "required": ["tool_choice"],
+        "properties": {"tool_choice": {"not": {"enum": ["none", None]}}},
+    }
+    schemas["ChatCompletionRequest"]["then"] = {"required": ["tools"], "properties": {"tools": {"minItems": 1}}}
+    schemas["ChatMessage"]["if"] = {"required": ["role"], "properties": {"role": {"const": "tool"}}}
+    schemas["ChatMessage"]["then"] = {
+        "required": ["tool_call_id"],
+        "properties": {"tool_call_id": {"type": "string", "minLength": 1}},
+    }
 
 
 def _generation_ok(choice: dict) -> dict:

@@ -101,14 +101,14 @@ def document_token_schemas(schemas: dict) -> None:
     """What pydantic cannot say in the request schemas: exactly one of prompt and messages,
     token ids are not negative."""
     body = schemas["TokenizeRequest"]
-    body["properties"]["prompt"] = {"title": "Prompt", "type": "string"}
-    body["properties"]["messages"] = {
-        "title": "Messages",
-        "type": "array",
-        "minItems": 1,
-        "items": {"$ref": "#/components/schemas/ChatMessage"},
-    }
-    body["oneOf"] = [{"required": ["prompt"]}, {"required": ["messages"]}]
+    body["properties"]["prompt"] = {"title": "Prompt", "anyOf": [{"type": "string"}, {"type": "null"}]}
+    messages = {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}}
+    body["properties"]["messages"] = {"title": "Messages", "anyOf": [messages, {"type": "null"}]}
+    # null is the same as leaving the field out: exactly one of the two is given and not null
+    body["oneOf"] = [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+    ]
     body["additionalProperties"] = True
     tokens = schemas["DetokenizeRequest"]
     tokens["properties"]["tokens"]["items"] = {"type": "integer", "minimum": 0}
