@@ -91,6 +91,17 @@ def test_n_siblings_and_plain_requests_in_one_batch(model_dir, reference):
     assert outs[1].prompt_logprobs is None
 
 
+@pytest.mark.slow
+def test_tensor_parallel_prompt_logprobs_match_transformers(model_dir, reference):
+    """The scored rows ride with the sampling rows to every rank (no new worker message)."""
+    llm = LLM(model_dir, dtype="float32", tensor_parallel_size=2, max_num_batched_tokens=16)
+    try:
+        out = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2))[0]
+    finally:
+        llm.engine.runner.shutdown()
+    _check_against(reference, out.prompt_logprobs, 2)
+
+
 @pytest.mark.parametrize("value", [-1, 21, 1.5, True])
 def test_sampling_params_refuse_bad_prompt_logprobs(value):
     with pytest.raises(ValueError, match="prompt_logprobs"):
