@@ -42,6 +42,23 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# xgrammar writes a length-bounded string's characters (maxLength, pydantic's max_length)
+# as any character but quote, backslash, CR and LF: raw control characters, which JSON
+# forbids inside strings and json.loads refuses, get through. Its unbounded strings
+# exclude them; the bounded ones are rewritten to the same class.
+_BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\"\\\0-\x1f]"
+
+
+def _json_strings_without_controls(grammar: xgr.Grammar) -> xgr.Grammar:
+    import xgrammar as xgr
+
+    text = str(grammar)
+    if _BOUNDED_STRING_CHAR not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR))
+
+
 def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
     """The constraint as an xgrammar Grammar (no tokenizer needed, so the API server
     checks it too); a ValueError naming the constraint's field when it is invalid."""
@@ -52,7 +69,9 @@ def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
         if kind == "json":
             # Compact separators, no free whitespace: a model cannot pad the output forever.
             schema = params.schema_text or ""
-            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+            grammar = _json_strings_without_controls(
+                xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+            )
             if params.before or params.after:
                 parts = [xgr.Grammar.from_ebnf(f"root ::= {_literal(t)}") for t in (params.before, params.after) if t]
                 grammar = xgr.Grammar.concat(
@@ -60,7 +79,9 @@ def build_grammar(params: StructuredOutputsParams) -> xgr.Grammar:
                 )
             return grammar
         if kind == "json_object":
-            return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+            return _json_strings_without_controls(
+                xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+            )
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex or "")
         if kind == "choice":

@@ -58,7 +58,7 @@ LONG_PROMPT = "hello " * 400  # far more than MAX_MODEL_LEN tokens
         (completion(prompt=[1, 2, 999999]), ["unknown token id"], "prompt"),
         (completion(stream_options={"include_usage": True}), ["stream_options is only allowed"], "stream_options"),
         (completion(use_beam_search=True), ["use_beam_search is not supported"], "use_beam_search"),
-        (completion(logit_bias={"5": 1.0}), ["logit_bias is not supported"], "logit_bias"),
+        (completion(logit_bias={"5": 101}), ["must be a number in [-100, 100]"], "logit_bias"),
         (completion(echo=True, max_tokens=0, prompt_logprobs=21), ["prompt_logprobs must be in"], "prompt_logprobs"),
         (completion(repetition_penalty=1e-300), ["repetition_penalty must be in [0.01, 100.0]"], "repetition_penalty"),
     ],

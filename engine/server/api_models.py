@@ -5,16 +5,16 @@ checked by `SamplingParams` (a bad value: 400 naming the parameter). Non-finite 
 are malformed (422); a temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides
 OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, skip_special_tokens), `priority` and `prompt_logprobs` are
-accepted; completions take `echo` (with `max_tokens` 0: the prompt alone).
+accepted; completions take `echo` (with `max_tokens` 0: the prompt alone). Structured
+outputs (`response_format`, vLLM's `guided_*` and `structured_outputs`, both routes) and
+`logit_bias` are checked by engine/structured_outputs_request.py and structured_outputs.py.
 
 Unknown fields, at the top level, in `stream_options` and in chat messages alike, are
 accepted and ignored as vLLM does, each field name logged once per process
 (unknown_fields.py). Refused with 400 `unsupported_parameter` instead, when they carry a
 non-default value, are the fields whose loss would silently change the answer: beam
 search (`use_beam_search`, and `best_of` other than n), `suffix`, `prompt_embeds`,
-guided/structured outputs (`guided_json`, `guided_regex`,
-`guided_choice`, `guided_grammar`, `structured_outputs`, `response_format` other than
-text), `allowed_token_ids`, `bad_words`, `logits_processors`, `vllm_xargs`,
+`allowed_token_ids`, `bad_words`, `logits_processors`, `vllm_xargs`,
 `truncate_prompt_tokens`, `include_stop_str_in_output`, `return_tokens_as_token_ids`,
 the chat template's inputs (`chat_template`, `chat_template_kwargs`, `documents`,
 `continue_final_message`), legacy `functions`/`function_call`, non-text `modalities` and
@@ -33,6 +33,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictFloat, StrictInt
 
 from ..sampling_params import SamplingParams
+from ..structured_outputs import StructuredOutputsParams, check_logit_bias
+from ..structured_outputs_request import StructuredOutputsRequestError, structured_outputs_from_request
 from .errors import bad_request
 from .unknown_fields import check_unknown_fields
 
@@ -98,7 +100,7 @@ class SamplingFields(_Lenient):
     model: str | None = None
     frequency_penalty: StrictFloat | None = 0.0
     presence_penalty: StrictFloat | None = 0.0
-    logit_bias: dict[str, StrictFloat] | None = None
+    logit_bias: dict[str, Any] | None = None  # values checked in check_common: a 400 naming logit_bias
     n: JsonInt | None = 1
     seed: JsonInt | None = None
     stop: str | list[str] | None = None
@@ -117,6 +119,13 @@ class SamplingFields(_Lenient):
     skip_special_tokens: StrictBool = True
     priority: JsonInt = 0
     prompt_logprobs: JsonInt | None = None
+    # Structured outputs: OpenAI's, then vLLM's two spellings.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def check_common(self) -> None:
         # First, so that no later check, message or the tokenizer ever sees a surrogate.
@@ -132,8 +141,10 @@ class SamplingFields(_Lenient):
             self.stream_options.check_unknown_fields("stream_options.")
             if not self.stream:
                 raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported by this server", "logit_bias", "unsupported_parameter")
+        try:
+            check_logit_bias(self.logit_bias)
+        except ValueError as exc:
+            raise bad_request(str(exc), "logit_bias") from None
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             raise bad_request(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}", "prompt_logprobs")
 
@@ -171,6 +182,8 @@ class SamplingFields(_Lenient):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.structured_outputs_params(),
+            logit_bias=self.logit_bias or None,
         )
         try:
             return SamplingParams(**values)
@@ -178,6 +191,19 @@ class SamplingFields(_Lenient):
             message = str(exc)
             param = message.split()[0] if message else None
             raise bad_request(message, param) from None
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        try:
+            return structured_outputs_from_request(
+                self.response_format,
+                self.structured_outputs,
+                guided_json=self.guided_json,
+                guided_regex=self.guided_regex,
+                guided_choice=self.guided_choice,
+                guided_grammar=self.guided_grammar,
+            )
+        except StructuredOutputsRequestError as exc:
+            raise bad_request(str(exc), exc.param) from None
 
     @property
     def include_usage(self) -> bool:
@@ -269,7 +295,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: JsonInt | None = None
     logprobs: StrictBool | None = False
     top_logprobs: JsonInt | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: StrictBool | None = None
@@ -284,12 +309,6 @@ class ChatCompletionRequest(SamplingFields):
             raise bad_request("messages must hold at least one message", "messages")
         for i, message in enumerate(self.messages):
             message.check_unknown_fields(f"messages[{i}].", "messages[].")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise bad_request(
-                "response_format other than text is not supported by this server",
-                "response_format",
-                "unsupported_parameter",
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
 

@@ -132,6 +132,8 @@ class OpenAIServing:
             return self.engine.validate_request(prompt, params)
         except ValueError as exc:
             code = "context_length_exceeded" if "max_model_len" in str(exc) or "KV" in str(exc) else "invalid_value"
+            if str(exc).startswith("logit_bias"):  # token ids checked against the vocabulary
+                param = "logit_bias"
             raise bad_request(str(exc), param, code) from None
 
     @staticmethod

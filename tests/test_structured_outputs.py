@@ -1,0 +1,407 @@
+"""Structured outputs and logit_bias.
+
+Engine level: the parameters' validation, the grammar mask and the bias applied to the
+logits by the sampler (a constrained row draws only allowed tokens, an unconstrained row
+in the same batch is untouched), constrained rows leaving the fused greedy path, and a
+request whose grammar is still compiling waiting while the others run.
+
+Through the server with the official `openai` client on a random checkpoint: every
+output for a set of JSON schemas (nested objects, enums, arrays, required fields)
+parses and validates with `jsonschema`, on chat (`response_format` json_schema,
+`chat.completions.parse` with a pydantic model) and completions (vLLM's `guided_json`
+and `structured_outputs`); regex, choice, grammar and json_object likewise; constrained
+and unconstrained requests at once; logit_bias +100 forces a token and -100 bans it; an
+invalid schema, regex, grammar or bias is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+import torch
+
+from inferd.engine import LLM, SamplingParams
+from inferd.engine.fast_path.gpu_sampling import plain_greedy
+from inferd.engine.sampler import sample
+from inferd.engine.sequence import Sequence
+from inferd.engine.structured_outputs import StructuredOutputsParams, check_logit_bias
+from inferd.engine.structured_outputs_grammar import StructuredOutputs, TokenMask, build_grammar
+from inferd.engine.tokenizer import Tokenizer
+
+from server_fixtures import MODEL_NAME, running_server
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user", "guest"]},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+SCHEMAS = {
+    "flat": PERSON,
+    "nested": {
+        "type": "object",
+        "properties": {
+            "owner": PERSON,
+            "address": {
+                "type": "object",
+                "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}, "main": {"type": "boolean"}},
+                "required": ["zip", "main"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["owner", "address"],
+        "additionalProperties": False,
+    },
+    "arrays": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
+            "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 4},
+            "note": {"type": ["string", "null"], "maxLength": 4},
+        },
+        "required": ["tags", "scores"],
+        "additionalProperties": False,
+    },
+}
+MAX_TOKENS = 120  # well past the longest output these schemas allow in the tiny vocabulary
+
+
+@pytest.fixture(scope="module")
+def model_dir(model_factory) -> str:
+    return model_factory(preset="tiny", seed=23)
+
+
+# --- parameters -------------------------------------------------------------------------
+
+
+def test_params_need_exactly_one_constraint():
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams()
+    with pytest.raises(ValueError, match="regex, choice"):
+        StructuredOutputsParams(regex="a", choice=["b"])
+    with pytest.raises(ValueError, match="json is not valid JSON"):
+        StructuredOutputsParams(json="{not json")
+    with pytest.raises(ValueError, match="before/after"):
+        StructuredOutputsParams(regex="a", before="<x>")
+    with pytest.raises(ValueError, match="choice"):
+        StructuredOutputsParams(choice=[])
+    assert StructuredOutputsParams(json='{"type": "object"}').kind == "json"
+    assert StructuredOutputsParams(json_object=True).kind == "json_object"
+
+
+def test_logit_bias_checked():
+    assert check_logit_bias({"5": 100, 7: -100.0}) == {5: 100.0, 7: -100.0}
+    for bad, match in [({"x": 1}, "not a token id"), ({"5": 101}, r"\[-100, 100\]"), ({"-1": 1}, "token id")]:
+        with pytest.raises(ValueError, match=match):
+            check_logit_bias(bad)
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        check_logit_bias({"10": 1}, vocab_size=10)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={"1": True})
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (StructuredOutputsParams(regex="a("), "regex"),
+        (StructuredOutputsParams(json={"type": "nope"}), "json"),
+        (StructuredOutputsParams(grammar="root ::= "), "grammar"),
+    ],
+)
+def test_invalid_grammar_names_its_field(params, field):
+    with pytest.raises(ValueError, match=rf"^structured_outputs\.{field} is invalid: \S"):
+        build_grammar(params)
+
+
+# --- the sampler --------------------------------------------------------------------------
+
+
+def _seqs(params_list: list[SamplingParams]) -> list[Sequence]:
+    return [Sequence(f"r{i}", 0, [1, 2, 3], p, 0, 0.0, 0) for i, p in enumerate(params_list)]
+
+
+def test_mask_applies_to_its_rows_only(model_dir):
+    tok = Tokenizer(model_dir, [1])
+    constrained = SamplingParams(temperature=1.0, structured_outputs=StructuredOutputsParams(choice=["cat", "dog"]))
+    free = SamplingParams(temperature=0.0)
+    seqs = _seqs([free, constrained, free])
+    so = StructuredOutputs(tok, 512, torch.device("cpu"))
+    so.hold("r1", [seqs[1]], constrained.structured_outputs)
+    so.compile(constrained.structured_outputs).result(timeout=60)
+    ready, failed = so.take_ready()
+    assert ready == [seqs[1]] and not failed
+    texts = {t: tok.decode([t]) for t in range(512)}
+    allowed = {t for t, text in texts.items() if text and ("cat".startswith(text) or "dog".startswith(text))}
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 512, generator=gen) * 4
+    logits[1] = 0.0  # uniform: the draw is over exactly the allowed tokens
+    drawn = set()
+    for _ in range(30):
+        mask = so.fill(seqs)
+        assert isinstance(mask, TokenMask) and mask.rows == [1]
+        tokens, _ = sample(logits.clone(), seqs, [1], gen, mask=mask)
+        assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
+        assert tokens[1] in allowed, texts[tokens[1]]
+        drawn.add(tokens[1])
+    assert len(drawn) > 1  # a draw among the allowed tokens, not one forced token
+    so.close()
+
+
+def test_choice_generation_ends_with_the_grammar(model_dir):
+    llm = LLM(model_dir, device="cpu")
+    choices = ["alpha", "beta", "gamma delta"]
+    params = SamplingParams(
+        n=4, max_tokens=30, temperature=1.0, seed=3, structured_outputs=StructuredOutputsParams(choice=choices)
+    )
+    out = llm.generate(["pick one"], params)[0]
+    assert [o.text in choices for o in out.outputs] == [True] * 4
+    assert {o.finish_reason for o in out.outputs} == {"stop"}
+
+
+def test_logit_bias_forces_and_bans():
+    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(0)
+    forced = (int(logits[0].argmax()) + 5) % 64
+    first, second = logits[1].topk(2).indices.tolist()
+    seqs = _seqs(
+        [
+            SamplingParams(temperature=1.0, logit_bias={forced: 100.0}),
+            SamplingParams(temperature=0.0, logit_bias={first: -100.0}),
+        ]
+    )
+    for _ in range(20):
+        tokens, _ = sample(logits.clone(), seqs, [1], gen)
+        assert tokens == [forced, second]
+
+
+def test_constrained_and_biased_rows_leave_the_greedy_fast_path():
+    greedy = SamplingParams(temperature=0.0)
+    assert plain_greedy(_seqs([greedy])[0])
+    so = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    biased = SamplingParams(temperature=0.0, logit_bias={3: 1.0})
+    assert not plain_greedy(_seqs([so])[0])
+    assert not plain_greedy(_seqs([biased])[0])
+
+
+def test_request_waits_for_its_grammar_while_others_run(model_dir, monkeypatch):
+    llm = LLM(model_dir, device="cpu")
+    engine = llm.engine
+    release = threading.Event()
+    compile_real = StructuredOutputs._compile
+
+    def slow_compile(self, params):
+        assert release.wait(60)
+        return compile_real(self, params)
+
+    monkeypatch.setattr(StructuredOutputs, "_compile", slow_compile)
+    engine.add_request("free", "hello", SamplingParams(max_tokens=4, temperature=0.0))
+    engine.add_request(
+        "json", "hello", SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=StructuredOutputsParams(json=PERSON))
+    )
+    finished: dict[str, str] = {}
+    for _ in range(10):  # the free request finishes while the grammar is still compiling
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.outputs[0].text
+    assert "free" in finished and "json" not in finished
+    assert engine.structured.num_held == 1
+    release.set()
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.outputs[0].text
+    jsonschema.validate(json.loads(finished["json"]), PERSON)
+
+
+# --- through the server ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    with running_server(model_dir, device="cpu") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+
+def _chat(client, **kwargs):
+    return client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Give me JSON."}], max_tokens=MAX_TOKENS, **kwargs
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_outputs_validate(client, name):
+    schema = SCHEMAS[name]
+    response = _chat(
+        client,
+        n=4,
+        temperature=1.0,
+        seed=7,
+        response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
+    )
+    assert len(response.choices) == 4
+    for choice in response.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+@pytest.mark.parametrize("field", ["guided_json", "structured_outputs"])
+def test_completions_json_extras_validate(client, field):
+    schema = SCHEMAS["nested"]
+    extra = {"guided_json": schema} if field == "guided_json" else {"structured_outputs": {"json": schema}}
+    response = client.completions.create(
+        model=MODEL_NAME, prompt="JSON:", max_tokens=MAX_TOKENS, n=3, temperature=1.0, seed=11, extra_body=extra
+    )
+    for choice in response.choices:
+        jsonschema.validate(json.loads(choice.text), schema)
+
+
+def test_parse_with_a_pydantic_model(client):
+    class Pet(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=5)
+        kind: str = pydantic.Field(pattern="^(cat|dog)$")
+        legs: int = pydantic.Field(ge=0, le=8)
+
+    completion = client.chat.completions.parse(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "A pet."}],
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+        seed=5,
+        response_format=Pet,
+    )
+    pet = completion.choices[0].message.parsed
+    assert isinstance(pet, Pet) and pet.kind in ("cat", "dog") and 0 <= pet.legs <= 8
+
+
+@pytest.mark.parametrize(
+    "extra, check",
+    [
+        ({"guided_regex": r"[a-c]{3}-[0-9]{2}"}, lambda t: re.fullmatch(r"[a-c]{3}-[0-9]{2}", t)),
+        ({"structured_outputs": {"regex": r"(yes|no)!"}}, lambda t: t in ("yes!", "no!")),
+        ({"guided_choice": ["red", "green", "blue"]}, lambda t: t in ("red", "green", "blue")),
+        ({"structured_outputs": {"choice": ["left", "right"]}}, lambda t: t in ("left", "right")),
+        ({"guided_grammar": 'root ::= "(" [0-9] ("+" [0-9])? ")"'}, lambda t: re.fullmatch(r"\([0-9](\+[0-9])?\)", t)),
+    ],
+    ids=["guided_regex", "so_regex", "guided_choice", "so_choice", "guided_grammar"],
+)
+def test_regex_choice_grammar(client, extra, check):
+    response = client.completions.create(
+        model=MODEL_NAME, prompt="Answer:", max_tokens=20, n=4, temperature=1.0, seed=2, extra_body=extra
+    )
+    for choice in response.choices:
+        assert check(choice.text), choice.text
+        assert choice.finish_reason == "stop"
+
+
+def test_json_object(client, model_dir):
+    # A random model rarely closes a free-form object or string on its own: a bias on "}"
+    # and '"' lets it finish within max_tokens; the grammar still decides where they go.
+    tok = Tokenizer(model_dir)
+    bias = {}
+    for text in ("}", '"'):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert len(ids) == 1
+        bias[str(ids[0])] = 8
+    response = _chat(client, n=3, temperature=1.0, seed=4, response_format={"type": "json_object"}, logit_bias=bias)
+    for choice in response.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_constrained_and_unconstrained_share_batches(server):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        schema = SCHEMAS["flat"]
+        constrained = [
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=f"p{i}",
+                max_tokens=MAX_TOKENS,
+                temperature=1.0,
+                seed=i,
+                extra_body={"guided_json": schema},
+            )
+            for i in range(4)
+        ]
+        free = [
+            client.completions.create(
+                model=MODEL_NAME,
+                prompt=f"p{i}",
+                max_tokens=24,
+                temperature=1.0,
+                seed=i,
+                extra_body={"ignore_eos": True},
+            )
+            for i in range(4)
+        ]
+        results = await asyncio.gather(*constrained, *free)
+        await client.close()
+        return results[:4], results[4:]
+
+    constrained, free = asyncio.run(run())
+    for r in constrained:
+        jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS["flat"])
+    for r in free:
+        assert r.usage.completion_tokens == 24 and r.choices[0].finish_reason == "length"
+
+
+def test_logit_bias_through_the_api(client, model_dir):
+    tok = Tokenizer(model_dir)
+    forced = client.completions.create(
+        model=MODEL_NAME, prompt="The", max_tokens=4, temperature=1.0, seed=1, logit_bias={"300": 100}
+    )
+    assert forced.choices[0].text == tok.decode([300] * 4)
+    greedy = LLM(model_dir, device="cpu").generate(["The"], SamplingParams(max_tokens=1, temperature=0.0))
+    top = greedy[0].outputs[0].token_ids[0]
+    base = client.completions.create(model=MODEL_NAME, prompt="The", max_tokens=1, temperature=0.0)
+    assert base.choices[0].text == tok.decode([top])  # the server's greedy token is the engine's
+    banned = client.completions.create(
+        model=MODEL_NAME, prompt="The", max_tokens=1, temperature=0.0, logit_bias={str(top): -100}
+    )
+    assert banned.choices[0].text != base.choices[0].text
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"guided_regex": "a("}, "guided_regex"),
+        ({"structured_outputs": {"grammar": "root ::= "}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {"bogus": 1}}, "structured_outputs.bogus"),
+        ({"guided_json": {"type": "nope"}}, "guided_json"),
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"99999": 1}}, "logit_bias"),
+    ],
+)
+def test_bad_constraints_are_400_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=3, extra_body=extra)
+    assert info.value.status_code == 400
+    assert info.value.body["param"] == param, info.value.body
+
+
+def test_bad_json_schema_in_response_format(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        _chat(client, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
+    assert info.value.body["param"] == "response_format.json_schema.schema"
+    assert "nope" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        _chat(client, response_format={"type": "xml"})
+    assert info.value.body["param"] == "response_format.type"
