@@ -172,7 +172,16 @@ _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
     },
     "stop": {"anyOf": [_TEXT, {"type": "array", "items": _TEXT}, {"type": "null"}]},
     "suffix": {"enum": ["", None]},
-    "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
+    "logit_bias": {
+        "anyOf": [
+            {
+                "type": "object",
+                "propertyNames": {"pattern": "^[0-9]+$"},
+                "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            },
+            {"type": "null"},
+        ]
+    },
     "tools": {
         "anyOf": [
             {
@@ -212,7 +221,10 @@ _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
         ]
     },
     "response_format": {
-        "anyOf": [{"type": "object", "properties": {"type": {"enum": ["text", None]}}}, {"type": "null"}]
+        "anyOf": [
+            {"type": "object", "properties": {"type": {"enum": ["text", "json_object", "json_schema", None]}}},
+            {"type": "null"},
+        ]
     },
     "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
     "role": {"enum": list(CHAT_ROLES)},
