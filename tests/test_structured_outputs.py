@@ -124,6 +124,19 @@ def test_invalid_grammar_names_its_field(params, field):
         build_grammar(params)
 
 
+def test_bounded_strings_refuse_control_characters(model_dir):
+    import xgrammar as xgr
+
+    from inferd.engine.structured_outputs_grammar import tokenizer_info
+
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"]}
+    compiler = xgr.GrammarCompiler(tokenizer_info(Tokenizer(model_dir), 512))
+    compiled = compiler.compile_grammar(build_grammar(StructuredOutputsParams(json=schema)))
+    assert xgr.GrammarMatcher(compiled).accept_string('{"s": "ab')
+    assert not xgr.GrammarMatcher(compiled).accept_string('{"s": "a\x01')  # json.loads refuses it
+    assert not xgr.GrammarMatcher(compiled).accept_string('{"s": "abcde')  # maxLength still holds
+
+
 # --- the sampler --------------------------------------------------------------------------
 
 
