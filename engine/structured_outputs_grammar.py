@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+MAX_CACHED_GRAMMARS = 256
 
 # xgrammar's errors start "[20:16:44] /project/cpp/regex_converter.cc:94: "; the reason follows.
 _XGR_PREFIX = re.compile(r"^(\[[^\]]*\]\s*)?\S+\.(cc|h):\d+:\s*")
@@ -147,7 +150,8 @@ class StructuredOutputs:
         self.device = device
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar")
         self._compiler: Any = None  # built on the worker at first use
-        self._cache: dict[tuple[str, str, str, str], Future[Any]] = {}
+        # Least recently used first; a client sending a new schema per request cannot grow it past the bound.
+        self._cache: OrderedDict[tuple[str, str, str, str], Future[Any]] = OrderedDict()
         self._held: dict[str, _Held] = {}
         self._matchers: dict[Sequence, Any] = {}
         self.num_compiled = 0
@@ -159,6 +163,9 @@ class StructuredOutputs:
         if future is None or (future.done() and future.exception() is not None):
             future = self._pool.submit(self._compile, params)
             self._cache[key] = future
+            if len(self._cache) > MAX_CACHED_GRAMMARS:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
         return future
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
@@ -211,9 +218,6 @@ class StructuredOutputs:
                 del self._matchers[seq]
 
     # --- per step --------------------------------------------------------------------
-    def is_constrained(self, seq: Sequence) -> bool:
-        return seq in self._matchers
-
     def fill(self, seqs: list[Sequence]) -> TokenMask | None:
         """The allowed-token bitmask of the step's sampling rows, on the logits' device,
         or None when none of them is constrained."""

@@ -284,6 +284,32 @@ def test_completions_json_extras_validate(client, field):
         jsonschema.validate(json.loads(choice.text), schema)
 
 
+def test_streamed_json_schema_validates(client):
+    schema = SCHEMAS["arrays"]
+    stream = _chat(
+        client,
+        stream=True,
+        temperature=1.0,
+        seed=9,
+        response_format={"type": "json_schema", "json_schema": {"name": "arrays", "schema": schema}},
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_grammar_cache_is_bounded(model_dir, monkeypatch):
+    from inferd.engine import structured_outputs_grammar
+
+    monkeypatch.setattr(structured_outputs_grammar, "MAX_CACHED_GRAMMARS", 2)
+    so = StructuredOutputs(Tokenizer(model_dir), 512, torch.device("cpu"))
+    first = so.compile(StructuredOutputsParams(regex="a"))
+    assert so.compile(StructuredOutputsParams(regex="a")) is first  # cached
+    for regex in ("b", "c"):
+        so.compile(StructuredOutputsParams(regex=regex)).result(timeout=60)
+    assert so.compile(StructuredOutputsParams(regex="a")) is not first  # evicted, compiled again
+    so.close()
+
+
 def test_parse_with_a_pydantic_model(client):
     class Pet(pydantic.BaseModel):
         name: str = pydantic.Field(max_length=5)
