@@ -151,6 +151,7 @@ class LLMEngine:
             config.seed
         )  # unseeded draws, on the logits' device
         self.requests: dict[str, Request] = {}
+        self._token_texts: dict[int, str] = {}  # single-token decodes, for prompt logprobs
         self.counters = EngineCounters()
         self.last_step: StepStats | None = None
         self.async_decode = AsyncDecode(
@@ -397,7 +398,12 @@ class LLMEngine:
                 record_prompt_logprobs(req.prompt_logprobs, chunk, self._token_text)
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        # Cached: a long prompt's scores decode thousands of tokens inside the step; the
+        # cache is bounded by the vocabulary.
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
     def _execute_and_sample(self, batch, sampling: list[Sequence]) -> tuple[list[int], list]:
         """Run the step, record the prompt tokens it scored (RunnerOutput.prompt_logprobs)

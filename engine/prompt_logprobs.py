@@ -8,7 +8,10 @@ The runner asks the model for the logits of those rows together with its samplin
 in the same `compute_logits` call (so the tensor-parallel runner and its workers need
 nothing new), and reduces them on the device to what the request asked for: each
 prompt token's log-probability and rank and the top-k (k <= 20) of its position. Only
-those small tensors reach the host, never a vocabulary row. Chunked prefill scores each
+those small tensors reach the host, never a vocabulary row. The cost on the device is the
+logits of the scored rows, [rows, vocab] float32 for a moment, at most the step's token
+budget (max_num_batched_tokens) of rows; the reduction works through them in slices of
+ROWS_PER_SLICE so that its own copies stay small. Chunked prefill scores each
 chunk as it runs; the entries are written by position, so a recompute after preemption
 overwrites them with the same values.
 
