@@ -237,6 +237,23 @@ def test_request_waits_for_its_grammar_while_others_run(model_dir, monkeypatch):
     jsonschema.validate(json.loads(finished["json"]), PERSON)
 
 
+def test_constrained_and_free_rows_in_one_step(model_dir):
+    engine = LLM(model_dir, device="cpu").engine
+    so = StructuredOutputsParams(json=PERSON)
+    engine.structured.compile(so).result(timeout=60)  # compiled: the request joins at once
+    engine.add_request("free", "hello", SamplingParams(max_tokens=20, ignore_eos=True, temperature=1.0, seed=1))
+    engine.add_request(
+        "json", "hello", SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=2, structured_outputs=so)
+    )
+    together, texts = 0, {}
+    while engine.has_unfinished():
+        outputs = engine.step()
+        together += {o.request_id for o in outputs} == {"free", "json"}
+        texts.update({o.request_id: o.outputs[0].text for o in outputs if o.finished})
+    assert together >= 5  # both drew a token in the same steps
+    jsonschema.validate(json.loads(texts["json"]), PERSON)
+
+
 # --- through the server ------------------------------------------------------------------
 
 
