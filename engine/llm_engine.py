@@ -12,7 +12,9 @@ on the fast decode path, the greedy tokens read with the finiteness check, or th
 check still on the device. The step's tokens are the ones it carries or the sampler's
 draw from its logits; the OutputProcessor turns them into outputs. With async
 scheduling, AsyncDecode launches greedy decode steps ahead of the host; their tokens
-come back as PendingTokens, read one step later here.
+come back as PendingTokens, read one step later here. A request with structured outputs
+waits in StructuredOutputs (engine/structured_outputs_grammar.py) until its grammar is
+compiled; its rows' token masks then go to the sampler with the logits.
 
 The engine's configuration is the one owner of `mode` (fast/fallback): the runner
 reads it, reconfigure changes it, and a fast-path failure reaches the engine through
