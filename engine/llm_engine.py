@@ -419,7 +419,8 @@ class LLMEngine:
         tokens = output.sampled_token_ids or greedy_on_device(output.logits, sampling)
         if tokens is not None:
             return tokens, [None] * len(sampling)
-        # Filled while the device computes the logits (the runner does not wait for them).
+        # After execute: on the decode graphs the runner returns before the device has the
+        # logits (their finiteness check is deferred), so the fill overlaps the device's work.
         mask = self.structured.fill(sampling)
         flag = output.finite
         generators = [self.generator] + [s.generator for s in sampling if s.generator] if flag is not None else []
