@@ -204,6 +204,20 @@ def test_chat_prompt_logprobs(client):
     assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in lps[1:])
 
 
+def test_streamed_prompt_logprobs_come_once_with_the_first_chunk(client):
+    kwargs = dict(model=MODEL_NAME, prompt=[PROMPT], max_tokens=3, temperature=0.0, extra_body={"prompt_logprobs": 2})
+    whole = client.completions.create(**kwargs).choices[0].model_extra["prompt_logprobs"]
+    chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+    sent = [c.choices[0].model_extra.get("prompt_logprobs") for c in chunks]
+    assert sent[0] == whole and all(s is None for s in sent[1:])
+
+    messages = [{"role": "user", "content": "hello there"}]
+    chat = dict(model=MODEL_NAME, messages=messages, max_tokens=3, temperature=0.0, extra_body={"prompt_logprobs": 1})
+    whole = client.chat.completions.create(**chat).model_extra["prompt_logprobs"]
+    streamed = [c.model_extra.get("prompt_logprobs") for c in client.chat.completions.create(stream=True, **chat)]
+    assert [s for s in streamed if s is not None] == [whole]
+
+
 @pytest.mark.parametrize(
     "body, field",
     [

@@ -491,6 +491,7 @@ class OpenAIServing:
             "model": job.model,
         }
         outputs = self._outputs(job)
+        prompt_logprobs_sent = False
         try:
             if job.chat:
                 # The role comes first, as OpenAI sends it.
@@ -521,6 +522,9 @@ class OpenAIServing:
                         choices.append(choice)
                 if choices:
                     chunk = base | {"choices": choices}
+                    if job.chat and job.prompt_logprobs is not None and not prompt_logprobs_sent:
+                        chunk["prompt_logprobs"] = self._prompt_logprobs(job, 0, out)  # chat: top level, once
+                        prompt_logprobs_sent = True
                     if job.include_usage and job.continuous_usage:
                         chunk["usage"] = self._usage(job, latest)
                     yield sse(chunk)
@@ -553,8 +557,11 @@ class OpenAIServing:
         if job.echo_only:
             delta_text, new_tokens = "", 0
         echo_now = job.echo and not state.started  # the prompt goes out with the choice's first chunk
+        # so do its prompt logprobs (completions: in the choice, as in the whole response)
+        prompt_lps_now = not job.chat and job.prompt_logprobs is not None and not state.started
         if (
             not echo_now
+            and not prompt_lps_now
             and not delta_text
             and not finished
             and not (job.params.logprobs is not None and new_tokens > 0)
@@ -582,13 +589,16 @@ class OpenAIServing:
                 "finish_reason": o.finish_reason,
                 "stop_reason": o.stop_reason,
             }
-        return {
+        choice = {
             "index": index,
             "text": delta_text,
             "logprobs": logprobs,
             "finish_reason": ("length" if job.echo_only and finished else o.finish_reason),
             "stop_reason": None if job.echo_only else o.stop_reason,
         }
+        if prompt_lps_now:
+            choice["prompt_logprobs"] = self._prompt_logprobs(job, prompt_index, out) if out is not None else None
+        return choice
 
     def _tool_delta(
         self, job: _Job, index: int, o: CompletionOutput, state: _ChoiceState, text: str, new_tokens: int
