@@ -69,7 +69,9 @@ class RequestValidator:
         if params.logit_bias:
             bad_bias = sorted(t for t in params.logit_bias if t >= lim.vocab_size)
             if bad_bias:
-                raise ValueError(f"logit_bias has unknown token id(s) {bad_bias[:5]}; vocabulary is [0, {lim.vocab_size})")
+                raise ValueError(
+                    f"logit_bias has unknown token id(s) {bad_bias[:5]}; vocabulary is [0, {lim.vocab_size})"
+                )
         return ids
 
     def _check_fits(self, num_prompt: int, params: SamplingParams) -> None:
