@@ -64,8 +64,10 @@ class _MaskTimer:
         return call
 
 
-def run_case(model_dir: str, device: str, batch: int, steps: int, constrained_share: float, temperature: float) -> dict:
-    llm = LLM(model_dir, device=device, max_num_seqs=batch, async_scheduling=False)
+def run_case(
+    model_dir: str, device: str, batch: int, steps: int, constrained_share: float, temperature: float, dtype: str
+) -> dict:
+    llm = LLM(model_dir, device=device, dtype=dtype, max_num_seqs=batch, async_scheduling=False)
     engine = llm.engine
     timer = _MaskTimer(engine.structured)
     num_constrained = int(batch * constrained_share)
@@ -118,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset", default="tiny", help="make-model preset (default tiny: the mask's share is largest)"
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 (the GPU fast path)"
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=40)
 
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir = str(make_model(Path(tmp) / "model", ModelSpec(preset=args.preset)))
         vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
         cases = [
-            run_case(model_dir, args.device, args.batch, args.steps, share, temperature)
+            run_case(model_dir, args.device, args.batch, args.steps, share, temperature, args.dtype)
             for temperature in (0.0, 1.0)
             for share in (0.0, 0.5)
         ]
@@ -140,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         "commit": _commit(),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
         "device": args.device,
+        "dtype": args.dtype,
         "versions": {
             "torch": torch.__version__,
             "xgrammar": metadata.version("xgrammar"),
