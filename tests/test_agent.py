@@ -345,7 +345,7 @@ def test_registry_lists_every_collector_once_with_a_description():
     from inferd.exporters.registry import load_entries
 
     entries = load_entries(COLLECTOR_MODULES)
-    assert [e.name for e in entries] == ["gpu", "pcie", "numa", "ebpf", "engine", "otlp", "remediation"]
+    assert [e.name for e in entries] == ["gpu", "pcie", "numa", "ebpf", "engine", "headroom", "otlp", "remediation"]
     assert all(e.description and e.default_on for e in entries)
     assert [e.name for e in entries if e.late] == ["remediation"]
 
