@@ -67,7 +67,9 @@ class _MaskTimer:
 def run_case(
     model_dir: str, device: str, batch: int, steps: int, constrained_share: float, temperature: float, dtype: str
 ) -> dict:
-    llm = LLM(model_dir, device=device, dtype=dtype, max_num_seqs=batch, async_scheduling=False)
+    llm = LLM(
+        model_dir, device=device, dtype=dtype, max_num_seqs=batch, async_scheduling=False, kv_cache_bytes=256 << 20
+    )
     engine = llm.engine
     timer = _MaskTimer(engine.structured)
     num_constrained = int(batch * constrained_share)
