@@ -36,7 +36,7 @@ from .fast_path.cuda_graphs import is_pure_decode
 from .fast_path.gpu_sampling import plain_greedy
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
-from .stats import StepStats
+from .stats import StepStats, kv_tokens_read
 from .token_readback import PendingTokens, TokenReadback
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class AsyncDecode:
         if len(index) != len(prev.batch):
             fed = fed.index_select(0, device_index(index, self.device))
         scheduler.step_count += 1  # a step the scheduler did not have to plan
-        stats = StepStats(len(rows), len(rows))
+        stats = StepStats(len(rows), len(rows), kv_tokens_read=kv_tokens_read(rows))
         pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
         if pending is None:
             return None

@@ -48,7 +48,7 @@ from .sampler import NonFiniteLogits, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Request, Sequence, SequenceStatus
-from .stats import EngineCounters, KVSnapshot, StepStats
+from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
 from .structured_outputs_grammar import StructuredOutputs
 from .tokenizer import Tokenizer
 
@@ -87,6 +87,8 @@ class LLMEngine:
         shape = KVShape(mc.num_hidden_layers, config.block_size, mc.num_key_value_heads, mc.head_dim, self.dtype)
         self.kv_shape = shape
         self.block_bytes = shape.page_bytes
+        self._kv_token_bytes = self.block_bytes // config.block_size  # every layer's K and V of one token
+        self._decode_weight_bytes = decode_weight_bytes(self.model_config, self.dtype.itemsize)
         # With cold KV on from the start, its scale tables come out of the same budget.
         cold_kinds = (config.kv_cold_dtype,) if config.kv_cold_dtype != "none" else ()
         page_cost = shape.page_bytes + sum(shape.scale_bytes_per_page(k) for k in cold_kinds)
@@ -295,7 +297,9 @@ class LLMEngine:
             sched = self.scheduler.schedule()
             self.kv_cache.swap(sched.swap_out, sched.swap_in)
             self._count_paging(sched)
-            stats = StepStats(len(sched.scheduled), sched.num_batched_tokens)
+            stats = StepStats(
+                len(sched.scheduled), sched.num_batched_tokens, kv_tokens_read=kv_tokens_read(sched.scheduled)
+            )
             prev = self.async_decode.launch(sched.scheduled, stats)
             if prev is None:
                 return self._step_synchronously(sched.scheduled, stats, start)
@@ -348,6 +352,11 @@ class LLMEngine:
         stats.num_waiting = len(self.scheduler.waiting)
         stats.num_swapped = len(self.scheduler.swapped)
         stats.duration = time.perf_counter() - start
+        if stats.batch_size and stats.num_batched_tokens == stats.batch_size:  # a pure decode step
+            self.counters.decode_seconds += stats.duration
+            self.counters.decode_bytes_read += self._decode_weight_bytes + stats.kv_tokens_read * self._kv_token_bytes
+        graphs = getattr(self.runner, "fast_decode", None)
+        self.counters.cuda_graphs_captured = len(graphs.graphs) if graphs is not None else 0
         self.last_step = stats
         return outputs
 

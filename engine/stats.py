@@ -10,6 +10,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model_config import ModelConfig
 
 
 @dataclass(slots=True)
@@ -35,6 +39,7 @@ class StepStats:
     num_swapped: int = 0
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    kv_tokens_read: int = 0  # context tokens the step's attention reads (decode bytes accounting)
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
@@ -56,6 +61,26 @@ class EngineCounters:
     quantized_blocks: Counter = field(default_factory=Counter)  # cold dtype -> blocks quantized
     quantize_seconds: float = 0.0
     decode_steps_launched_ahead: int = 0  # async scheduling: launched before the previous step's tokens were read
+    # Pure decode steps: their wall time, and the bytes they must read (every weight once,
+    # each sequence's KV context at full precision): bytes over seconds is the decode
+    # memory bandwidth the engine achieves, the numerator of its MBU.
+    decode_seconds: float = 0.0
+    decode_bytes_read: int = 0
+    cuda_graphs_captured: int = 0  # decode graphs on the fast path (captured at start and when a size first runs)
+
+
+def kv_tokens_read(batch) -> int:
+    """Context tokens a step's attention reads: each scheduled sequence's, through its new tokens."""
+    return sum(item.seq.num_computed_tokens + item.num_tokens for item in batch)
+
+
+def decode_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of weights a decode step reads: every projection, the LM head and the norms;
+    the embedding table only a row per token (negligible), unless tied to the LM head."""
+    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
+    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
+    norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
+    return (cfg.num_hidden_layers * (attn + mlp) + cfg.vocab_size * cfg.hidden_size + norms) * dtype_bytes
 
 
 @dataclass(slots=True, frozen=True)

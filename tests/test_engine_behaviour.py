@@ -340,3 +340,20 @@ def test_swap_resize_beyond_host_memory_is_refused_up_front(tiny_model, monkeypa
     assert engine.block_manager.host_pool is before and engine.config.max_num_seqs == 64
     assert engine.reconfigure({"swap_space_bytes": 9 * engine.block_bytes}).swap_space_bytes == 9 * engine.block_bytes
     assert engine.block_manager.host_pool.num_blocks == 9 == engine.kv_cache.num_host_blocks
+
+
+def test_decode_counters_add_up_the_bytes_each_decode_step_reads(tiny_model):
+    """One sequence, prompt P, N new tokens: N - 1 pure decode steps (the first token comes
+    from the prefill), step i reading every weight once and P + i tokens of KV."""
+    from inferd.engine.stats import decode_weight_bytes
+
+    llm = LLM(tiny_model, block_size=8)
+    engine = llm.engine
+    out = llm.generate("count the bytes", SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    prompt, new = len(out.prompt_token_ids), 6
+    weights = decode_weight_bytes(engine.model_config, engine.dtype.itemsize)
+    kv_token = engine.block_bytes // 8
+    expected = (new - 1) * weights + sum(prompt + i for i in range(1, new)) * kv_token
+    assert engine.counters.decode_bytes_read == expected
+    assert engine.counters.decode_seconds > 0
+    assert engine.counters.cuda_graphs_captured == 0  # no fast path on the CPU

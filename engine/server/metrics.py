@@ -403,6 +403,22 @@ class SnapshotCollector(Collector):
             "scheduling: the host's output work overlaps the GPU).",
             value=c.decode_steps_launched_ahead,
         )
+        yield CounterMetricFamily(
+            "inferd_engine_decode_seconds",
+            "Wall time of pure decode steps.",
+            value=c.decode_seconds,
+        )
+        yield CounterMetricFamily(
+            "inferd_engine_decode_bytes_read",
+            "Bytes pure decode steps must read: every weight once a step and each sequence's KV "
+            "context at full precision (over decode seconds: the decode memory bandwidth).",
+            value=c.decode_bytes_read,
+        )
+        yield GaugeMetricFamily(
+            "inferd_engine_cuda_graphs_captured",
+            "Decode CUDA graphs the fast path holds (0 without the fast path).",
+            value=c.cuda_graphs_captured,
+        )
 
         tunable = GaugeMetricFamily(
             "inferd_engine_tunable", "Current value of each numeric tunable engine parameter.", labels=["param"]
