@@ -77,6 +77,24 @@ def parse_proc_cgroup(text: str) -> PodCgroup | None:
     return candidates[0] if candidates else None
 
 
+def open_gpu_minors(procfs_root: Path, pid: int) -> set[int]:
+    """Minor numbers of the /dev/nvidiaN files process `pid` holds open (empty when its fds
+    cannot be read: gone, or not ours to read)."""
+    minors: set[int] = set()
+    try:
+        fds = list((procfs_root / str(pid) / "fd").iterdir())
+    except OSError:
+        return minors
+    for fd in fds:
+        try:
+            match = _NVIDIA_DEV.match(os.readlink(fd))
+        except OSError:
+            continue
+        if match:
+            minors.add(int(match.group(1)))
+    return minors
+
+
 def parse_gpu_information(text: str) -> tuple[int, str] | None:
     """(Device Minor, GPU UUID) from /proc/driver/nvidia/gpus/<address>/information."""
     minor = uuid = None
@@ -117,19 +135,7 @@ class ProcessPods:
             return None
 
     def gpu_minors(self, pid: int) -> set[int]:
-        minors: set[int] = set()
-        try:
-            fds = list((self.proc / str(pid) / "fd").iterdir())
-        except OSError:
-            return minors
-        for fd in fds:
-            try:
-                match = _NVIDIA_DEV.match(os.readlink(fd))
-            except OSError:
-                continue
-            if match:
-                minors.add(int(match.group(1)))
-        return minors
+        return open_gpu_minors(self.proc, pid)
 
     def gpu_pids(self) -> list[int]:
         """Processes in a pod that hold open a GPU the kubelet gave to a container: what the

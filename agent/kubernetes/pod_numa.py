@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.exporters.cgroup_pods import open_gpu_minors
 from inferd.exporters.numa import list_nodes, parse_numa_maps, parse_status_field, read_node_cpus
 from inferd.exporters.sysfs import parse_cpulist
 
 log = logging.getLogger(__name__)
-
-_NVIDIA_DEV = re.compile(r"^/dev/nvidia(\d+)$")
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,19 +106,7 @@ class PlacementReader:
         return sorted(pids)
 
     def gpu_minors(self, pid: int) -> set[int]:
-        minors: set[int] = set()
-        try:
-            fds = list((self.proc / str(pid) / "fd").iterdir())
-        except OSError:
-            return minors
-        for fd in fds:
-            try:
-                match = _NVIDIA_DEV.match(os.readlink(fd))
-            except OSError:
-                continue
-            if match:
-                minors.add(int(match.group(1)))
-        return minors
+        return open_gpu_minors(self.proc, pid)
 
     def placement(self, uid: str) -> PodPlacement | None:
         """The pod's placement, or None when none of its processes holds a GPU."""
