@@ -355,10 +355,6 @@ class LLMEngine:
         if stats.batch_size and stats.num_batched_tokens == stats.batch_size:  # a pure decode step
             self.counters.decode_seconds += stats.duration
             self.counters.decode_bytes_read += self._decode_weight_bytes + stats.kv_tokens_read * self._kv_token_bytes
-        # the decode graphs the runner holds (none without the fast path, or on a decoder
-        # that runs its steps eagerly)
-        decode = getattr(self.runner, "fast_decode", None)
-        self.counters.cuda_graphs_captured = len(getattr(decode, "graphs", ()))
         self.last_step = stats
         return outputs
 

@@ -66,7 +66,7 @@ class EngineCounters:
     # memory bandwidth the engine achieves, the numerator of its MBU.
     decode_seconds: float = 0.0
     decode_bytes_read: int = 0
-    cuda_graphs_captured: int = 0  # decode graphs on the fast path (captured at start and when a size first runs)
+    cuda_graphs_captured: int = 0  # decode graphs on the fast path: read when a snapshot is taken, not counted
 
 
 def kv_tokens_read(batch) -> int:

@@ -38,6 +38,16 @@ def take_snapshot(engine, now: float) -> EngineSnapshot:
         num_waiting=len(waiting),
         num_swapped=len({s.request_id for s in sched.swapped}),
         kv=engine.kv_snapshot(),
-        counters=copy.deepcopy(engine.counters),
+        counters=_counters_with_graphs(engine),
         tunables=dict(engine.config.tunables()),
     )
+
+
+def _counters_with_graphs(engine) -> EngineCounters:
+    """A copy of the engine's counters with the decode graphs its runner holds now (none
+    without the fast path, or with a decoder that runs its steps eagerly): they are
+    captured at start and when a batch size first runs, so they are read, not counted."""
+    counters = copy.deepcopy(engine.counters)
+    decode = getattr(engine.runner, "fast_decode", None)
+    counters.cuda_graphs_captured = len(getattr(decode, "graphs", ()))
+    return counters
