@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -20,7 +19,6 @@ import jsonschema
 import openai
 import pytest
 
-import inferd.engine
 from inferd.engine.server.errors import ApiError
 from inferd.engine.server.serving import OpenAIServing
 from inferd.engine.server.tool_parsers.tool_choice import ToolRequest
@@ -245,18 +243,8 @@ def test_template_renders_as_transformers_does(model_factory, family):
 # --- forced calls: structured outputs on the random model -----------------------------------
 
 
-def engine_applies_structured_outputs() -> bool:
-    """Whether the engine's step (the engine, its sampler or its output processor) reads
-    the constraint; until it does, a forced call is generated unconstrained."""
-    engine_dir = Path(inferd.engine.__file__).resolve().parent
-    step_modules = ("llm_engine.py", "sampler.py", "output_processor.py")
-    return any("structured_output" in (engine_dir / name).read_text() for name in step_modules)
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def random_family_server(request, model_factory):
-    if not engine_applies_structured_outputs():
-        pytest.skip("the engine does not apply SamplingParams.structured_outputs yet")
     family = request.param
     server = ServerThread(build_app(family_model(model_factory, family))).start()
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
