@@ -76,8 +76,9 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
-        # Pure-decode batches on the fast path (engine/fast_path DecodeGraphs: fused
-        # decode step in CUDA graphs); set by attach_fast_path on CUDA, else None.
+        # Pure-decode batches and short prefill steps on the fast path (engine/fast_path
+        # DecodeGraphs: fused decode step in CUDA graphs); set by attach_fast_path on
+        # CUDA, else None.
         self.fast_decode: DecodeGraphs | None = None
         self.refresh_kv_views()
         self.block_size = block_size
@@ -239,8 +240,9 @@ class ModelRunner:
         logits = self.fast_decode.execute(batch)
         if logits is None:
             return None
-        packed = self.fast_decode.greedy(len(batch))  # computed in the step's graph
-        if can_sample_greedy_on_device(logits, [item.seq for item in batch]):
+        sampling = [item.seq for item in batch if item.completes]
+        packed = self.fast_decode.greedy(len(sampling))  # computed in the step's graph
+        if can_sample_greedy_on_device(logits, sampling):
             # The step's one host synchronisation: the finiteness flag and the greedy
             # tokens come back in a single transfer.
             ok, *tokens = packed.tolist()

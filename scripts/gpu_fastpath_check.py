@@ -394,6 +394,44 @@ def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
         check(f"context_{n}", max(errs) < MODEL_REL_TOL, agree=same, logit_rel_err_until_first_flip=errs)
 
 
+def check_prefix_rows(model_dir, model, slow, vocab, slow_logits, **_):
+    """New tokens after a cached prefix as rows of the decode graphs (cuda_graphs.py)
+    and through the eager forward, each against the portable path on the same prompt."""
+    from inferd.engine.bench.gpu_decode import new_engine, prompts
+
+    cuda = DEVICE == "cuda"
+    engine = new_engine(
+        model_dir,
+        model,
+        "fast",
+        kv_gib=8 if cuda else 0.02,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=True,
+        async_scheduling=False,
+    )
+    logits = record_logits(engine)
+    graphs = engine.runner.fast_decode
+    prefix = prompts(vocab, 1, 1024 if cuda else 48, seed=77)[0]
+    generate(engine, [prefix + [5]], 1, "prefix-fill")  # the prefix enters the cache
+    for i, (way, rows) in enumerate((("graph_rows", graphs.max_batch), ("eager", 0))):
+        graphs.max_expanded_rows = rows
+        expanded, hits = graphs.num_expanded, engine.block_manager.prefix.hits
+        prompt = prefix + prompts(vocab, 1, 32, seed=78 + i)[0]
+        ft, fid = generate(engine, [prompt], 8, f"prefix-{way}")
+        st, sid = generate(slow, [prompt], 8, f"prefix-{way}-slow")
+        same = agree(ft[0], st[0])
+        errs = [rel(a, b) for a, b in zip(logits[fid[0]][: same + 1], slow_logits[sid[0]])]
+        took_rows = graphs.num_expanded > expanded
+        check(
+            f"prefix_{way}",
+            max(errs) < MODEL_REL_TOL and took_rows == (rows > 0) and engine.block_manager.prefix.hits > hits,
+            agree=same,
+            logit_rel_err_until_first_flip=errs,
+            ran_as_graph_rows=took_rows,
+        )
+    del engine
+
+
 def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
@@ -658,6 +696,7 @@ MODEL_SECTIONS = [
     check_sampling,
     check_async_scheduling,
     check_injected_failure,
+    check_prefix_rows,
     quick_timing,
 ]
 

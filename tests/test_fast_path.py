@@ -342,9 +342,77 @@ def test_fused_decode_step_matches_portable_path(tiny_model):
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3)
     got = llm.generate(PROMPTS, params)
     want = expected.generate(PROMPTS, params)
-    assert graphs.num_eager == 3 and runner.mode == "fast"
+    assert graphs.num_eager == 4 and runner.mode == "fast"  # the prefill step ran as rows too
+    assert graphs.num_expanded == 1
     for g, w in zip(got, want):
         assert_same_completion(g.outputs[0], w.outputs[0])
+
+
+def _scheduled(llm, prompts, params=GREEDY):
+    for i, p in enumerate(prompts):
+        llm.engine.add_request(f"s{i}", p, params)
+    return llm.engine.scheduler.schedule().scheduled
+
+
+def test_expanded_rows_are_the_chunks_tokens_over_their_own_tables(tiny_model):
+    """A prefill chunk of n tokens becomes n rows, row i at position start + i seeing
+    start + i + 1 keys; only a completing chunk's last row samples."""
+    llm = LLM(tiny_model, block_size=8, max_num_batched_tokens=16, enable_prefix_caching=False)
+    batch = _scheduled(llm, [PROMPTS[1], PROMPTS[0]])  # 3 tokens, then 13 of the 17-token prompt
+    assert [item.num_tokens for item in batch] == [3, 13]
+    rows = DecodeInputs.expanded(batch, 8)
+    assert len(rows.input_ids) == sum(item.num_tokens for item in batch)
+    at = 0
+    for item in batch:
+        seq, n, start = item.seq, item.num_tokens, item.seq.num_computed_tokens
+        assert rows.input_ids[at : at + n] == seq.token_ids[start : start + n]
+        assert rows.positions[at : at + n] == list(range(start, start + n))
+        assert rows.context_lens[at : at + n] == list(range(start + 1, start + n + 1))
+        assert all(t == seq.block_table for t in rows.block_tables[at : at + n])
+        assert rows.slots[at + n - 1] == seq.block_table[(start + n - 1) // 8] * 8 + (start + n - 1) % 8
+        at += n
+    assert batch[0].completes and not batch[1].completes
+    assert rows.sample_rows == [2]  # the short prompt's last row; the chunk samples nothing
+    assert rows.padded(32).sample_rows == [2]
+
+
+def test_prefill_steps_take_the_graphs_only_when_small_and_not_scoring_prompts(tiny_model):
+    llm = LLM(tiny_model, block_size=8)
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(object(), 8, 256, runner.device, use_graphs=False, max_expanded_rows=20)
+    assert graphs.can_run(_scheduled(llm, [PROMPTS[0]]))  # 17 rows
+    assert not graphs.can_run(_scheduled(LLM(tiny_model, block_size=8), [PROMPTS[0], [3] * 4]))  # 21 rows
+    scoring = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)
+    assert not graphs.can_run(_scheduled(LLM(tiny_model, block_size=8), [PROMPTS[1]], scoring))
+    off = DecodeGraphs(object(), 8, 256, runner.device, use_graphs=False, max_expanded_rows=0)
+    assert not off.can_run(_scheduled(LLM(tiny_model, block_size=8), [PROMPTS[2] * 2]))
+    with pytest.raises(ValueError, match="max_expanded_rows"):
+        DecodeGraphs(object(), 8, 256, runner.device, max_expanded_rows=-1)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_cached_prefix_and_chunked_prefill_as_graph_rows_match_portable_path(tiny_model):
+    """Prompts over a cached prefix, a prompt split into chunks (the middle ones sample
+    nothing) and decode rows beside them, all through the graphs' rows (eager on CPU)."""
+    from inferd.engine.fast_path import hot_kv_layers
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
+
+    shared = list(range(5, 45))
+    prompts = [shared + [50, 51, 52], shared + [60], list(range(100, 131)), [7, 8]]
+    config = dict(block_size=8, max_num_batched_tokens=16, enable_prefix_caching=True, async_scheduling=False)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
+    fallback = LLM(tiny_model, mode="fallback", **config)
+    want = [fallback.generate([p], params)[0] for p in prompts]
+    llm = LLM(tiny_model, **config)
+    runner = llm.engine.runner
+    graphs = DecodeGraphs(FastDecoder(runner.model, hot_kv_layers(runner)), 8, 256, runner.device, use_graphs=False)
+    runner.fast_decode = graphs
+    got = [llm.generate([p], params)[0] for p in prompts[:2]] + llm.generate(prompts[2:], params)
+    for g, w in zip(got, want):
+        assert_same_completion(g.outputs[0], w.outputs[0])
+    assert runner.mode == "fast" and llm.engine.block_manager.prefix.hits > 0
+    assert graphs.num_expanded >= 5  # every prefill chunk: at most 16 rows a step
 
 
 @needs_triton

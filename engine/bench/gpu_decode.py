@@ -10,8 +10,11 @@ the `llama3-8b-shape` preset in bf16:
    the roofline bound (per step max(bytes / bandwidth, FLOPs / matmul rate), summed);
 4. side by side: our fallback path and transformers `generate` (eager; static cache +
    torch.compile when time allows) at batch 1 and 32, each as a ratio to the fast path;
-5. prefix caching: time to first token with a 2,048-token shared prefix, cold and warm;
-6. swap: host<->device KV block copies against the pinned copy bandwidth.
+5. prefix caching: time to first token with a 2,048-token shared prefix, cold and warm,
+   and warm with 8 to 256 new tokens as graph rows and through the eager forward;
+6. swap: host<->device KV block copies against the pinned copy bandwidth;
+7. deterministic mode against the default: greedy outputs alone and in a burst, speed
+   (last: it switches the shared model to the batch-invariant steps).
 Every figure goes to DIR/results.json; a table is printed last.
 """
 
@@ -457,20 +460,40 @@ def time_to_first_token(engine, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
-def bench_prefix(engine, vocab: int) -> dict:
-    prefix = prompts(vocab, 1, 2048, seed=11)[0]
+def bench_prefix(
+    engine, vocab: int, prefix_len: int = 2048, new_tokens: tuple[int, ...] = (8, 32, 64, 128, 256)
+) -> dict:
+    """TTFT of a 2,048-token prefix + 32 new tokens, cold then warm (the prefix cached);
+    then warm TTFT for 8 to 256 new tokens with the new tokens as graph rows and with the
+    eager forward (cuda_graphs.py: max_expanded_rows), best of two distinct tails each."""
+    prefix = prompts(vocab, 1, prefix_len, seed=11)[0]
     a, b, c = (prompts(vocab, 1, 32, seed=s)[0] for s in (12, 13, 14))
-    time_to_first_token(engine, prompts(vocab, 1, 2080, seed=15)[0])  # warm the prefill kernels
+    time_to_first_token(engine, prompts(vocab, 1, prefix_len + 32, seed=15)[0])  # warm the prefill kernels
     cold = time_to_first_token(engine, prefix + a)
     warm = time_to_first_token(engine, prefix + b)
     warm2 = time_to_first_token(engine, prefix + c)
-    return {
+    result: dict = {
         "cold_s": cold,
         "warm_s": min(warm, warm2),
         "speedup": cold / min(warm, warm2),
-        "prefix_queries": engine.block_manager.prefix.queries,
-        "prefix_hits": engine.block_manager.prefix.hits,
     }
+    graphs = engine.runner.fast_decode
+    if graphs is not None:
+        limit, sweep = graphs.max_expanded_rows, {}
+        result["max_expanded_rows"] = limit
+        try:
+            for i, n in enumerate(new_tokens):
+                for way, rows in (("graph_rows", graphs.max_batch), ("eager", 0)):
+                    graphs.max_expanded_rows = rows
+                    tails = prompts(vocab, 3, n, seed=100 + 10 * i + (rows > 0))
+                    time_to_first_token(engine, prefix + tails[0])  # first use of this shape
+                    sweep[f"new{n}_{way}_ms"] = 1e3 * min(time_to_first_token(engine, prefix + t) for t in tails[1:])
+        finally:
+            graphs.max_expanded_rows = limit
+        result["warm_by_new_tokens"] = sweep
+    result["prefix_queries"] = engine.block_manager.prefix.queries
+    result["prefix_hits"] = engine.block_manager.prefix.hits
+    return result
 
 
 def bench_swap(engine, num_blocks: int) -> dict:
@@ -499,7 +522,29 @@ def bench_swap(engine, num_blocks: int) -> dict:
 
 
 # --- the run ----------------------------------------------------------------------------------
-def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only: set[str] | None = None) -> dict:
+def bench_deterministic(model_dir, model, probes: int = 8, burst: int = 128, max_tokens: int = 32) -> dict:
+    """Deterministic mode against the default (bench/deterministic.py, smaller): greedy
+    probes alone and inside a burst, identical or not, and each mode's speed. Switches
+    `model` to the batch-invariant steps for good: run it last."""
+    from types import SimpleNamespace
+
+    from .deterministic import measure
+
+    vocab = model.config.vocab_size
+    args = SimpleNamespace(kv_gib=24, max_tokens=max_tokens)
+    probe_prompts = prompts(vocab, probes, 512, seed=41)
+    others = prompts(vocab, burst - probes, 512, seed=42)
+    modes = [measure(model_dir, model, det, args, probe_prompts, others) for det in (False, True)]
+    return {"prompt_len": 512, "max_tokens": max_tokens, "modes": modes}
+
+
+def run_all(
+    out_dir: str,
+    budget_s: float = 480.0,
+    hf_compile: bool = True,
+    only: set[str] | None = None,
+    deterministic: bool = True,
+) -> dict:
     t_start = time.perf_counter()
     res: dict = {"env": environment(), "errors": {}}
     log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
@@ -672,10 +717,15 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
     ):
         if only is None or name in only:
             section(name, fn)
-    if only is not None:
-        _dump(out_dir, res)
-        return res
     res["fastpath_failures"] = dict(fast.counters.fastpath_failures)
+    if only is not None:
+        if "deterministic" in only:
+            fast = None  # the section closures hold it: drop it for the collector
+            free_dropped_engines()
+            section("deterministic", lambda: res.update(deterministic=bench_deterministic(model_dir, model)))
+        _dump(out_dir, res)
+        print_table(res)
+        return res
 
     def fallback():
         slow = new_engine(model_dir, model, "fallback", kv_gib=16)
@@ -707,6 +757,11 @@ def run_all(out_dir: str, budget_s: float = 480.0, hf_compile: bool = True, only
     section("hf_eager", hf_eager)
     if hf_compile:
         section("hf_compiled", hf_compiled)
+    hf = None  # the closures above hold it: drop it for the collector
+    if deterministic:
+        fast = None
+        free_dropped_engines()
+        section("deterministic", lambda: res.update(deterministic=bench_deterministic(model_dir, model)))
     ratios = {}
     for key in list(res):
         if key.startswith("cmp_") and not key.startswith("cmp_fast_"):
@@ -748,7 +803,19 @@ def print_table(res: dict) -> None:
         print(f"{k:26s}{res[k]['tok_s']:8.1f} tok/s  {ratio:.3f}x fast")
     if "prefix" in res:
         p = res["prefix"]
-        print(f"prefix TTFT cold {p['cold_s'] * 1e3:.1f} ms, warm {p['warm_s'] * 1e3:.1f} ms")
+        print(f"prefix TTFT cold {p['cold_s'] * 1e3:.1f} ms, warm {p['warm_s'] * 1e3:.1f} ms ({p['speedup']:.1f}x)")
+        sweep = p.get("warm_by_new_tokens", {})
+        for key in sweep:
+            if key.endswith("_eager_ms"):
+                n = key.removeprefix("new").removesuffix("_eager_ms")
+                rows = sweep[f"new{n}_graph_rows_ms"]
+                print(f"  warm, {n:>3} new tokens: graph rows {rows:6.1f} ms, eager {sweep[key]:6.1f} ms")
+    for m in res.get("deterministic", {}).get("modes", []):
+        name = "deterministic" if m["deterministic"] else "default"
+        print(
+            f"{name:14s} probes identical {m['probes_identical']}/{m['probes']}, burst "
+            f"{m['burst_output_tok_s']:.0f} tok/s, batch-1 {m['batch1_decode_tok_s']:.1f} tok/s"
+        )
     if "swap" in res:
         s = res["swap"]
         print(
@@ -770,8 +837,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-hf-compile", action="store_true", help="skip transformers with static cache + compile")
     parser.add_argument(
         "--only",
-        help="comma-separated fast-path sections to run (batch1, compare_fast, throughput, "
-        "prefix, swap, profiles); the fallback and transformers runs are then skipped",
+        help="comma-separated sections to run (batch1, compare_fast, throughput, prefix, swap, "
+        "profiles, deterministic); the fallback and transformers runs are then skipped",
+    )
+    parser.add_argument(
+        "--no-deterministic", action="store_true", help="skip deterministic mode against the default (run last)"
     )
 
 
@@ -784,6 +854,7 @@ def run(args: argparse.Namespace) -> int:
         args.budget_s,
         hf_compile=not args.no_hf_compile,
         only=set(args.only.split(",")) if args.only else None,
+        deterministic=not args.no_deterministic,
     )
     return 0
 

@@ -13,6 +13,15 @@ Nothing in a replay reads back to the host: the only synchronisation of a decode
 step is the caller's read of the sampled tokens. Each graph ends with the greedy
 tokens and the finiteness flag of its logits (greedy_head.py), so a greedy step
 needs no kernel outside its graph.
+
+Short prefill chunks run on the same graphs: a chunk of n tokens becomes n rows, row i
+computing position start + i over the sequence's own block table with context
+start + i + 1. Every row's K/V is written before any row attends, and each row sees
+exactly the keys up to itself, so the rows together are the chunk's causal attention;
+only the chunk's last row samples. The typical case is a prompt whose long prefix is
+cached: its few new tokens cost one graph replay (about one decode step) instead of an
+eager forward of a thousand launches. Each row reads its whole context, so this stays
+for steps of at most `max_expanded_rows` rows.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import numpy as np
 import torch
 
 from ..block_pool import PageAllocator
+from ..device_index import device_index
 from ..scheduler import ScheduledSeq
 from .cold_layout import cold_prefix_layout
 
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
 
 GRAPH_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAD_SLOT = -1
+MAX_EXPANDED_ROWS = 64
+"""Rows a step with prefill chunks may take on the graphs (see the module docstring)."""
 
 
 def graph_batch_size(num_seqs: int, ladder: tuple[int, ...] = GRAPH_LADDER) -> int | None:
@@ -48,15 +60,22 @@ def is_pure_decode(batch: list[ScheduledSeq]) -> bool:
     return bool(batch) and all(item.num_tokens == 1 and item.completes for item in batch)
 
 
+def num_rows(batch: list[ScheduledSeq]) -> int:
+    """Graph rows of the batch: one per token it computes."""
+    return sum(item.num_tokens for item in batch)
+
+
 @dataclass(slots=True)
 class DecodeInputs:
-    """Host-side rows of one decode step (built once, copied to the static buffers)."""
+    """Host-side rows of one graph step (built once, copied to the static buffers)."""
 
     input_ids: list[int]
     positions: list[int]
     slots: list[int]
     context_lens: list[int]
     block_tables: list[list[int]]
+    # Rows whose logits the step samples from, in batch order; None: every row (decode).
+    sample_rows: list[int] | None = None
 
     @classmethod
     def from_batch(cls, batch: list[ScheduledSeq], block_size: int) -> DecodeInputs:
@@ -71,6 +90,23 @@ class DecodeInputs:
             tables.append(seq.block_table)
         return cls(ids, pos, slots, ctx, tables)
 
+    @classmethod
+    def expanded(cls, batch: list[ScheduledSeq], block_size: int) -> DecodeInputs:
+        """One row per token the batch computes (prefill chunks and decode tokens alike)."""
+        rows = cls([], [], [], [], [], sample_rows=[])
+        assert rows.sample_rows is not None
+        for item in batch:
+            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
+            rows.input_ids.extend(seq.tokens(start, start + n))
+            for pos in range(start, start + n):
+                rows.positions.append(pos)
+                rows.slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+                rows.context_lens.append(pos + 1)
+                rows.block_tables.append(seq.block_table)
+            if item.completes:
+                rows.sample_rows.append(len(rows.input_ids) - 1)
+        return rows
+
     def padded(self, size: int) -> DecodeInputs:
         pad = size - len(self.input_ids)
         if pad < 0:
@@ -81,6 +117,7 @@ class DecodeInputs:
             self.slots + [PAD_SLOT] * pad,
             self.context_lens + [0] * pad,
             self.block_tables + [[]] * pad,
+            self.sample_rows,
         )
 
 
@@ -94,6 +131,7 @@ class DecodeGraphs:
         pages: PageAllocator | None = None,
         ladder: tuple[int, ...] = GRAPH_LADDER,
         use_graphs: bool = True,
+        max_expanded_rows: int = MAX_EXPANDED_ROWS,
     ):
         if not ladder or min(ladder) < 1:
             raise ValueError(f"ladder must hold positive batch sizes, got {ladder}")
@@ -106,6 +144,9 @@ class DecodeGraphs:
         self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
         self.device = device
         self.use_graphs = use_graphs
+        if max_expanded_rows < 0:
+            raise ValueError(f"max_expanded_rows must be at least 0, got {max_expanded_rows}")
+        self.max_expanded_rows = min(max_expanded_rows, self.max_batch)  # 0: decode steps only
         n = self.max_batch
         # Static inputs: rows of one [5, n] tensor (ids, positions, slots, context lengths,
         # leading cold blocks) and the block tables (pages) and slots within pages, each
@@ -134,9 +175,19 @@ class DecodeGraphs:
         self._pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, once one is captured
         self.num_replays = 0
         self.num_eager = 0
+        self.num_expanded = 0  # steps with prefill chunks run as rows
 
     def can_run(self, batch: list[ScheduledSeq]) -> bool:
-        return is_pure_decode(batch) and self.fits(batch)
+        """A pure-decode batch that fits, or a step with prefill chunks small enough to run
+        as rows (none of whose requests scores its prompt: those need every row's logits)."""
+        if not self.fits(batch):
+            return False
+        return is_pure_decode(batch) or self.can_expand(batch)
+
+    def can_expand(self, batch: list[ScheduledSeq]) -> bool:
+        return 0 < num_rows(batch) <= self.max_expanded_rows and all(
+            item.seq.params.prompt_logprobs is None for item in batch
+        )
 
     def fits(self, batch: list[ScheduledSeq]) -> bool:
         return len(batch) <= self.max_batch and all(len(item.seq.block_table) <= self.max_blocks for item in batch)
@@ -151,10 +202,18 @@ class DecodeGraphs:
         blocks are not laid out as leading runs of one kind (the caller runs it eagerly).
         `fed_ids` ([len(batch)], on the device): the rows' input tokens when the host has
         not seen them yet (the previous step's tokens, async scheduling); each row then
-        computes position `num_computed_tokens` of its sequence."""
-        rows = DecodeInputs.from_batch(batch, self.block_size)
-        size = graph_batch_size(len(batch), self.ladder)
-        assert size is not None  # callers check fits(batch): no more rows than the ladder's top
+        computes position `num_computed_tokens` of its sequence. A batch with prefill
+        chunks (can_expand) runs as one row per token; the logits are then those of its
+        completing items' last rows (decode rows included), in batch order."""
+        if is_pure_decode(batch):
+            rows = DecodeInputs.from_batch(batch, self.block_size)
+        else:
+            if fed_ids is not None:
+                raise ValueError("fed_ids are for pure-decode batches")
+            rows = DecodeInputs.expanded(batch, self.block_size)
+        count = len(rows.input_ids)
+        size = graph_batch_size(count, self.ladder)
+        assert size is not None  # callers check can_run or fits: no more rows than the ladder's top
         kind = self._load(rows.padded(size))
         if kind is None:
             return None
@@ -162,14 +221,21 @@ class DecodeGraphs:
             self.input_ids[: len(batch)].copy_(fed_ids)
         if not self.use_graphs:
             self.num_eager += 1
-            logits, self._greedy = self._run(size, kind)
-            return logits[: len(batch)]
-        if (size, kind) not in self.graphs:
-            self._capture(size, kind)
-        graph, logits, self._greedy = self.graphs[size, kind]
-        graph.replay()
-        self.num_replays += 1
-        return logits[: len(batch)]
+            logits, greedy = self._run(size, kind)
+        else:
+            if (size, kind) not in self.graphs:
+                self._capture(size, kind)
+            graph, logits, greedy = self.graphs[size, kind]
+            graph.replay()
+            self.num_replays += 1
+        if rows.sample_rows is None:
+            self._greedy = greedy
+            return logits[:count]
+        self.num_expanded += 1
+        picked = device_index(rows.sample_rows, self.device)
+        # [flag, tokens of the sampling rows]: the same packing as a decode step's
+        self._greedy = torch.cat([greedy[:1], greedy[1:].index_select(0, picked)])
+        return logits.index_select(0, picked)
 
     def greedy(self, num_rows: int) -> torch.Tensor:
         """The last executed step's [1 + num_rows] int64 on the device: 1 when its live
