@@ -250,7 +250,7 @@ def agree(a: list[int], b: list[int]) -> int:
 
 
 def check_model() -> None:
-    from inferd.engine.bench.gpu_decode import build, new_engine
+    from inferd.engine.bench.gpu_harness import build, new_engine
     from inferd.engine.bench.random_model import hf_model_sharing_weights
 
     spec = dict(SHAPES[SHAPE]) if DEVICE == "cuda" else dict(preset=PRESET)
@@ -296,7 +296,7 @@ def check_model() -> None:
 
 def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
     """Greedy agreement and logit error on 32 tokens."""
-    from inferd.engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_harness import prompts
 
     lens = (5, 17, 100, 600)
     ps = [prompts(vocab, 1, n, seed=n)[0] for n in lens]
@@ -348,7 +348,7 @@ def check_greedy(fast, slow, hf, vocab, fast_logits, slow_logits, **_):
 
 def check_batch_invariance(fast, vocab, fast_logits, **_):
     """One prompt alone, in a batch of 8, in a batch of 40 (graph 64); graphs against eager."""
-    from inferd.engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_harness import prompts
 
     graphs = fast.runner.fast_decode
     n_others, n_tok = (39, 16) if DEVICE == "cuda" else (9, 3)
@@ -383,7 +383,7 @@ def check_batch_invariance(fast, vocab, fast_logits, **_):
 
 def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
     """Contexts across block and split boundaries, end to end."""
-    from inferd.engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_harness import prompts
 
     for n in CONTEXTS if DEVICE == "cuda" else (1, 15, 16, 17, 40):
         p = prompts(vocab, 1, n, seed=1000 + n)[0]
@@ -397,7 +397,7 @@ def check_contexts(fast, slow, vocab, fast_logits, slow_logits, **_):
 def check_prefix_rows(model_dir, model, slow, vocab, slow_logits, **_):
     """New tokens after a cached prefix as rows of the decode graphs (cuda_graphs.py)
     and through the eager forward, each against the portable path on the same prompt."""
-    from inferd.engine.bench.gpu_decode import new_engine, prompts
+    from inferd.engine.bench.gpu_harness import new_engine, prompts
 
     cuda = DEVICE == "cuda"
     engine = new_engine(
@@ -436,7 +436,7 @@ def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
     from inferd.engine.attention import paged_attention
-    from inferd.engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
+    from inferd.engine.bench.gpu_harness import free_dropped_engines, new_engine, prompts
 
     lens = (600, 2000) if DEVICE == "cuda" else (40, 70)
     ps = [prompts(vocab, 1, n, seed=2000 + n)[0] for n in lens]
@@ -486,7 +486,7 @@ def check_sampling(fast, vocab, fast_logits, **_):
     slightly, which may change a sampled token; the check records whether every
     difference follows a logit difference (numerics) rather than a sampler one."""
     from inferd.engine import SamplingParams
-    from inferd.engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_harness import prompts
 
     ps = prompts(vocab, 6, 40, seed=77)
     seeded = [
@@ -550,7 +550,7 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
     greedy tokens as synchronous steps: requests of different lengths and limits, so rows
     leave the batch while steps are in flight."""
     from inferd.engine import SamplingParams
-    from inferd.engine.bench.gpu_decode import free_dropped_engines, new_engine, prompts
+    from inferd.engine.bench.gpu_harness import free_dropped_engines, new_engine, prompts
 
     ahead = new_engine(
         model_dir,
@@ -593,7 +593,7 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
 def check_injected_failure(fast, slow, vocab, **_):
     """An injected failure mid-decode: fallback, same tokens, counted; then back to fast."""
     from inferd.engine import SamplingParams
-    from inferd.engine.bench.gpu_decode import prompts
+    from inferd.engine.bench.gpu_harness import prompts
 
     ps2 = [prompts(vocab, 1, 50, seed=5)[0], prompts(vocab, 1, 70, seed=6)[0]]
     want, _ = generate(slow, ps2, 12, "inject-ref")
@@ -730,7 +730,7 @@ def main() -> int:
         DEVICE, PRESET = "cpu", "tiny"
         steps = (check_model,)
     else:
-        from inferd.engine.bench.gpu_decode import environment
+        from inferd.engine.bench.gpu_harness import environment
 
         results["env"] = environment()
         log(json.dumps(results["env"]))

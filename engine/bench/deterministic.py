@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..sampling_params import SamplingParams
-from .gpu_decode import build, environment, free_dropped_engines, new_engine, prompts, run_requests, sync
+from .gpu_harness import build, environment, free_dropped_engines, new_engine, prompts, run_requests, sync
 
 
 def probe_alone(engine, probes: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from ..fast_path.fused_ops import add_rms_norm, silu_and_mul
 from ..fast_path.triton_gemv import GemvConfig, gemv, rms_norm_gemv
-from .gpu_decode import _time_cuda, measure_ceilings, pdl_setting
+from .gpu_decode import pdl_setting
+from .gpu_harness import measure_ceilings, time_cuda
 
 # name: (N, K, fused op) of llama3-8b-shape: q/k/v fused, o, gate/up fused, down, lm_head.
 SHAPES = {
@@ -45,7 +46,7 @@ def time_graph(fn, replays: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return _time_cuda(graph.replay, repeat=replays, warmup=1)
+    return time_cuda(graph.replay, repeat=replays, warmup=1)
 
 
 def layer_chain(record, copy_rate: float, replays: int, layers: int = 32) -> None:

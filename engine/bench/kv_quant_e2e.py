@@ -22,7 +22,7 @@ from ..sampling_params import SamplingParams
 
 
 def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
-    from .gpu_decode import sync
+    from .gpu_harness import sync
 
     n = len(batch_prompts)
     # Long enough that no request ends before the measured steps; aborted after them.
@@ -69,7 +69,7 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
 
 
 def main() -> int:
-    from .gpu_decode import build, free_dropped_engines, new_engine, prompts
+    from .gpu_harness import build, free_dropped_engines, new_engine, prompts
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

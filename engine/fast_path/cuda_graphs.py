@@ -205,11 +205,11 @@ class DecodeGraphs:
         computes position `num_computed_tokens` of its sequence. A batch with prefill
         chunks (can_expand) runs as one row per token; the logits are then those of its
         completing items' last rows (decode rows included), in batch order."""
-        if is_pure_decode(batch):
+        # Fed rows are decode rows whose input token the host has not appended yet, so
+        # they do not look like they complete their sequences: never expand them.
+        if fed_ids is not None or is_pure_decode(batch):
             rows = DecodeInputs.from_batch(batch, self.block_size)
         else:
-            if fed_ids is not None:
-                raise ValueError("fed_ids are for pure-decode batches")
             rows = DecodeInputs.expanded(batch, self.block_size)
         count = len(rows.input_ids)
         size = graph_batch_size(count, self.ladder)
