@@ -51,18 +51,25 @@ class BlockManager:
         (engine/prompt_logprobs.py)."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
-        tokens = seq.token_ids
         hits: list[int] = []
-        parent = None
-        for i in range((len(tokens) - 1) // self.block_size):
-            chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
-            h = block_hash(parent, chunk)
+        for h, chunk in self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
             block_id = self.pool.lookup(h, chunk)
             if block_id is None:
                 break
             hits.append(block_id)
-            parent = h
         return hits
+
+    def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[tuple[int, tuple[int, ...]]]:
+        """(chained hash, tokens) of the sequence's first `num_blocks` full blocks. Admission
+        asks twice per step (can_allocate, then allocate) and registration once more: a
+        2,048-token prompt is 128 tuples and hashes each time otherwise."""
+        memo, bs = seq.block_hashes, self.block_size
+        parent = memo[-1][0] if memo else None
+        for i in range(len(memo), num_blocks):
+            chunk = tuple(seq.tokens(i * bs, (i + 1) * bs))
+            parent = block_hash(parent, chunk)
+            memo.append((parent, chunk))
+        return memo[:num_blocks]
 
     def num_blocks_to_admit(self, seq: Sequence, num_new_tokens: int) -> int:
         """Free pages admitting `seq` and computing `num_new_tokens` of it would take."""
@@ -108,14 +115,10 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_hashed_blocks:
             return
-        parent = (
-            self.pool.blocks[seq.block_table[seq.num_hashed_blocks - 1]].content_hash if seq.num_hashed_blocks else None
-        )
+        hashes = self._block_hashes(seq, num_full)
         for i in range(seq.num_hashed_blocks, num_full):
-            chunk = tuple(seq.tokens(i * self.block_size, (i + 1) * self.block_size))
-            h = block_hash(parent, chunk)
+            h, chunk = hashes[i]
             self.pool.register(seq.block_table[i], h, chunk)
-            parent = h
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
     def cool_blocks(self, seq: Sequence, hot_window: int, kind: str) -> list[tuple[int, int]]:

@@ -47,7 +47,12 @@ class RequestValidator:
             ids = list(prompt)
             if not ids:
                 raise ValueError("prompt is empty")
-            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < lim.vocab_size]
+            # C-speed checks first (a long prompt's ids are checked on every request);
+            # the per-id scan runs only when they fail, to name the bad ids.
+            if set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < lim.vocab_size:
+                bad = []
+            else:
+                bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < lim.vocab_size]
             if bad:
                 raise ValueError(f"prompt has unknown token id(s) {bad[:5]}; vocabulary is [0, {lim.vocab_size})")
         else:

@@ -64,6 +64,8 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens the prefix cache held at first admission
         self.block_table: list[int] = []
         self.num_hashed_blocks = 0
+        # (hash, tokens) of the leading full blocks, computed once (tokens are only appended)
+        self.block_hashes: list[tuple[int, tuple[int, ...]]] = []
         self.num_cold_scanned = 0  # leading blocks already cold (cooling resumes after them)
         self.host_block_table: list[int] = []  # while swapped out
         self.num_preemptions = 0

@@ -266,8 +266,12 @@ class DecodeGraphs:
         n = len(rows.input_ids)
         width = max(1, max(len(t) for t in rows.block_tables))
         table = np.zeros((n, width), dtype=np.int64)
+        as_array: dict[int, np.ndarray] = {}  # a chunk's rows share its table: convert it once
         for i, t in enumerate(rows.block_tables):
-            table[i, : len(t)] = t
+            arr = as_array.get(id(t))
+            if arr is None:
+                arr = as_array[id(t)] = np.asarray(t, dtype=np.int64)
+            table[i, : len(arr)] = arr
         cold_blocks, kind = np.zeros(n, dtype=np.int64), 0
         if self.pages is not None and (table >= self.pages.num_pages).any():
             kinds, page_ids, slot_ids = self.pages.locate_table(table)
