@@ -284,6 +284,37 @@ def test_decode_attention_matches_reference_across_block_and_split_boundaries(sp
 
 
 @needs_triton
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (12, 2), (4, 4)])  # GQA 4, GQA 6, no GQA
+def test_chunk_rows_in_packs_match_reference(splits, heads, kv_heads):
+    """Rows of prefill chunks in packs sharing one table (attention/chunk_rows.py): each
+    row causal over its own context, across packs, splits and blocks; padding rows zero."""
+    from inferd.engine.fast_path.attention import paged_chunk_attention, rows_per_pack
+
+    rows = rows_per_pack(heads, kv_heads)
+    assert rows == {4: 4, 6: 2, 1: 16}[heads // kv_heads]
+    gen = torch.Generator().manual_seed(splits + heads)
+    _, k_cache, v_cache = _arena(48, 2, 8, kv_heads, 32)
+    seq_tables = [torch.randperm(48, generator=gen)[:40].to(torch.int32) for _ in range(2)]
+    # sequence 0: 6 new tokens after 131 cached ones; sequence 1: a fresh prompt of 3
+    chunks = [(131, 6), (0, 3)]
+    ctx, tables = [], []
+    for (start, n), table in zip(chunks, seq_tables):
+        ctx += [start + i + 1 for i in range(n)] + [0] * (-n % rows)
+        tables += [table] * (n + -n % rows)
+    ctx += [0] * (-len(ctx) % rows)  # a graph's padding: whole packs of context 0
+    tables += [torch.zeros(40, dtype=torch.int32)] * (len(ctx) - len(tables))
+    ctx_t, tables_t = torch.tensor(ctx), torch.stack(tables)
+    q = torch.randn(len(ctx), heads, 32, generator=gen)
+    out = paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows)
+    ref = _reference_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3)
+    assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    assert out[ctx_t == 0].abs().max() == 0
+    with pytest.raises(ValueError, match="packs of"):
+        paged_chunk_attention(q[:-1], k_cache, v_cache, tables_t[:-1], ctx_t[:-1], 0.3, splits, rows)
+
+
+@needs_triton
 def test_fused_small_ops_match_torch_references():
     from inferd.engine.fast_path import fused_ops as ops
 
@@ -413,6 +444,7 @@ def test_cached_prefix_and_chunked_prefill_as_graph_rows_match_portable_path(tin
         assert_same_completion(g.outputs[0], w.outputs[0])
     assert runner.mode == "fast" and llm.engine.block_manager.prefix.hits > 0
     assert graphs.num_expanded >= 5  # every prefill chunk: at most 16 rows a step
+    assert graphs.rows_per_pack > 1 and 0 < graphs.num_packed < graphs.num_expanded  # mixed steps: no packs
 
 
 @needs_triton

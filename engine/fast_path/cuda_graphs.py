@@ -21,7 +21,9 @@ exactly the keys up to itself, so the rows together are the chunk's causal atten
 only the chunk's last row samples. The typical case is a prompt whose long prefix is
 cached: its few new tokens cost one graph replay (about one decode step) instead of an
 eager forward of a thousand launches. Each row reads its whole context, so this stays
-for steps of at most `max_expanded_rows` rows.
+for steps of at most `max_expanded_rows` rows. A step of chunks only (no decode rows)
+lays each chunk out in packs of `rows_per_pack` rows that read their K/V once
+(attention/chunk_rows.py), on graphs of their own (`chunk_graphs`, hot blocks only).
 """
 
 from __future__ import annotations
@@ -91,11 +93,13 @@ class DecodeInputs:
         return cls(ids, pos, slots, ctx, tables)
 
     @classmethod
-    def expanded(cls, batch: list[ScheduledSeq], block_size: int) -> DecodeInputs:
-        """One row per token the batch computes (prefill chunks and decode tokens alike)."""
+    def expanded(cls, batch: list[ScheduledSeq], block_size: int, rows_per_pack: int = 1) -> DecodeInputs:
+        """One row per token the batch computes (prefill chunks and decode tokens alike);
+        with rows_per_pack > 1 each item's rows start a pack (padding rows between)."""
         rows = cls([], [], [], [], [], sample_rows=[])
         assert rows.sample_rows is not None
         for item in batch:
+            rows.pad_to_multiple(rows_per_pack)
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
             rows.input_ids.extend(seq.tokens(start, start + n))
             for pos in range(start, start + n):
@@ -106,6 +110,14 @@ class DecodeInputs:
             if item.completes:
                 rows.sample_rows.append(len(rows.input_ids) - 1)
         return rows
+
+    def pad_to_multiple(self, multiple: int) -> None:
+        for _ in range(-len(self.input_ids) % multiple):
+            self.input_ids.append(0)
+            self.positions.append(0)
+            self.slots.append(PAD_SLOT)
+            self.context_lens.append(0)
+            self.block_tables.append([])
 
     def padded(self, size: int) -> DecodeInputs:
         pad = size - len(self.input_ids)
@@ -147,6 +159,8 @@ class DecodeGraphs:
         if max_expanded_rows < 0:
             raise ValueError(f"max_expanded_rows must be at least 0, got {max_expanded_rows}")
         self.max_expanded_rows = min(max_expanded_rows, self.max_batch)  # 0: decode steps only
+        # Rows of a chunk's pack (1: no packing); a stand-in decoder in tests may not say.
+        self.rows_per_pack = getattr(decoder, "chunk_rows_per_pack", lambda: 1)()
         n = self.max_batch
         # Static inputs: rows of one [5, n] tensor (ids, positions, slots, context lengths,
         # leading cold blocks) and the block tables (pages) and slots within pages, each
@@ -171,11 +185,14 @@ class DecodeGraphs:
         # (batch size, cold kind code) -> (graph, its logits, its packed greedy tokens and
         # flag); kind 0: no cold block in the batch
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # size -> the same, for steps of chunks in packs (hot blocks)
+        self.chunk_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._greedy: torch.Tensor | None = None  # the last step's packed greedy answer
         self._pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, once one is captured
         self.num_replays = 0
         self.num_eager = 0
         self.num_expanded = 0  # steps with prefill chunks run as rows
+        self.num_packed = 0  # of those, steps of chunks in packs
 
     def can_run(self, batch: list[ScheduledSeq]) -> bool:
         """A pure-decode batch that fits, or a step with prefill chunks small enough to run
@@ -185,9 +202,18 @@ class DecodeGraphs:
         return is_pure_decode(batch) or self.can_expand(batch)
 
     def can_expand(self, batch: list[ScheduledSeq]) -> bool:
-        return 0 < num_rows(batch) <= self.max_expanded_rows and all(
+        return 0 < self.expanded_rows(batch) <= self.max_expanded_rows and all(
             item.seq.params.prompt_logprobs is None for item in batch
         )
+
+    def pack_for(self, batch: list[ScheduledSeq]) -> int:
+        """Rows per pack for an expanded step: packs for chunks only, else 1."""
+        return self.rows_per_pack if all(item.num_tokens > 1 for item in batch) else 1
+
+    def expanded_rows(self, batch: list[ScheduledSeq]) -> int:
+        """Rows the step takes expanded, padding between packs included."""
+        pack = self.pack_for(batch)
+        return sum(-(-item.num_tokens // pack) * pack for item in batch)
 
     def fits(self, batch: list[ScheduledSeq]) -> bool:
         return len(batch) <= self.max_batch and all(len(item.seq.block_table) <= self.max_blocks for item in batch)
@@ -207,27 +233,40 @@ class DecodeGraphs:
         completing items' last rows (decode rows included), in batch order."""
         # Fed rows are decode rows whose input token the host has not appended yet, so
         # they do not look like they complete their sequences: never expand them.
+        pack = 1
         if fed_ids is not None or is_pure_decode(batch):
             rows = DecodeInputs.from_batch(batch, self.block_size)
         else:
-            rows = DecodeInputs.expanded(batch, self.block_size)
-        count = len(rows.input_ids)
-        size = graph_batch_size(count, self.ladder)
+            pack = self.pack_for(batch)
+            rows = DecodeInputs.expanded(batch, self.block_size, pack)
+        size = graph_batch_size(len(rows.input_ids), self.ladder)
         assert size is not None  # callers check can_run or fits: no more rows than the ladder's top
         kind = self._load(rows.padded(size))
+        if kind and pack > 1:  # cold blocks: packs read hot blocks only
+            pack, rows = 1, DecodeInputs.expanded(batch, self.block_size)
+            size = graph_batch_size(len(rows.input_ids), self.ladder)
+            assert size is not None
+            kind = self._load(rows.padded(size))
         if kind is None:
             return None
         if fed_ids is not None:
             self.input_ids[: len(batch)].copy_(fed_ids)
+        self.num_packed += pack > 1
         if not self.use_graphs:
             self.num_eager += 1
-            logits, greedy = self._run(size, kind)
+            logits, greedy = self._run(size, kind, pack)
         else:
-            if (size, kind) not in self.graphs:
-                self._capture(size, kind)
-            graph, logits, greedy = self.graphs[size, kind]
+            if pack > 1:
+                if size not in self.chunk_graphs:
+                    self._capture(size, kind, pack)
+                graph, logits, greedy = self.chunk_graphs[size]
+            else:
+                if (size, kind) not in self.graphs:
+                    self._capture(size, kind)
+                graph, logits, greedy = self.graphs[size, kind]
             graph.replay()
             self.num_replays += 1
+        count = len(rows.input_ids)
         if rows.sample_rows is None:
             self._greedy = greedy
             return logits[:count]
@@ -255,6 +294,11 @@ class DecodeGraphs:
                 if (size, kind) not in self.graphs:
                     self._load(DecodeInputs([], [], [], [], []).padded(size))
                     self._capture(size, kind)
+        if self.rows_per_pack > 1:
+            for size in reversed(self.ladder):
+                if self.rows_per_pack <= size <= self.max_expanded_rows and size not in self.chunk_graphs:
+                    self._load(DecodeInputs([], [], [], [], []).padded(size))
+                    self._capture(size, 0, self.rows_per_pack)
 
     def _load(self, rows: DecodeInputs) -> int | None:
         """Copy the rows into the static buffers (copies from pinned memory) and return
@@ -295,7 +339,7 @@ class DecodeGraphs:
         self.block_tables[:n, :width].copy_(tables_host[:n, :width], non_blocking=True)
         return kind
 
-    def _run(self, size: int, kind: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, size: int, kind: int = 0, rows_per_pack: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the static inputs' first `size` rows and their packed greedy answer."""
         # Kernel modules load on first use: importing this module (the engine does) must not
         # define kernels before a test has chosen Triton's interpreter.
@@ -311,20 +355,24 @@ class DecodeGraphs:
             cold_kind=kind,
             block_slots=self.block_slots[:size],
             cold_blocks=self.cold_blocks[:size],
+            rows_per_pack=rows_per_pack,
         )
         return logits, greedy_with_flag(logits, live=self.context_lens[:size])
 
-    def _capture(self, size: int, kind: int = 0) -> None:
+    def _capture(self, size: int, kind: int = 0, rows_per_pack: int = 1) -> None:
         # Warm-up runs compile the Triton kernels outside the capture; they compute the
         # same step as the replay will (same inputs, same K/V slots), so they are harmless.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(size, kind)
+                self._run(size, kind, rows_per_pack)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits, greedy = self._run(size, kind)
+            logits, greedy = self._run(size, kind, rows_per_pack)
         self._pool = graph.pool()
-        self.graphs[size, kind] = (graph, logits, greedy)
+        if rows_per_pack > 1:
+            self.chunk_graphs[size] = (graph, logits, greedy)
+        else:
+            self.graphs[size, kind] = (graph, logits, greedy)

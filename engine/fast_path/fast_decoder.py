@@ -25,7 +25,14 @@ from torch import nn
 
 from ..attention import AttentionMetadata
 from ..model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
-from .attention import INT4, INT8, cold_prefix_decode_attention, paged_decode_attention
+from .attention import (
+    INT4,
+    INT8,
+    cold_prefix_decode_attention,
+    paged_chunk_attention,
+    paged_decode_attention,
+    rows_per_pack,
+)
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
 
@@ -198,6 +205,11 @@ class FastDecoder:
         """Per layer (k_cache, v_cache) or (k_cache, v_cache, ColdLayer | None)."""
         self.kv_layers = [(kv[0], kv[1], kv[2] if len(kv) > 2 else None) for kv in kv_layers]
 
+    def chunk_rows_per_pack(self) -> int:
+        """Rows of a prefill chunk's pack on the decode graphs (attention/chunk_rows.py);
+        1 (no packs) with a sliding window, which that kernel does not apply."""
+        return 1 if self.sliding_window else rows_per_pack(self.num_heads, self.num_kv_heads)
+
     def cold_kinds(self) -> tuple[int, ...]:
         """Kind codes of the cold blocks this KV cache can hold (1 int8, 2 int4)."""
         cold = self.kv_layers[0][2] if self.kv_layers else None
@@ -217,13 +229,21 @@ class FastDecoder:
         cold_kind: int = 0,
         block_slots: torch.Tensor | None = None,
         cold_blocks: torch.Tensor | None = None,
+        rows_per_pack: int = 1,
     ) -> torch.Tensor:
         """Logits of a decode step. cold_kind 0: every block is hot. Otherwise each row's
         first cold_blocks[b] table entries are cold blocks of that kind (pages in
-        block_tables, slots in block_slots), the rest hot."""
+        block_tables, slots in block_slots), the rest hot. rows_per_pack > 1 (hot blocks
+        only): the rows are packs of that many rows of one sequence (a prefill chunk's,
+        attention/chunk_rows.py)."""
 
         def attend(q, kv):
             k_cache, v_cache, cold = kv
+            if rows_per_pack > 1:
+                assert not cold_kind and not self.sliding_window  # DecodeGraphs packs hot rows without windows only
+                return paged_chunk_attention(
+                    q, k_cache, v_cache, block_tables, context_lens, self.scale, num_splits, rows_per_pack
+                )
             if cold_kind:
                 return cold_prefix_decode_attention(
                     q,

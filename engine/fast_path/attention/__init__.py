@@ -3,6 +3,7 @@
 - hot.py: decode rows over hot (bf16/fp16) blocks;
 - cold_prefix.py: decode rows whose cold blocks lead their tables (the usual layout);
 - mixed_cold.py: decode rows with any other mix of hot, int8 and int4 blocks;
+- chunk_rows.py: a prefill chunk as rows of the decode graphs, packs of rows sharing K/V reads;
 - prefill.py: prefill and mixed steps (decode rows through the kernels above, prefill
   rows through SDPA over the gathered context);
 - common.py (and codes.py for the cold-prefix fast loop): the Triton helpers they share.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...attention import AttentionMetadata, paged_attention
+from .chunk_rows import paged_chunk_attention, rows_per_pack
 from .cold_prefix import cold_prefix_decode_attention
 from .common import INT4, INT8, MAX_SPLITS, TILE_TOKENS, choose_num_splits, split_buffers, split_counters
 from .hot import paged_decode_attention
@@ -30,7 +32,9 @@ __all__ = [
     "choose_num_splits",
     "cold_paged_decode_attention",
     "cold_prefix_decode_attention",
+    "paged_chunk_attention",
     "paged_decode_attention",
+    "rows_per_pack",
     "split_buffers",
     "split_counters",
     "triton_paged_attention",

@@ -1,0 +1,126 @@
+"""Paged attention for a prefill chunk run as rows of the decode graphs (cuda_graphs.py),
+with the rows of one sequence in packs that share their K/V reads.
+
+A chunk of n new tokens becomes n rows, row i attending to the keys up to its own
+position. Through the decode kernel (hot.py) each row reads the sequence's whole
+context on its own: 32 new tokens after a 2,048-token prefix read its K/V 32 times.
+Here `rows_per_pack` consecutive rows of one sequence are one program's query block:
+the pack's rows times the GQA group are the rows of its dot products (4 rows of GQA 4
+fill the 16 rows the decode kernel pads a group of 4 to anyway), its keys are read
+once, and a per-row mask keeps each row causal. The host lays the rows out so that a
+pack never spans two sequences: every sequence's rows start a pack, and a short last
+pack is padded with rows of context 0 (zeros out). The splits and their in-kernel
+merge are those of common.py, with the pack's rows and heads as the merge's heads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..availability import has_triton
+from .common import TILE_TOKENS, check_num_splits, split_counters
+
+if has_triton():
+    import triton
+    import triton.language as tl
+
+    from .common import finish_split, load_codes, online_softmax
+
+    @triton.jit
+    def _chunk_split_kernel(
+        q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr, done_ptr,
+        scale,
+        stride_qb, stride_qh,
+        stride_kb, stride_kt, stride_kh,
+        stride_tb,
+        stride_pb, stride_ph, stride_ps,
+        stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        ROWS: tl.constexpr, GROUP: tl.constexpr, PACK_HEADS: tl.constexpr, PACK_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):
+        pack = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        i = tl.arange(0, PACK_PAD)  # query i: row i // GROUP of the pack, head kvh * GROUP + i % GROUP
+        is_query = i < PACK_HEADS
+        row = pack * ROWS + i // GROUP
+        row_ctx = tl.load(ctx_ptr + row, mask=is_query, other=0).to(tl.int32)
+        ctx = tl.max(row_ctx, 0)  # the pack's last real row sees the most keys
+        per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), TILE) * TILE
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, ctx)
+        used = tl.maximum(tl.cdiv(ctx, tl.maximum(per_split, 1)), 1)
+        if split < used:
+            d = tl.arange(0, HEAD_DIM)
+            q = tl.load(q_ptr + row[:, None] * stride_qb + (kvh * GROUP + i % GROUP)[:, None] * stride_qh + d[None, :],
+                        mask=is_query[:, None], other=0.0)
+            m_i = tl.full([PACK_PAD], -1e30, tl.float32)
+            l_i = tl.zeros([PACK_PAD], tl.float32)
+            acc = tl.zeros([PACK_PAD, HEAD_DIM], tl.float32)
+            for start in range(lo, hi, TILE):
+                t = start + tl.arange(0, TILE)
+                in_range = t < hi
+                page = tl.load(tables_ptr + pack * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0)
+                offs = page.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
+                k = load_codes(k_ptr, offs, in_range, d, d, 0)
+                visible = in_range[None, :] & (t[None, :] < row_ctx[:, None])
+                s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+                v = load_codes(v_ptr, offs, in_range, d, d, 0)
+                m_i, l_i, acc = online_softmax(s, v, None, m_i, l_i, acc)
+            # The pack's queries are the merge's heads: pack-major buffers, permuted back by the caller.
+            heads = kvh * PACK_HEADS + i
+            finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, pack, kvh, heads, is_query, d, split,
+                         used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                         PACK_HEADS, HEAD_DIM, NUM_SPLITS)
+
+
+def rows_per_pack(num_heads: int, num_kv_heads: int) -> int:
+    """Rows a pack takes: as many as fill 16 query rows with the GQA group (a power of
+    two, at least 1): 4 for GQA 4, 2 for GQA 6-8, 16 without GQA."""
+    group = num_heads // num_kv_heads
+    rows = max(1, 16 // group)
+    return 1 << (rows.bit_length() - 1)
+
+
+def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                          num_splits: int, rows_per_pack: int) -> torch.Tensor:
+    """q: [B, H, D], B a multiple of `rows_per_pack`; rows p * R .. p * R + R - 1 share the
+    block table of row p * R (rows of context 0 are padding, zeros out). Each row attends
+    to its first context_lens[row] keys. Returns [B, H, D] in q's dtype."""
+    batch, heads, head_dim = q.shape
+    _, block_size, kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or heads % kv_heads:
+        raise ValueError(f"q {tuple(q.shape)} does not fit the KV cache {tuple(k_cache.shape)}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("K and V caches must share strides with a contiguous head dimension")
+    rows = rows_per_pack
+    if rows < 1 or batch % rows:
+        raise ValueError(f"{batch} rows do not split into packs of {rows}")
+    check_num_splits(num_splits)
+    group = heads // kv_heads
+    packs, pack_heads = batch // rows, rows * group
+    # Buffers in pack-major order: [packs, kv_heads * pack_heads, D], query (row r, head g
+    # of KV head h) at kv head-major position h * pack_heads + r * group + g.
+    out = torch.empty(packs, kv_heads * pack_heads, head_dim, dtype=q.dtype, device=q.device)
+    if num_splits == 1:
+        part, lse = out, out
+        part_strides = (out.stride(0), out.stride(1), 0)
+    else:
+        part = torch.empty(packs, kv_heads * pack_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(packs, kv_heads * pack_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_strides = (part.stride(0), part.stride(1), part.stride(2))
+    _chunk_split_kernel[(packs, kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, part, lse, out, split_counters(q.device, packs * kv_heads),
+        scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0) * rows,  # a pack reads its first row's table
+        *part_strides,
+        lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
+    )
+    # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]
+    return out.view(packs, kv_heads, rows, group, head_dim).transpose(1, 2).reshape(batch, heads, head_dim)
