@@ -416,7 +416,7 @@ class SnapshotCollector(Collector):
         )
         yield GaugeMetricFamily(
             "inferd_engine_cuda_graphs_captured",
-            "Decode CUDA graphs the fast path holds (0 without the fast path).",
+            "CUDA graphs the fast path holds: decode steps and prefill chunks in packs (0 without it).",
             value=c.cuda_graphs_captured,
         )
 

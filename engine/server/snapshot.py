@@ -49,5 +49,5 @@ def _counters_with_graphs(engine) -> EngineCounters:
     captured at start and when a batch size first runs, so they are read, not counted."""
     counters = copy.deepcopy(engine.counters)
     decode = getattr(engine.runner, "fast_decode", None)
-    counters.cuda_graphs_captured = len(getattr(decode, "graphs", ()))
+    counters.cuda_graphs_captured = len(getattr(decode, "graphs", ())) + len(getattr(decode, "chunk_graphs", ()))
     return counters
