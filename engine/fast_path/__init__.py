@@ -67,7 +67,13 @@ def attach_fast_path(
             runner.fast_attention, runner.fast_decode = paged_attention, None
             log.error("fast path unavailable: graph capture failed (%s: %s)", type(exc).__name__, exc)
             return f"graph capture failed: {type(exc).__name__}: {exc}"
-        log.info("captured %d decode graphs in %.1f s", len(runner.fast_decode.graphs), time.perf_counter() - start)
+        graphs = runner.fast_decode
+        log.info(
+            "captured %d decode graphs and %d chunk graphs in %.1f s",
+            len(graphs.graphs),
+            len(graphs.chunk_graphs),
+            time.perf_counter() - start,
+        )
         start = time.perf_counter()
         try:
             from .warmup import warm_prefill_kernels
