@@ -243,6 +243,9 @@ class DecodeGraphs:
         assert size is not None  # callers check can_run or fits: no more rows than the ladder's top
         kind = self._load(rows.padded(size))
         if kind and pack > 1:  # cold blocks: packs read hot blocks only
+            # Reload through the same host set: a step in flight may still read the other
+            # one, and this step's first copies are overwritten by the second, in stream order.
+            self._host_turn ^= 1
             pack, rows = 1, DecodeInputs.expanded(batch, self.block_size)
             size = graph_batch_size(len(rows.input_ids), self.ladder)
             assert size is not None
