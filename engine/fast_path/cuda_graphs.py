@@ -62,11 +62,6 @@ def is_pure_decode(batch: list[ScheduledSeq]) -> bool:
     return bool(batch) and all(item.num_tokens == 1 and item.completes for item in batch)
 
 
-def num_rows(batch: list[ScheduledSeq]) -> int:
-    """Graph rows of the batch: one per token it computes."""
-    return sum(item.num_tokens for item in batch)
-
-
 @dataclass(slots=True)
 class DecodeInputs:
     """Host-side rows of one graph step (built once, copied to the static buffers)."""

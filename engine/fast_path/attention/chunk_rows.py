@@ -24,7 +24,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from .common import finish_split, load_codes, online_softmax
+    from .common import finish_split, hot_run
 
     @triton.jit
     def _chunk_split_kernel(
@@ -58,16 +58,8 @@ if has_triton():
             m_i = tl.full([PACK_PAD], -1e30, tl.float32)
             l_i = tl.zeros([PACK_PAD], tl.float32)
             acc = tl.zeros([PACK_PAD, HEAD_DIM], tl.float32)
-            for start in range(lo, hi, TILE):
-                t = start + tl.arange(0, TILE)
-                in_range = t < hi
-                page = tl.load(tables_ptr + pack * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0)
-                offs = page.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
-                k = load_codes(k_ptr, offs, in_range, d, d, 0)
-                visible = in_range[None, :] & (t[None, :] < row_ctx[:, None])
-                s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-                v = load_codes(v_ptr, offs, in_range, d, d, 0)
-                m_i, l_i, acc = online_softmax(s, v, None, m_i, l_i, acc)
+            m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, pack, kvh, lo, hi, m_i, l_i, acc, scale, d,
+                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, row_ctx)
             # The pack's queries are the merge's heads: pack-major buffers, permuted back by the caller.
             heads = kvh * PACK_HEADS + i
             finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, pack, kvh, heads, is_query, d, split,
