@@ -239,6 +239,29 @@ def batch1_replay_ab(engine, context: int) -> dict[str, float]:
     return {label: min(times) for label, times in runs.items()}
 
 
+def rows_replay_ab(engine, context: int, sizes=(2, 4, 8, 16, 32, 64)) -> dict[str, dict[str, float]]:
+    """Bare replay (ms) of the decode graphs of 2-64 rows with the fused row kernels
+    (triton_rows.py) against cuBLAS + separate small ops; alternated captures, best of two."""
+    graphs = engine.runner.fast_decode
+    decoder, default = graphs.decoder, graphs.decoder.rows_gemm
+    runs: dict[str, dict[str, list[float]]] = {}
+    try:
+        for _ in range(2):
+            for size in sizes:
+                for label, rows_on in (("rows", True), ("cublas", False)):
+                    decoder.rows_gemm = rows_on and default
+                    graphs.graphs.pop((size, 0), None)
+                    runs.setdefault(f"b{size}", {}).setdefault(label, []).append(
+                        bench_graph_replay(engine, size, context) * 1e3
+                    )
+    finally:
+        decoder.rows_gemm = default
+        for size in sizes:
+            graphs.graphs.pop((size, 0), None)
+            graphs._capture(size)
+    return {size: {label: min(times) for label, times in by.items()} for size, by in runs.items()}
+
+
 def profile_decode(engine, size: int, context: int, path: str) -> None:
     """Per-kernel GPU time of the fused decode step run eagerly (torch.profiler), to a text file."""
     from torch.profiler import ProfilerActivity, profile
@@ -466,6 +489,8 @@ def run_all(
         log(
             f"batch-1 replay, fused GEMVs / cuBLAS, with and without PDL (ms): {json.dumps(res['batch1_replay_ab_ms'])}"
         )
+        res["rows_replay_ab_ms"] = rows_replay_ab(fast, avg_ctx)
+        log(f"2-64 row replays, fused row kernels / cuBLAS (ms): {json.dumps(res['rows_replay_ab_ms'])}")
 
     def compare_fast():
         res["cmp_fast_b1"] = strip(bench_engine_decode(fast, cmp_prompts[:1], cmp_tokens))

@@ -9,7 +9,8 @@ second copy), while the fast path does one matmul where the eager model does thr
 (and two). `FusedOps` are the forward's steps with those matmuls and the fused small
 ops; `Batch1Ops` specialise them for one token: each RMSNorm folded into the GEMV after
 it, RoPE and the K/V write into the q/k/v GEMV, SiLU-and-multiply into the gate/up GEMV
-(triton_gemv.py). With cold KV, rows whose oldest blocks are quantized attend through
+(triton_gemv.py); `RowsOps` do the same for 2-64 rows with tensor-core tiles
+(triton_rows.py). With cold KV, rows whose oldest blocks are quantized attend through
 the two-run cold kernel (attention/cold_prefix.py). Every input of the decode step is a
 tensor of fixed shape: nothing here reads a tensor back to the host, so the whole step
 can be captured and replayed.
@@ -35,6 +36,8 @@ from .attention import (
 )
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
+from .triton_rows import MAX_ROWS, qkv_pairs, rms_norm_rows_gemm, rms_norm_rows_qkv_rope, rows_gemm
+from .triton_rows import choose_config as choose_rows_config
 
 
 def _slices_of(parts: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -161,6 +164,49 @@ class Batch1Ops(FusedOps):
         return logits
 
 
+class RowsOps(FusedOps):
+    """FusedOps for 2-64 rows (a decode step, or a short prefill chunk's rows): the
+    kernels of Batch1Ops, each over a tile of rows (triton_rows.py)."""
+
+    def attention_input(self, layer: DecoderLayer, x, residual, kv):
+        h_q, d = self.num_heads, self.head_dim
+        qkv, residual = rms_norm_rows_qkv_rope(
+            x,
+            residual,
+            layer.input_layernorm.weight,
+            self.eps,
+            layer.fused_projections["qkv"],
+            h_q,
+            self.num_kv_heads,
+            self.positions,
+            self.inv_freq,
+            kv[0],
+            kv[1],
+            self.slots,
+        )
+        return qkv[:, : h_q * d].view(qkv.shape[0], h_q, d), residual
+
+    def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
+        return rows_gemm(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
+
+    def mlp(self, layer: DecoderLayer, x, residual):
+        act, residual = rms_norm_rows_gemm(
+            x,
+            residual,
+            layer.post_attention_layernorm.weight,
+            self.eps,
+            layer.fused_projections["gate_up"],
+            silu_mul=True,
+        )
+        return rows_gemm(act, layer.mlp.down_proj.weight), residual
+
+    def logits(self, x, residual) -> torch.Tensor:
+        logits, _ = rms_norm_rows_gemm(
+            x, residual, self.model.norm.weight, self.eps, self.model.lm_head.weight, out_dtype=torch.float32
+        )
+        return logits
+
+
 class FastDecoder:
     """The model's forward with FusedOps: `forward` is the decode step (one token per
     row, fixed-shape inputs, logits [B, vocab] float32; what the CUDA graphs capture;
@@ -177,6 +223,7 @@ class FastDecoder:
         self.sliding_window = cfg.sliding_window
         self.scale = self.head_dim**-0.5
         self.batch1_gemv = self._batch1_gemv_available()
+        self.rows_gemm = self._rows_gemm_available()
 
     def _batch1_gemv_available(self) -> bool:
         """Batch-1 decode through the fused GEMVs (Batch1Ops): on unless
@@ -184,15 +231,7 @@ class FastDecoder:
         has a launch shape (and the q/k/v one whole RoPE pairs per program)."""
         if os.environ.get("INFERD_BATCH1_GEMV", "1") == "0" or self.fused[0]["qkv_bias"] is not None:
             return False
-        layer = self.model.layers[0]
-        assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
-        weights = (
-            self.fused[0]["qkv"],
-            layer.self_attn.o_proj.weight,
-            self.fused[0]["gate_up"],
-            layer.mlp.down_proj.weight,
-            self.model.lm_head.weight,
-        )
+        weights = self._projection_weights()
         configs = [choose_config(*w.shape) for w in weights]
         if not all(w.stride(1) == 1 and c is not None for w, c in zip(weights, configs)):
             return False
@@ -200,6 +239,39 @@ class FastDecoder:
         assert qkv_config is not None  # every config is, checked above
         pairs = qkv_config.block_n // 2
         return pairs > 0 and (self.head_dim // 2) % pairs == 0
+
+    def _projection_weights(self) -> tuple[torch.Tensor, ...]:
+        layer = self.model.layers[0]
+        assert isinstance(layer, DecoderLayer)  # a ModuleList yields plain Modules to mypy
+        return (
+            self.fused[0]["qkv"],
+            layer.self_attn.o_proj.weight,
+            self.fused[0]["gate_up"],
+            layer.mlp.down_proj.weight,
+            self.model.lm_head.weight,
+        )
+
+    def _rows_gemm_available(self) -> bool:
+        """Decode steps of 2-64 rows through the fused row kernels (RowsOps): on unless
+        INFERD_ROWS_GEMM=0, for models without q/k/v biases whose every projection has a
+        launch shape and whose head dim splits into whole dots of rotating pairs."""
+        if os.environ.get("INFERD_ROWS_GEMM", "1") == "0" or self.fused[0]["qkv_bias"] is not None:
+            return False
+        weights = self._projection_weights()
+        configs = [choose_rows_config(*w.shape, MAX_ROWS) for w in weights]
+        if not all(w.stride(1) == 1 and c is not None for w, c in zip(weights, configs)):
+            return False
+        qkv_config = configs[0]
+        assert qkv_config is not None  # every config is, checked above
+        return qkv_pairs(self.head_dim, qkv_config) > 0
+
+    def ops_for(self, rows: int) -> type[FusedOps]:
+        """The layer ops of a decode step of `rows` rows."""
+        if rows == 1 and self.batch1_gemv:
+            return Batch1Ops
+        if 2 <= rows <= MAX_ROWS and self.rows_gemm:
+            return RowsOps
+        return FusedOps
 
     def set_kv_layers(self, kv_layers: list[tuple]) -> None:
         """Per layer (k_cache, v_cache) or (k_cache, v_cache, ColdLayer | None)."""
@@ -271,8 +343,7 @@ class FastDecoder:
                 inputs_ready=True,
             )  # the step's inputs
 
-        ops = Batch1Ops if self.batch1_gemv and input_ids.shape[0] == 1 else FusedOps
-        step = ops(self.model, positions, slots, attend)
+        step = self.ops_for(input_ids.shape[0])(self.model, positions, slots, attend)
         return step.logits(*self.model.run(step, input_ids, self.kv_layers))
 
     @torch.inference_mode()
