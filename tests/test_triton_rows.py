@@ -1,4 +1,4 @@
-"""The few-row products with RMSNorm / SiLU-and-multiply / RoPE and the K/V write folded in
+"""The few-row products with SiLU-and-multiply / RoPE and the K/V write folded in
 (triton_rows.py), under Triton's CPU interpreter in float32 (the interpreter has no
 bfloat16 rounding), against the unfused ops they replace; and whole decode steps of a
 few rows through them against the portable path."""
@@ -41,50 +41,39 @@ def test_rows_gemm_matches_linear(m, n, k):  # 37, 40: columns past the last ful
 
 
 @needs_triton
-@pytest.mark.parametrize("silu", [False, True])
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_rows_gemm_matches_the_ops_it_fuses(silu, with_residual):
-    from inferd.engine.fast_path.fused_ops import add_rms_norm_reference, silu_and_mul_reference
-    from inferd.engine.fast_path.triton_rows import rms_norm_rows_gemm
+@pytest.mark.parametrize("m", [3, 20])
+def test_rows_gemm_with_silu_matches_linear_then_silu_and_mul(m):
+    from inferd.engine.fast_path.fused_ops import silu_and_mul_reference
+    from inferd.engine.fast_path.triton_rows import rows_gemm
 
-    x, residual, norm, weight = _case(3, 2 * 40, 256, seed=int(silu) + 2 * int(with_residual))
-    before = residual.clone()
-    out, new_residual = rms_norm_rows_gemm(x, residual if with_residual else None, norm, 1e-5, weight, silu_mul=silu)
-    want_residual = before.clone() if with_residual else None
-    hidden, want_new = add_rms_norm_reference(x, want_residual, norm, 1e-5)
-    want = F.linear(hidden, weight)
-    want = silu_and_mul_reference(want) if silu else want
-    torch.testing.assert_close(out, want, **TOL)
-    torch.testing.assert_close(new_residual, want_new)
-    assert torch.equal(residual, before)  # a new tensor, not an in-place update
-    assert (new_residual is x) == (not with_residual)
+    x, _, _, weight = _case(m, 2 * 40, 256, seed=m)  # 40 outputs: the last program's columns are masked
+    torch.testing.assert_close(rows_gemm(x, weight, silu_mul=True), silu_and_mul_reference(F.linear(x, weight)), **TOL)
 
 
 @needs_triton
 def test_rows_output_dtype_can_differ_from_the_weights_like_compute_logits_float():
-    from inferd.engine.fast_path.triton_rows import rms_norm_rows_gemm
+    from inferd.engine.fast_path.triton_rows import rows_gemm
 
-    x, _, norm, weight = _case(4, 48, 128)
-    out, _ = rms_norm_rows_gemm(x, None, norm, 1e-5, weight, out_dtype=torch.float64)
+    x, _, _, weight = _case(4, 48, 128)
+    out = rows_gemm(x, weight, out_dtype=torch.float64)
     assert out.dtype == torch.float64
+    torch.testing.assert_close(out, F.linear(x, weight).double(), **TOL)
 
 
 @needs_triton
 @pytest.mark.parametrize("head_dim", [32, 64])
-def test_rows_qkv_rope_matches_norm_gemm_then_rope_and_cache(head_dim):
+def test_rows_qkv_rope_matches_linear_then_rope_and_cache(head_dim):
     from inferd.engine.fast_path.fused_ops import rope_and_cache_reference
-    from inferd.engine.fast_path.triton_rows import rms_norm_rows_gemm, rms_norm_rows_qkv_rope
+    from inferd.engine.fast_path.triton_rows import rows_qkv_rope
 
     heads, kv_heads, hidden = 4, 2, 128
-    x, residual, norm, weight = _case(3, (heads + 2 * kv_heads) * head_dim, hidden, seed=head_dim)
+    x, _, _, weight = _case(3, (heads + 2 * kv_heads) * head_dim, hidden, seed=head_dim)
     positions, slots = torch.tensor([37, 5, 90]), torch.tensor([13, -1, 40])  # -1: a padded graph row
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
     arena = torch.randn(6, 2, 8, kv_heads, head_dim)  # pages of 8 tokens; K and V share strides
-    got_arena = arena.clone()
-    qkv, new_residual = rms_norm_rows_qkv_rope(
-        x, residual, norm, 1e-5, weight, heads, kv_heads, positions, inv_freq, got_arena[:, 0], got_arena[:, 1], slots
-    )
-    want, want_residual = rms_norm_rows_gemm(x, residual, norm, 1e-5, weight)
+    got_arena, untouched = arena.clone(), arena.clone()
+    qkv = rows_qkv_rope(x, weight, heads, kv_heads, positions, inv_freq, got_arena[:, 0], got_arena[:, 1], slots)
+    want = F.linear(x, weight)
     q = want[:, : heads * head_dim].view(3, heads, head_dim)
     k = want[:, heads * head_dim : (heads + kv_heads) * head_dim].view(3, kv_heads, head_dim)
     v = want[:, (heads + kv_heads) * head_dim :].view(3, kv_heads, head_dim)
@@ -92,26 +81,29 @@ def test_rows_qkv_rope_matches_norm_gemm_then_rope_and_cache(head_dim):
     torch.testing.assert_close(qkv[:, : heads * head_dim], q.reshape(3, -1), **TOL)
     torch.testing.assert_close(qkv[:, (heads + kv_heads) * head_dim :], v.reshape(3, -1), **TOL)
     torch.testing.assert_close(got_arena, arena, **TOL)  # rows 0 and 2 written, nothing for row 1
-    torch.testing.assert_close(new_residual, want_residual)
+    written = got_arena != untouched
+    assert written[1, :, 5].all() and written[5, :, 0].all()  # slots 13 and 40, pages of 8
+    assert written.sum() == 2 * 2 * kv_heads * head_dim  # k and v of two rows, nothing else
 
 
 @needs_triton
 def test_bad_shapes_are_refused_with_what_was_wrong():
-    from inferd.engine.fast_path.triton_rows import RowsConfig, rms_norm_rows_gemm, rows_gemm
+    from inferd.engine.fast_path.triton_rows import RowsConfig, rows_gemm, rows_qkv_rope
 
-    x, residual, norm, weight = _case(4, 32, 128)
+    x, _, _, weight = _case(4, 32, 128)
     with pytest.raises(ValueError, match="1-64 rows"):
         rows_gemm(torch.randn(65, 128), weight)
     with pytest.raises(ValueError, match=r"weight must be \[N, 128\]"):
         rows_gemm(x, weight.T.contiguous().T)
     with pytest.raises(ValueError, match="multiple of block_k"):
         rows_gemm(x, weight, config=RowsConfig(block_k=256))  # 128 columns
-    with pytest.raises(ValueError, match="norm weight"):
-        rms_norm_rows_gemm(x, residual, norm[:10], 1e-5, weight)
     with pytest.raises(ValueError, match="even number of rows"):
-        rms_norm_rows_gemm(x, residual, norm, 1e-5, weight[:31], silu_mul=True)
+        rows_gemm(x, weight[:31], silu_mul=True)
     with pytest.raises(ValueError, match="power of two of at least 16"):
         RowsConfig(block_n=8)
+    cache = torch.zeros(2, 8, 1, 32)
+    with pytest.raises(ValueError, match="fused q/k/v weight has 128 rows"):
+        rows_qkv_rope(x, weight, 2, 1, torch.zeros(4), torch.ones(16), cache, cache, torch.zeros(4))
 
 
 def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused():
@@ -123,8 +115,9 @@ def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused():
     assert choose_config(4096, 4096 + 64, 8).block_k == 64  # 4160 = 65 x 64
     assert choose_config(512, 100, 8) is None  # 100 = 25 x 4: no factor of 16
     assert choose_config(512, 256, 8) == DEFAULT_CONFIG  # not measured: the default
-    assert qkv_pairs(128, DEFAULT_CONFIG) == 16
-    assert qkv_pairs(20, DEFAULT_CONFIG) == 0  # half of 20 is not a multiple of 16 dims
+    assert qkv_pairs(128, DEFAULT_CONFIG) == 32  # block_n 64: 32 pairs
+    assert qkv_pairs(32, DEFAULT_CONFIG) == 16  # at most half the head dim
+    assert qkv_pairs(20, DEFAULT_CONFIG) == 0  # 10 dims: narrower than a dot
 
 
 @needs_triton

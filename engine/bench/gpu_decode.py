@@ -35,6 +35,7 @@ from .gpu_harness import (
     build,
     environment,
     free_dropped_engines,
+    load_measured_configs,
     measure_ceilings,
     new_engine,
     prompts,
@@ -711,12 +712,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-deterministic", action="store_true", help="skip deterministic mode against the default (run last)"
     )
+    parser.add_argument(
+        "--rows-configs",
+        help="best_configs.json of a rows_sweep run: the 2-64 row kernels take those launch shapes",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("gpu-decode needs a CUDA GPU; none is visible here")
         return 2
+    if args.rows_configs:
+        print(f"row kernels: {load_measured_configs(args.rows_configs)} launch shapes from {args.rows_configs}")
     run_all(
         args.out,
         args.budget_s,

@@ -4,10 +4,12 @@ model of a preset built on the device, engines over it, prompts and a submit-and
 from __future__ import annotations
 
 import gc
+import json
 import platform
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -176,3 +178,16 @@ def run_requests(engine, batch_prompts, max_tokens: int) -> dict:
         "output_tokens": len(batch_prompts) * max_tokens,
         "tokens": [outputs[f"{base}{i}"] for i in range(len(batch_prompts))],
     }
+
+
+def load_measured_configs(path: str | Path) -> int:
+    """Put a sweep's best launch shapes (rows_sweep.py's best_configs.json) into
+    triton_rows.MEASURED_CONFIGS, as if measured in code; returns how many."""
+    from ..fast_path.triton_rows import MEASURED_CONFIGS, RowsConfig
+
+    rows = json.loads(Path(path).read_text())
+    for r in rows:
+        MEASURED_CONFIGS[r["n"], r["k"], r["block_m"]] = RowsConfig(
+            r["block_n"], r["block_k"], r["num_warps"], r["num_stages"]
+        )
+    return len(rows)

@@ -36,7 +36,7 @@ from .attention import (
 )
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
-from .triton_rows import MAX_ROWS, qkv_pairs, rms_norm_rows_gemm, rms_norm_rows_qkv_rope, rows_gemm
+from .triton_rows import MAX_ROWS, qkv_pairs, rows_gemm, rows_qkv_rope
 from .triton_rows import choose_config as choose_rows_config
 
 
@@ -166,15 +166,15 @@ class Batch1Ops(FusedOps):
 
 class RowsOps(FusedOps):
     """FusedOps for 2-64 rows (a decode step, or a short prefill chunk's rows): the
-    kernels of Batch1Ops, each over a tile of rows (triton_rows.py)."""
+    products through triton_rows.py, RoPE and the K/V write folded into the q/k/v
+    product and SiLU-and-multiply into the gate/up one; seven kernels a layer instead
+    of nine."""
 
     def attention_input(self, layer: DecoderLayer, x, residual, kv):
         h_q, d = self.num_heads, self.head_dim
-        qkv, residual = rms_norm_rows_qkv_rope(
-            x,
-            residual,
-            layer.input_layernorm.weight,
-            self.eps,
+        hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
+        qkv = rows_qkv_rope(
+            hidden,
             layer.fused_projections["qkv"],
             h_q,
             self.num_kv_heads,
@@ -190,21 +190,12 @@ class RowsOps(FusedOps):
         return rows_gemm(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
 
     def mlp(self, layer: DecoderLayer, x, residual):
-        act, residual = rms_norm_rows_gemm(
-            x,
-            residual,
-            layer.post_attention_layernorm.weight,
-            self.eps,
-            layer.fused_projections["gate_up"],
-            silu_mul=True,
-        )
+        hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
+        act = rows_gemm(hidden, layer.fused_projections["gate_up"], silu_mul=True)
         return rows_gemm(act, layer.mlp.down_proj.weight), residual
 
     def logits(self, x, residual) -> torch.Tensor:
-        logits, _ = rms_norm_rows_gemm(
-            x, residual, self.model.norm.weight, self.eps, self.model.lm_head.weight, out_dtype=torch.float32
-        )
-        return logits
+        return rows_gemm(self.final_norm(x, residual), self.model.lm_head.weight, out_dtype=torch.float32)
 
 
 class FastDecoder:

@@ -1,25 +1,24 @@
-"""Products of a few rows (2-64 tokens) with the weights, with the small ops around them
-fused in: the batch-1 GEMVs of triton_gemv.py widened to a tile of rows.
+"""Products of a few rows (2-64 tokens) with the weights, with the small ops after them
+fused in: the decode step of 2-64 rows shaped like batch 1's (triton_gemv.py).
 
 A decode step of 2-64 rows still reads every weight once and does little arithmetic on
-it, but cuBLAS at those sizes reached about 0.76 of the H200's copy rate in a whole
-step where the batch-1 GEMVs reach 0.9, and the RMSNorms, SiLU-and-multiply and the
-RoPE/KV-write between the products are ten more launches a layer. These kernels give
-the step the same shape as batch 1:
+it. cuBLAS at those sizes reached 0.60-0.76 of the H200's copy rate on the attention
+projections (the gate/up product, the largest, reaches 0.98), and SiLU-and-multiply and
+the RoPE/K/V write are launches of their own. These kernels:
 
-- `rows_gemm`: y = x W^T for x [M, K].
-- `rms_norm_rows_gemm`: y = RMSNorm(x + residual) W^T (optionally with SiLU(gate) * up
-  of a fused gate/up weight as the epilogue); also returns the new residual.
-- `rms_norm_rows_qkv_rope`: the same for the fused q/k/v weight, with rotary embedding
-  of q and k and every real row's K/V written into the paged cache as the epilogue.
+- `rows_gemm`: y = x W^T for x [M, K] (optionally SiLU(gate) * up of a fused gate/up
+  weight as the epilogue).
+- `rows_qkv_rope`: the fused q/k/v product with rotary embedding of q and k and every
+  real row's K/V written into the paged cache as the epilogue.
 
 One program computes BLOCK_N outputs of all M rows over the whole K (no split-K pass):
 its weight tile [BLOCK_N, BLOCK_K] times the rows' tile [BLOCK_K, BLOCK_M] on tensor
 cores, the rows padded to BLOCK_M (at least 16, what a dot needs; padded rows load
-zeros and store nothing). Every program reads all the rows, so each sums their squares
-on the way and divides its outputs by each row's RMS at the end, as the GEMVs do: the
-normalised input reaches the dot as bf16 of x * g, not of x * g / rms as in the eager
-add_rms_norm; SiLU-and-multiply and RoPE round as fused_ops does.
+zeros and store nothing). The loop only loads and multiplies, so Triton pipelines its
+loads: folding the RMSNorm into it, as the batch-1 GEMVs do, put elementwise work
+between the loads and the dot and made the products 2-4x slower on the H200, so the
+RMSNorm before each product stays fused_ops.add_rms_norm. SiLU-and-multiply and RoPE
+round as fused_ops does.
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ MIN_BLOCK = 16  # the smallest dot: BLOCK_M, BLOCK_N and PAIRS are at least this
 class RowsConfig:
     """Launch shape of one product: outputs per program, K per iteration, warps, stages."""
 
-    block_n: int = 32
+    block_n: int = 64
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
@@ -87,59 +86,38 @@ if has_triton():
     from .pdl import release_dependents, wait_for_previous
 
     @triton.jit
-    def _rows_tile_times_weights(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, w_rows_2, rows, row_ok, stride_x,
-                                 K, eps, write_residual, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                                 TWO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    def _rows_times_weights(x_ptr, w_rows, w_rows_2, rows, row_ok, stride_x, K, TWO: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                            NUM_STAGES: tl.constexpr):
         """fp32 [BLOCK_N, BLOCK_M] products of the weight rows at `w_rows` [BLOCK_N, 1]
-        (and with TWO those at `w_rows_2`) with the input rows: x, or with NORM the
-        RMSNorm of x (+ residual; the sum is written to res_out when `write_residual`)."""
-        ty = w_rows.dtype.element_ty
+        (and with TWO those at `w_rows_2`) with the input rows."""
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         acc_2 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        sum_sq = tl.zeros([BLOCK_M], tl.float32)
-        x_rows = rows.to(tl.int64)[:, None] * stride_x
+        x_rows = x_ptr + rows.to(tl.int64)[None, :] * stride_x
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
-            xin = tl.load(x_ptr + x_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-            if NORM:
-                if HAS_RESIDUAL:
-                    r = tl.load(res_ptr + x_rows + cols[None, :], mask=row_ok[:, None], other=0.0)
-                    xin = (xin.to(tl.float32) + r.to(tl.float32)).to(ty)
-                    if write_residual:
-                        tl.store(res_out_ptr + x_rows + cols[None, :], xin, mask=row_ok[:, None])
-                xf = xin.to(tl.float32)
-                sum_sq += tl.sum(xf * xf, 1)  # the RMS divides the products at the end
-                xin = (xf * tl.load(norm_ptr + cols).to(tl.float32)[None, :]).to(ty)
-            xt = tl.trans(xin.to(ty))
+            xt = tl.load(x_rows + cols[:, None], mask=row_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
             acc = tl.dot(tl.load(w_rows + cols[None, :], eviction_policy="evict_first"), xt, acc)
             if TWO:
                 acc_2 = tl.dot(tl.load(w_rows_2 + cols[None, :], eviction_policy="evict_first"), xt, acc_2)
-        if NORM:
-            rstd = 1.0 / tl.sqrt(sum_sq / K + eps)
-            acc = acc * rstd[None, :]
-            acc_2 = acc_2 * rstd[None, :]
         return acc, acc_2
 
     @triton.jit
-    def _rows_gemm_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w,
-                          stride_out, eps, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                          NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
+    def _rows_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
+                          SILU_MUL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, USE_PDL: tl.constexpr,
+                          EARLY_RELEASE: tl.constexpr):
         pid = tl.program_id(0)
         # BLOCK_N output columns; with SILU_MUL their gate rows and the up rows N further on.
         # Columns past N read row N - 1 (no masks in the loop); only their store is masked.
         cols_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         w_row = tl.minimum(cols_n, N - 1).to(tl.int64)[:, None]
-        w_rows = w_ptr + w_row * stride_w
-        w_rows_up = w_ptr + (w_row + N) * stride_w
         rows = tl.arange(0, BLOCK_M)
         row_ok = rows < M
         ty = w_ptr.dtype.element_ty
         wait_for_previous(USE_PDL)
-        acc, acc_up = _rows_tile_times_weights(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_rows, w_rows_up, rows, row_ok,
-                                               stride_x, K, eps, pid == 0, NORM, HAS_RESIDUAL, SILU_MUL, BLOCK_N,
-                                               BLOCK_M, BLOCK_K, NUM_STAGES)
+        acc, acc_up = _rows_times_weights(x_ptr, w_ptr + w_row * stride_w, w_ptr + (w_row + N) * stride_w, rows,
+                                          row_ok, stride_x, K, SILU_MUL, BLOCK_N, BLOCK_M, BLOCK_K, NUM_STAGES)
         release_dependents(USE_PDL, EARLY_RELEASE)
         if SILU_MUL:
             gate = acc.to(ty).to(tl.float32)
@@ -149,30 +127,28 @@ if has_triton():
         tl.store(out, acc.to(ty).to(out_ptr.dtype.element_ty), mask=(cols_n < N)[:, None] & row_ok[None, :])
 
     @triton.jit
-    def _rows_qkv_rope_kernel(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_ptr, out_ptr, M, K, stride_x, stride_w,
-                              stride_out, eps, pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr, stride_cb,
-                              stride_ct, stride_ch, num_heads, num_kv_heads, HAS_RESIDUAL: tl.constexpr,
+    def _rows_qkv_rope_kernel(x_ptr, w_ptr, out_ptr, M, K, stride_x, stride_w, stride_out,
+                              pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_ct, stride_ch,
+                              num_heads, num_kv_heads,
                               HALF: tl.constexpr, PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                               NUM_STAGES: tl.constexpr, CACHE_BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
                               EARLY_RELEASE: tl.constexpr):
-        """The rows' q/k/v projection with the RMSNorm folded in, rotary embedding of q and
-        k, and the K/V write into the paged cache (as fused_ops.rope_and_cache). A
-        program's outputs are PAIRS dims of one head and the PAIRS dims HALF further on,
-        the pairs that rotate together, for every row."""
+        """The rows' q/k/v projection, rotary embedding of q and k, and the K/V write into
+        the paged cache (as fused_ops.rope_and_cache). A program's outputs are PAIRS dims
+        of one head and the PAIRS dims HALF further on, the pairs that rotate together,
+        for every row."""
         pid = tl.program_id(0)
         PER_HEAD: tl.constexpr = HALF // PAIRS
         head = pid // PER_HEAD
         j = (pid % PER_HEAD) * PAIRS + tl.arange(0, PAIRS)
         first = head * 2 * HALF + j
         w_first = w_ptr + first.to(tl.int64)[:, None] * stride_w
-        w_second = w_first + HALF * stride_w
         rows = tl.arange(0, BLOCK_M)
         row_ok = rows < M
         ty = w_ptr.dtype.element_ty
         wait_for_previous(USE_PDL)
-        y1, y2 = _rows_tile_times_weights(x_ptr, res_ptr, res_out_ptr, norm_ptr, w_first, w_second, rows, row_ok,
-                                          stride_x, K, eps, pid == 0, True, HAS_RESIDUAL, True, PAIRS, BLOCK_M,
-                                          BLOCK_K, NUM_STAGES)
+        y1, y2 = _rows_times_weights(x_ptr, w_first, w_first + HALF * stride_w, rows, row_ok, stride_x, K, True,
+                                     PAIRS, BLOCK_M, BLOCK_K, NUM_STAGES)
         release_dependents(USE_PDL, EARLY_RELEASE)
         x1 = y1.to(ty)
         x2 = y2.to(ty)
@@ -217,69 +193,40 @@ def _check(x: torch.Tensor, weight: torch.Tensor, config: RowsConfig | None) -> 
     return config
 
 
-def _check_norm_inputs(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor) -> None:
-    if residual is not None and (residual.shape != x.shape or residual.stride() != x.stride()):
-        raise ValueError(f"residual must be shaped and strided like x {tuple(x.shape)}, got {tuple(residual.shape)}")
-    if norm_weight.shape != (x.shape[1],):
-        raise ValueError(f"norm weight must be [{x.shape[1]}], got {tuple(norm_weight.shape)}")
-
-
-def _launch(x, residual, res_out, norm_weight, weight, out, n, eps, norm, silu_mul, config):
-    m, k = x.shape
-    _rows_gemm_kernel[(triton.cdiv(n, config.block_n),)](
-        x, residual if residual is not None else x, res_out if res_out is not None else x,
-        norm_weight if norm_weight is not None else x, weight, out, m, n, k, x.stride(0), weight.stride(0),
-        out.stride(0), eps, NORM=norm, HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul,
-        BLOCK_N=config.block_n, BLOCK_M=block_rows(m), BLOCK_K=config.block_k, NUM_STAGES=config.num_stages,
-        num_warps=config.num_warps, **pdl_launch(x.device, releases=True),
-    )
-
-
-def rows_gemm(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
+def rows_gemm(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, out_dtype: torch.dtype | None = None,
               config: RowsConfig | None = None) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T -> [M, N], rounded to weight's dtype (then out_dtype)."""
+    """x [M, K] @ weight[N, K].T -> [M, N], rounded to weight's dtype (then out_dtype);
+    with `silu_mul`, `weight` is the fused [gate; up] of 2I rows and the result is
+    silu_and_mul of the product, [M, I]."""
     config = _check(x, weight, config)
-    n = weight.shape[0]
-    out = torch.empty(x.shape[0], n, dtype=out_dtype or weight.dtype, device=x.device)
-    _launch(x, None, None, None, weight, out, n, 0.0, False, False, config)
-    return out
-
-
-def rms_norm_rows_gemm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                       weight: torch.Tensor, silu_mul: bool = False, out_dtype: torch.dtype | None = None,
-                       config: RowsConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x + residual) W^T, x + residual) for each row, as fused_ops.add_rms_norm
-    followed by F.linear (and silu_and_mul when `silu_mul`: `weight` is the fused
-    [gate; up] of 2I rows and the result has I columns). The residual is not updated in
-    place: the sum is a new tensor (every program reads the old one). Without a residual
-    the input itself is the new residual."""
-    config = _check(x, weight, config)
-    _check_norm_inputs(x, residual, norm_weight)
     rows = weight.shape[0]
     if silu_mul and rows % 2:
         raise ValueError(f"a fused gate/up weight needs an even number of rows, got {rows}")
     n = rows // 2 if silu_mul else rows
-    out = torch.empty(x.shape[0], n, dtype=out_dtype or weight.dtype, device=x.device)
-    res_out = torch.empty_like(x) if residual is not None else None
-    _launch(x, residual, res_out, norm_weight, weight, out, n, eps, True, silu_mul, config)
-    return out, res_out if res_out is not None else x
+    m, k = x.shape
+    out = torch.empty(m, n, dtype=out_dtype or weight.dtype, device=x.device)
+    _rows_gemm_kernel[(triton.cdiv(n, config.block_n),)](
+        x, weight, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        SILU_MUL=silu_mul, BLOCK_N=config.block_n, BLOCK_M=block_rows(m), BLOCK_K=config.block_k,
+        NUM_STAGES=config.num_stages, num_warps=config.num_warps, **pdl_launch(x.device, releases=True),
+    )
+    return out
 
 
 def qkv_pairs(head_dim: int, config: RowsConfig) -> int:
-    """Pairs of rotating dims per program of rms_norm_rows_qkv_rope: block_n // 2, at most
-    half the head dim; 0 when that does not split the half head dim into whole dots."""
+    """Pairs of rotating dims per program of rows_qkv_rope: block_n // 2, at most half
+    the head dim; 0 when that does not split the half head dim into whole dots."""
     half = head_dim // 2
     pairs = min(config.block_n // 2, half)
     return pairs if pairs >= MIN_BLOCK and head_dim % 2 == 0 and half % pairs == 0 else 0
 
 
-def rms_norm_rows_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                           weight: torch.Tensor, num_heads: int, num_kv_heads: int, positions: torch.Tensor,
-                           inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           slots: torch.Tensor, config: RowsConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row: (qkv [M, (H + 2 KVH) D] with q and k rotated, new residual), each
-    row's k and v written into the caches at its slot (nothing for slot -1): what
-    rms_norm_rows_gemm followed by fused_ops.rope_and_cache computes, in one kernel."""
+def rows_qkv_rope(x: torch.Tensor, weight: torch.Tensor, num_heads: int, num_kv_heads: int, positions: torch.Tensor,
+                  inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                  config: RowsConfig | None = None) -> torch.Tensor:
+    """qkv [M, (H + 2 KVH) D] of the rows with q and k rotated, each row's k and v written
+    into the caches at its slot (nothing for slot -1): what F.linear followed by
+    fused_ops.rope_and_cache computes, in one kernel."""
     config = _check(x, weight, config)
     m = x.shape[0]
     head_dim = k_cache.shape[-1]
@@ -294,15 +241,13 @@ def rms_norm_rows_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None, norm_
         raise ValueError("K and V caches must share strides with a contiguous head dimension")
     if positions.shape != (m,) or slots.shape != (m,):
         raise ValueError(f"positions and slots must be [{m}], got {tuple(positions.shape)} and {tuple(slots.shape)}")
-    _check_norm_inputs(x, residual, norm_weight)
     out = torch.empty(m, weight.shape[0], dtype=weight.dtype, device=x.device)
-    res_out = torch.empty_like(x) if residual is not None else None
     _rows_qkv_rope_kernel[(weight.shape[0] // (2 * pairs),)](
-        x, residual if residual is not None else x, res_out if res_out is not None else x, norm_weight, weight, out,
-        m, x.shape[1], x.stride(0), weight.stride(0), out.stride(0), eps, positions, inv_freq, slots, k_cache,
-        v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_heads, num_kv_heads,
-        HAS_RESIDUAL=residual is not None, HALF=head_dim // 2, PAIRS=pairs, BLOCK_M=block_rows(m),
-        BLOCK_K=config.block_k, NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1],
-        num_warps=config.num_warps, **pdl_launch(x.device, releases=True),
+        x, weight, out, m, x.shape[1], x.stride(0), weight.stride(0), out.stride(0),
+        positions, inv_freq, slots, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        num_heads, num_kv_heads,
+        HALF=head_dim // 2, PAIRS=pairs, BLOCK_M=block_rows(m), BLOCK_K=config.block_k,
+        NUM_STAGES=config.num_stages, CACHE_BLOCK=k_cache.shape[1], num_warps=config.num_warps,
+        **pdl_launch(x.device, releases=True),
     )
-    return out, res_out if res_out is not None else x
+    return out
