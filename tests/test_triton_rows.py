@@ -115,6 +115,9 @@ def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused():
     assert choose_config(4096, 4096 + 64, 8).block_k == 64  # 4160 = 65 x 64
     assert choose_config(512, 100, 8) is None  # 100 = 25 x 4: no factor of 16
     assert choose_config(512, 256, 8) == DEFAULT_CONFIG  # not measured: the default
+    assert choose_config(4096, 4096, 3).block_n == 32  # measured on the H200
+    assert choose_config(4096, 4096, 40) is None  # o at 64 rows: cuBLAS measured faster
+    assert choose_config(6144, 4096, 64) is not None  # q/k/v has a shape at every row count
     assert qkv_pairs(128, DEFAULT_CONFIG) == 32  # block_n 64: 32 pairs
     assert qkv_pairs(32, DEFAULT_CONFIG) == 16  # at most half the head dim
     assert qkv_pairs(20, DEFAULT_CONFIG) == 0  # 10 dims: narrower than a dot
@@ -122,7 +125,8 @@ def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused():
 
 @needs_triton
 @pytest.mark.slow
-def test_few_row_decode_through_fused_rows_matches_portable_path(model_factory, monkeypatch):
+@pytest.mark.parametrize("cublas_plain_products", [False, True])  # as the 8B shape's o/down at 64 rows
+def test_few_row_decode_through_fused_rows_matches_portable_path(model_factory, monkeypatch, cublas_plain_products):
     from inferd.engine.fast_path import hot_kv_layers
     from inferd.engine.fast_path.cuda_graphs import DecodeGraphs
     from inferd.engine.fast_path.fast_decoder import FastDecoder, RowsOps
@@ -130,6 +134,11 @@ def test_few_row_decode_through_fused_rows_matches_portable_path(model_factory, 
 
     # head dim 32: the tiny preset's 16 is too narrow for the q/k/v kernel's dots of pairs
     tiny_model = model_factory(preset="tiny", overrides={"hidden_size": 128, "intermediate_size": 256})
+    if cublas_plain_products:  # o [128, 128] and down [128, 256] fall back to F.linear
+        from inferd.engine.fast_path import triton_rows
+
+        for key in ((128, 128, 16), (128, 256, 16)):
+            monkeypatch.setitem(triton_rows.MEASURED_CONFIGS, key, None)
     used = []
     logits = RowsOps.logits
     monkeypatch.setattr(RowsOps, "logits", lambda self, *a: used.append(1) or logits(self, *a))

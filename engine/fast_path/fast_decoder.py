@@ -36,7 +36,7 @@ from .attention import (
 )
 from .fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from .triton_gemv import choose_config, gemv, rms_norm_gemv, rms_norm_qkv_rope
-from .triton_rows import MAX_ROWS, qkv_pairs, rows_gemm, rows_qkv_rope
+from .triton_rows import MAX_ROWS, ROW_COUNTS, qkv_pairs, rows_gemm, rows_qkv_rope
 from .triton_rows import choose_config as choose_rows_config
 
 
@@ -187,15 +187,21 @@ class RowsOps(FusedOps):
         return qkv[:, : h_q * d].view(qkv.shape[0], h_q, d), residual
 
     def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
-        return rows_gemm(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
+        return _product(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
 
     def mlp(self, layer: DecoderLayer, x, residual):
         hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
         act = rows_gemm(hidden, layer.fused_projections["gate_up"], silu_mul=True)
-        return rows_gemm(act, layer.mlp.down_proj.weight), residual
+        return _product(act, layer.mlp.down_proj.weight), residual
 
     def logits(self, x, residual) -> torch.Tensor:
-        return rows_gemm(self.final_norm(x, residual), self.model.lm_head.weight, out_dtype=torch.float32)
+        return _product(self.final_norm(x, residual), self.model.lm_head.weight).float()
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T through the row kernel, or through cuBLAS where that measured faster."""
+    config = choose_rows_config(weight.shape[0], x.shape[1], x.shape[0])
+    return rows_gemm(x, weight, config=config) if config is not None else F.linear(x, weight)
 
 
 class FastDecoder:
@@ -243,18 +249,24 @@ class FastDecoder:
         )
 
     def _rows_gemm_available(self) -> bool:
-        """Decode steps of 2-64 rows through the fused row kernels (RowsOps): on unless
-        INFERD_ROWS_GEMM=0, for models without q/k/v biases whose every projection has a
-        launch shape and whose head dim splits into whole dots of rotating pairs."""
+        """Decode steps of 2-64 rows through the row kernels (RowsOps): on unless
+        INFERD_ROWS_GEMM=0, for models without q/k/v biases whose projections have
+        contiguous rows, whose q/k/v and gate/up products (the fused epilogues, which have
+        no cuBLAS twin) have a launch shape at every row count, and whose head dim splits
+        into whole dots of rotating pairs."""
         if os.environ.get("INFERD_ROWS_GEMM", "1") == "0" or self.fused[0]["qkv_bias"] is not None:
             return False
         weights = self._projection_weights()
-        configs = [choose_rows_config(*w.shape, MAX_ROWS) for w in weights]
-        if not all(w.stride(1) == 1 and c is not None for w, c in zip(weights, configs)):
+        if not all(w.stride(1) == 1 for w in weights):
             return False
-        qkv_config = configs[0]
-        assert qkv_config is not None  # every config is, checked above
-        return qkv_pairs(self.head_dim, qkv_config) > 0
+        qkv, gate_up = weights[0], weights[2]
+        for m in ROW_COUNTS:
+            qkv_config = choose_rows_config(qkv.shape[0], qkv.shape[1], m)
+            if qkv_config is None or choose_rows_config(gate_up.shape[0], gate_up.shape[1], m) is None:
+                return False
+            if not qkv_pairs(self.head_dim, qkv_config):
+                return False
+        return True
 
     def ops_for(self, rows: int) -> type[FusedOps]:
         """The layer ops of a decode step of `rows` rows."""

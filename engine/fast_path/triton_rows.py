@@ -32,6 +32,8 @@ from .pdl import pdl_launch
 MAX_ROWS = 64
 """Most rows these kernels take (the largest BLOCK_M they are built for)."""
 MIN_BLOCK = 16  # the smallest dot: BLOCK_M, BLOCK_N and PAIRS are at least this
+ROW_COUNTS = (16, 32, 64)
+"""The row tiles (BLOCK_M) the kernels are built for: 2-16 rows share the first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +57,28 @@ class RowsConfig:
 
 
 DEFAULT_CONFIG = RowsConfig()
-MEASURED_CONFIGS: dict[tuple[int, int, int], RowsConfig] = {}
-"""Launch shapes measured best on the H200, keyed (N, K, BLOCK_M) of the weight [N, K]
-(engine/bench/rows_sweep.py; BENCHMARKS.md); other shapes take DEFAULT_CONFIG."""
+_O_DOWN = RowsConfig(block_n=32, block_k=256, num_warps=4, num_stages=5)
+MEASURED_CONFIGS: dict[tuple[int, int, int], RowsConfig | None] = {
+    # The best of 30 launch shapes for llama3-8b-shape's products [N, K] at BLOCK_M 16 / 32 /
+    # 64 on the H200 (engine/bench/rows_sweep.py; BENCHMARKS.md). None: cuBLAS was faster
+    # (the 4096-output products at 64 rows: 0.53 and 0.65 of the copy rate against 0.61 and
+    # 0.78); other shapes take DEFAULT_CONFIG.
+    (6144, 4096, 16): RowsConfig(block_n=64, block_k=128, num_warps=4, num_stages=5),  # q/k/v
+    (6144, 4096, 32): RowsConfig(block_n=64, block_k=128, num_warps=4, num_stages=5),
+    (6144, 4096, 64): RowsConfig(block_n=64, block_k=128, num_warps=4, num_stages=5),
+    (4096, 4096, 16): _O_DOWN,  # o
+    (4096, 4096, 32): _O_DOWN,
+    (4096, 4096, 64): None,
+    (28672, 4096, 16): RowsConfig(block_n=64, block_k=128, num_warps=4, num_stages=3),  # gate/up with SiLU
+    (28672, 4096, 32): RowsConfig(block_n=128, block_k=128, num_warps=4, num_stages=3),
+    (28672, 4096, 64): RowsConfig(block_n=64, block_k=64, num_warps=4, num_stages=4),
+    (4096, 14336, 16): _O_DOWN,  # down
+    (4096, 14336, 32): _O_DOWN,
+    (4096, 14336, 64): None,
+    (128256, 4096, 16): RowsConfig(block_n=64, block_k=128, num_warps=4, num_stages=3),  # lm_head
+    (128256, 4096, 32): RowsConfig(block_n=64, block_k=128, num_warps=4, num_stages=3),
+    (128256, 4096, 64): RowsConfig(block_n=64, block_k=64, num_warps=4, num_stages=3),
+}
 
 
 def block_rows(m: int) -> int:
@@ -69,9 +90,13 @@ def block_rows(m: int) -> int:
 
 def choose_config(n: int, k: int, m: int) -> RowsConfig | None:
     """The launch shape for m rows times an [n, k] weight: the measured one, else the
-    default with block_k halved until it divides k; None when k has no power-of-two
-    factor of at least MIN_BLOCK (the kernels have no masks along k)."""
-    config = MEASURED_CONFIGS.get((n, k, block_rows(m)), DEFAULT_CONFIG)
+    default with block_k halved until it divides k. None where cuBLAS measured faster,
+    or when k has no power-of-two factor of at least MIN_BLOCK (the kernels have no
+    masks along k): the caller then runs F.linear."""
+    key = (n, k, block_rows(m))
+    config = MEASURED_CONFIGS[key] if key in MEASURED_CONFIGS else DEFAULT_CONFIG
+    if config is None:
+        return None
     block_k = config.block_k
     while k % block_k and block_k > MIN_BLOCK:
         block_k //= 2
