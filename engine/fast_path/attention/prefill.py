@@ -42,6 +42,7 @@ class PrefillGroup:
     mask: torch.Tensor | None  # [query_len, context_len] bottom-right causal; None: plain causal
     kinds: torch.Tensor | None = None  # [g, blocks] kind codes and slots of cold entries (None: all hot)
     slots: torch.Tensor | None = None
+    first_row: int | None = None  # set when token_rows is the range first_row.. (slices, not gathers)
 
     @property
     def num_seqs(self) -> int:
@@ -97,7 +98,8 @@ def plan_step(meta: AttentionMetadata, block_size: int, device: torch.device) ->
         if cold is not None:
             kinds = cold[0].index_select(0, index)[:, :blocks]
             slots = cold[1].index_select(0, index)[:, :blocks]
-        groups.append(PrefillGroup(n, ctx, device_index(rows, device), tables, mask, kinds, slots))
+        first_row = rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else None
+        groups.append(PrefillGroup(n, ctx, device_index(rows, device), tables, mask, kinds, slots, first_row))
     return StepPlan(
         decode_rows,
         decode_tables,
@@ -136,8 +138,13 @@ class MixedStepAttention:
         cold=None,
     ) -> torch.Tensor:
         _, block_size, kv_heads, head_dim = k_cache.shape
-        heads = q.shape[1]
+        tokens, heads = q.shape[0], q.shape[1]
         plan = self.plan(meta, block_size, q.device)
+        group = heads // kv_heads
+        if plan.decode_rows is None and len(plan.groups) == 1 and plan.groups[0].first_row == 0:
+            g = plan.groups[0]  # one group of every row (a step of equal prompts): its output is the step's
+            if g.num_seqs * g.query_len == tokens:
+                return self._group(q, k_cache, v_cache, g, scale, cold, kv_heads, group).reshape_as(q)
         out = torch.empty_like(q)
         if plan.decode_rows is not None:
             num = plan.decode_rows.shape[0]
@@ -161,23 +168,39 @@ class MixedStepAttention:
                     q_dec, k_cache, v_cache, plan.decode_tables, plan.decode_context_lens, scale, splits
                 )
             out.index_copy_(0, plan.decode_rows, dec)
-        group = heads // kv_heads
         for g in plan.groups:
-            seqs, n, ctx = g.num_seqs, g.query_len, g.context_len
-            qg = q.index_select(0, g.token_rows).view(seqs, n, heads, head_dim).transpose(1, 2)
-
-            def context(cache, which, g=g, seqs=seqs, ctx=ctx):  # [g, heads, ctx, D]: through the tables, GQA expanded
-                blocks = cache[g.tables]
-                if cold is not None and g.kinds is not None:
-                    blocks = cold.gather(which, g.kinds, g.tables, g.slots, blocks, q.dtype)
-                blocks = blocks.reshape(seqs, -1, kv_heads, head_dim)[:, :ctx]
-                return blocks.transpose(1, 2).repeat_interleave(group, dim=1)
-
-            kg, vg = context(k_cache, 0).to(q.dtype), context(v_cache, 1).to(q.dtype)
-            with sdpa_kernel(SDPA_BACKENDS):
-                if g.mask is None:
-                    og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale)
-                else:
-                    og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
-            out.index_copy_(0, g.token_rows, og.transpose(1, 2).reshape(seqs * n, heads, head_dim))
+            og = self._group(q, k_cache, v_cache, g, scale, cold, kv_heads, group)
+            if g.first_row is not None:
+                out[g.first_row : g.first_row + og.shape[0]] = og
+            else:
+                out.index_copy_(0, g.token_rows, og)
         return out
+
+    @staticmethod
+    def _group(q, k_cache, v_cache, g: PrefillGroup, scale: float, cold, kv_heads: int, group: int) -> torch.Tensor:
+        """Attention of one prefill group: [g * query_len, heads, head_dim], sequence by sequence.
+        Plain causal groups go to flash attention with its native GQA (K/V as gathered,
+        not repeated per query head); masked ones (a cached prefix or earlier chunk
+        before the chunk) take SDPA with the mask and K/V repeated."""
+        seqs, n, ctx = g.num_seqs, g.query_len, g.context_len
+        heads, head_dim = q.shape[1], q.shape[2]
+        rows = q[g.first_row : g.first_row + seqs * n] if g.first_row is not None else q.index_select(0, g.token_rows)
+        qg = rows.view(seqs, n, heads, head_dim).transpose(1, 2)
+        native_gqa = g.mask is None
+
+        def context(cache, which):  # [g, kv heads (or heads), ctx, D] through the tables
+            blocks = cache[g.tables]
+            if cold is not None and g.kinds is not None:
+                blocks = cold.gather(which, g.kinds, g.tables, g.slots, blocks, q.dtype)
+            blocks = blocks.reshape(seqs, -1, kv_heads, head_dim)[:, :ctx].transpose(1, 2)
+            return blocks if native_gqa else blocks.repeat_interleave(group, dim=1)
+
+        kg, vg = context(k_cache, 0).to(q.dtype), context(v_cache, 1).to(q.dtype)
+        with sdpa_kernel(SDPA_BACKENDS):
+            if g.mask is None:
+                og = F.scaled_dot_product_attention(
+                    qg, kg, vg, is_causal=True, scale=scale, enable_gqa=native_gqa and group > 1
+                )
+            else:
+                og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
+        return og.transpose(1, 2).reshape(seqs * n, heads, head_dim)
