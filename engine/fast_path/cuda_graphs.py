@@ -349,7 +349,8 @@ class DecodeGraphs:
             self.slots[:size],
             self.block_tables[:size],
             self.context_lens[:size],
-            self.num_splits(size),
+            # A chunk's packs are the kernel's programs along the batch: split for those.
+            self.num_splits(size // rows_per_pack),
             cold_kind=kind,
             block_slots=self.block_slots[:size],
             cold_blocks=self.cold_blocks[:size],

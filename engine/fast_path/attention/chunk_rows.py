@@ -67,6 +67,12 @@ if has_triton():
                          PACK_HEADS, HEAD_DIM, NUM_SPLITS)
 
 
+# Two stages of K/V loads in flight, not Triton's default three: on the H200, 32 to 128
+# rows after a 2,080-token prefix took 10-20 % less time per layer (25.4 against 28.1 us
+# at 32 rows, 53.6 against 64.5 at 128, in CUDA-graph replays).
+CHUNK_STAGES = 2
+
+
 def rows_per_pack(num_heads: int, num_kv_heads: int) -> int:
     """Rows a pack takes: as many as fill 16 query rows with the GQA group (a power of
     two, at least 1): 4 for GQA 4, 2 for GQA 6-8, 16 without GQA."""
@@ -113,6 +119,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
+        num_stages=CHUNK_STAGES,
     )
     # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]
     return out.view(packs, kv_heads, rows, group, head_dim).transpose(1, 2).reshape(batch, heads, head_dim)
