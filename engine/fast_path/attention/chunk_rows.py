@@ -68,8 +68,8 @@ if has_triton():
 
 
 # Two stages of K/V loads in flight, not Triton's default three: on the H200, 32 to 128
-# rows after a 2,080-token prefix took 10-20 % less time per layer (25.4 against 28.1 us
-# at 32 rows, 53.6 against 64.5 at 128, in CUDA-graph replays).
+# rows after a 2,080-token prefix took 10-17 % less time per layer (25.4 against 28.1 us
+# at 32 rows, 53.6 against 64.5 at 128, in CUDA-graph replays: bench/attention_sweep.py).
 CHUNK_STAGES = 2
 
 
@@ -83,7 +83,8 @@ def rows_per_pack(num_heads: int, num_kv_heads: int) -> int:
 
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                          num_splits: int, rows_per_pack: int) -> torch.Tensor:
+                          num_splits: int, rows_per_pack: int, num_warps: int = 4,
+                          num_stages: int = CHUNK_STAGES) -> torch.Tensor:
     """q: [B, H, D], B a multiple of `rows_per_pack`; rows p * R .. p * R + R - 1 share the
     block table of row p * R (rows of context 0 are padding, zeros out). Each row attends
     to its first context_lens[row] keys. Returns [B, H, D] in q's dtype."""
@@ -119,7 +120,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
-        num_stages=CHUNK_STAGES,
+        num_warps=num_warps, num_stages=num_stages,
     )
     # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]
     return out.view(packs, kv_heads, rows, group, head_dim).transpose(1, 2).reshape(batch, heads, head_dim)

@@ -1,0 +1,125 @@
+"""Attention launch-shape sweep on the GPU: the paged decode kernel (attention/hot.py) at
+8-256 rows and the chunk-row kernel (attention/chunk_rows.py) at 32-128 rows of one
+sequence after a 2,080-token prefix, over split counts, warps and load stages, on the
+llama3-8b-shape heads (32 query, 8 KV, dim 128, block 16).
+
+Each timing replays a CUDA graph of 20 launches (gemv_sweep.time_graph), so host launch
+cost is not in it. Throughput is the K/V bytes the rows must read over the time (for the
+chunk rows, the one sequence's K/V, which every pack reads). Every variant is checked
+against the current launch shape's output. Prints one JSON line per measurement and
+writes them to --out.
+
+    python -m inferd.engine.bench.attention_sweep --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..fast_path.attention import choose_num_splits, paged_chunk_attention, paged_decode_attention, rows_per_pack
+from ..fast_path.attention.chunk_rows import CHUNK_STAGES
+from .gemv_sweep import time_graph
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+MAX_MODEL_LEN = 40960  # the engine's graphs choose splits for this longest context
+LAUNCHES = 20
+
+
+def kv_cache(num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    return k, torch.randn_like(k)
+
+
+def decode_inputs(rows: int, context: int):
+    """`rows` sequences at `context`, each over its own random blocks."""
+    per = -(-context // BLOCK)
+    k, v = kv_cache(rows * per)
+    tables = torch.randperm(rows * per, device="cuda").view(rows, per).int()
+    lens = torch.full((rows,), context, device="cuda", dtype=torch.int32)
+    q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    return q, k, v, tables, lens
+
+
+def chunk_inputs(rows: int, context: int):
+    """`rows` new tokens of one sequence ending at `context`, sharing its block table."""
+    per = -(-context // BLOCK)
+    k, v = kv_cache(per)
+    tables = torch.randperm(per, device="cuda").int().unsqueeze(0).expand(rows, per).contiguous()
+    lens = torch.arange(context - rows + 1, context + 1, device="cuda", dtype=torch.int32)
+    q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    return q, k, v, tables, lens
+
+
+def sweep(record, kind: str, rows: int, context: int, run, split_counts, current, nbytes: int) -> None:
+    """Time `run(splits, warps, stages)` over the grid; `current`: the engine's (splits, warps, stages)."""
+    reference = run(*current).float()
+    for splits in split_counts:
+        for warps in (2, 4, 8):
+            for stages in (2, 3, 4):
+                out = run(splits, warps, stages).float()
+                err = ((out - reference).norm() / reference.norm()).item()
+                seconds = time_graph(lambda: [run(splits, warps, stages) for _ in range(LAUNCHES)], 7) / LAUNCHES
+                record(
+                    kind=kind,
+                    rows=rows,
+                    context=context,
+                    splits=splits,
+                    num_warps=warps,
+                    num_stages=stages,
+                    current=(splits, warps, stages) == current,
+                    us=seconds * 1e6,
+                    tb_s=nbytes / seconds / 1e12,
+                    rel_err=err,
+                )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=240.0, help="stop sweeping after this long")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("attention_sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results: list[dict] = []
+
+    def record(**row):
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+    torch.manual_seed(0)
+    scale = HEAD_DIM**-0.5
+    kv_bytes_per_token = KV_HEADS * HEAD_DIM * 2 * 2
+    pack = rows_per_pack(HEADS, KV_HEADS)
+    for rows in (32, 64, 128):
+        q, k, v, tables, lens = chunk_inputs(rows, 2080)
+        current = (choose_num_splits(rows // pack, KV_HEADS, MAX_MODEL_LEN), 4, CHUNK_STAGES)
+        by_rows = choose_num_splits(rows, KV_HEADS, MAX_MODEL_LEN)  # the split count before packs chose it
+
+        def chunk(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens):
+            return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages)
+
+        sweep(record, "chunk", rows, 2080, chunk, sorted({current[0], by_rows}), current, 2080 * kv_bytes_per_token)
+    for rows in (8, 32, 64, 128, 256):
+        for context in (640, 4096):
+            if time.perf_counter() - started > args.budget_s:
+                break
+            q, k, v, tables, lens = decode_inputs(rows, context)
+            splits = choose_num_splits(rows, KV_HEADS, MAX_MODEL_LEN)
+            options = sorted({s for s in (splits // 2, splits, splits * 2) if 1 <= s <= 64})
+
+            def decode(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens):
+                return paged_decode_attention(q, k, v, tables, lens, scale, splits, None, False, warps, stages)
+
+            sweep(record, "decode", rows, context, decode, options, (splits, 4, 3), rows * context * kv_bytes_per_token)
+    (args.out / "attention_sweep.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
