@@ -23,7 +23,7 @@ import torch
 
 from ..fast_path.attention import choose_num_splits, paged_chunk_attention, paged_decode_attention, rows_per_pack
 from ..fast_path.attention.chunk_rows import CHUNK_STAGES
-from .gemv_sweep import time_graph
+from .gemv_sweep import json_recorder, time_graph
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 MAX_MODEL_LEN = 40960  # the engine's graphs choose splits for this longest context
@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results: list[dict] = []
-
-    def record(**row):
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    record = json_recorder(results)
 
     torch.manual_seed(0)
     scale = HEAD_DIM**-0.5

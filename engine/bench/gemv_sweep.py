@@ -39,6 +39,16 @@ CONFIGS = [
 ]
 
 
+def json_recorder(results: list[dict]):
+    """The sweeps' `record(**row)`: keeps the row in `results` and prints it as one JSON line."""
+
+    def record(**row):
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+    return record
+
+
 def time_graph(fn, replays: int) -> float:
     """Seconds per replay of a CUDA graph of `fn` (captured after one warm call)."""
     fn()
@@ -121,11 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = []
-
-    def record(**row):
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    results: list[dict] = []
+    record = json_recorder(results)
 
     torch.manual_seed(0)
     dtype, eps = torch.bfloat16, 1e-5

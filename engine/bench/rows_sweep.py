@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..fast_path.fused_ops import silu_and_mul
 from ..fast_path.triton_rows import RowsConfig, block_rows, rows_gemm
-from .gemv_sweep import SHAPES, time_graph
+from .gemv_sweep import SHAPES, json_recorder, time_graph
 from .gpu_harness import measure_ceilings
 
 CUBLAS_ROWS = (2, 4, 8, 16, 32, 64)
@@ -47,11 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = []
-
-    def record(**row):
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    results: list[dict] = []
+    record = json_recorder(results)
 
     torch.manual_seed(0)
     dtype = torch.bfloat16

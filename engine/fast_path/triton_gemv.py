@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .availability import has_triton
+from .launch_shape import check_launch_shape
 from .pdl import pdl_launch
 
 
@@ -40,14 +41,7 @@ class GemvConfig:
     num_stages: int = 1
 
     def __post_init__(self):
-        for name in ("block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two, got {value}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages must be at least 1, got {self.num_stages}")
+        check_launch_shape(self.block_n, self.block_k, self.num_warps, self.num_stages)
 
 
 DEFAULT_CONFIG = GemvConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)

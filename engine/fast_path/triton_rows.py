@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .availability import has_triton
+from .launch_shape import check_launch_shape
 from .pdl import pdl_launch
 
 MAX_ROWS = 64
@@ -46,14 +47,7 @@ class RowsConfig:
     num_stages: int = 4
 
     def __post_init__(self):
-        for name in ("block_n", "block_k"):
-            value = getattr(self, name)
-            if value < MIN_BLOCK or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two of at least {MIN_BLOCK}, got {value}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages must be at least 1, got {self.num_stages}")
+        check_launch_shape(self.block_n, self.block_k, self.num_warps, self.num_stages, MIN_BLOCK)
 
 
 DEFAULT_CONFIG = RowsConfig()

@@ -1,0 +1,18 @@
+"""The launch-shape check the Triton product kernels share (triton_gemv.py, triton_rows.py)."""
+
+from __future__ import annotations
+
+WARP_COUNTS = (1, 2, 4, 8, 16)
+
+
+def check_launch_shape(block_n: int, block_k: int, num_warps: int, num_stages: int, min_block: int = 1) -> None:
+    """Raise ValueError naming the first field that is not a launch shape: tile sizes are
+    powers of two (of at least `min_block`), the warp count one Triton takes, one stage or more."""
+    for name, value in (("block_n", block_n), ("block_k", block_k)):
+        if value < min_block or value & (value - 1):
+            least = f" of at least {min_block}" if min_block > 1 else ""
+            raise ValueError(f"{name} must be a power of two{least}, got {value}")
+    if num_warps not in WARP_COUNTS:
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
+    if num_stages < 1:
+        raise ValueError(f"num_stages must be at least 1, got {num_stages}")
