@@ -481,6 +481,36 @@ def test_mixed_step_attention_matches_portable_path():
 
 
 @needs_triton
+@pytest.mark.parametrize("kv_heads", [1, 2, 8])
+def test_prefill_step_of_equal_fresh_prompts_matches_portable_path(kv_heads):
+    """A step of fresh prompts of one length is one causal group over every token row: flash
+    attention's native GQA on the K/V as gathered (no repeated heads), output returned as is."""
+    from inferd.engine.attention import AttentionMetadata, paged_attention
+    from inferd.engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.fast_path.attention.prefill import plan_step
+
+    gen = torch.Generator().manual_seed(kv_heads)
+    bs, heads, dim, n = 8, 8, 16, 11
+    _, k_cache, v_cache = _arena(32, 2, bs, kv_heads, dim)
+    tables = torch.stack([torch.randperm(32, generator=gen)[:2] for _ in range(3)])
+    meta = AttentionMetadata(
+        query_start=[0, n, 2 * n],
+        query_lens=[n] * 3,
+        context_lens=torch.tensor([n] * 3),
+        block_tables=tables,
+        slot_mapping=torch.zeros(3 * n, dtype=torch.long),
+        positions=torch.arange(n).repeat(3),
+        max_query_len=n,
+        max_context_len=n,
+    )
+    plan = plan_step(meta, bs, torch.device("cpu"))
+    assert plan.decode_rows is None and len(plan.groups) == 1 and plan.groups[0].first_row == 0
+    q = torch.randn(3 * n, heads, dim, generator=gen)
+    got = triton_paged_attention(q, k_cache, v_cache, meta, 0.25)
+    torch.testing.assert_close(got, paged_attention(q, k_cache, v_cache, meta, 0.25), rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
 def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
     """Engine level: chunked prefill, prefix-cache hits and mixed steps on the fast
     attention (no decode graphs on CPU) give the portable path's tokens."""
