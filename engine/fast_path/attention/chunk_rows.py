@@ -68,8 +68,8 @@ if has_triton():
 
 
 # Two stages of K/V loads in flight, not Triton's default three: on the H200, 32 to 128
-# rows after a 2,080-token prefix took 10-17 % less time per layer (25.4 against 28.1 us
-# at 32 rows, 53.6 against 64.5 at 128, in CUDA-graph replays: bench/attention_sweep.py).
+# rows after a 2,080-token prefix took 7-10 % less time per layer (28.3 against 31.3 us
+# at 32 rows, 66.6 against 71.9 at 128, in CUDA-graph replays: bench/attention_sweep.py).
 CHUNK_STAGES = 2
 
 

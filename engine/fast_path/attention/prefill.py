@@ -198,9 +198,7 @@ class MixedStepAttention:
         kg, vg = context(k_cache, 0).to(q.dtype), context(v_cache, 1).to(q.dtype)
         with sdpa_kernel(SDPA_BACKENDS):
             if g.mask is None:
-                og = F.scaled_dot_product_attention(
-                    qg, kg, vg, is_causal=True, scale=scale, enable_gqa=native_gqa and group > 1
-                )
+                og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scale, enable_gqa=group > 1)
             else:
                 og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale)
         return og.transpose(1, 2).reshape(seqs * n, heads, head_dim)
