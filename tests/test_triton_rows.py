@@ -51,6 +51,22 @@ def test_rows_gemm_with_silu_matches_linear_then_silu_and_mul(m):
 
 
 @needs_triton
+@pytest.mark.parametrize("split_k, silu_mul", [(2, False), (4, False), (2, True)])
+def test_rows_gemm_split_over_k_matches_linear_and_rearms_its_counters(split_k, silu_mul):
+    from inferd.engine.fast_path.attention import split_counters
+    from inferd.engine.fast_path.fused_ops import silu_and_mul_reference
+    from inferd.engine.fast_path.triton_rows import RowsConfig, rows_gemm
+
+    x, _, _, weight = _case(5, 2 * 40, 256, seed=split_k)  # 40 / 80 outputs: masked columns in the last tile
+    config = RowsConfig(block_n=16, block_k=32, split_k=split_k)
+    got = rows_gemm(x, weight, silu_mul=silu_mul, config=config)
+    product = F.linear(x, weight)
+    torch.testing.assert_close(got, silu_and_mul_reference(product) if silu_mul else product, **TOL)
+    assert split_counters(x.device, 1).count_nonzero() == 0  # the last split of each tile re-armed its counter
+    assert torch.equal(rows_gemm(x, weight, silu_mul=silu_mul, config=config), got)  # summed in split order
+
+
+@needs_triton
 def test_rows_output_dtype_can_differ_from_the_weights_like_compute_logits_float():
     from inferd.engine.fast_path.triton_rows import rows_gemm
 
@@ -61,10 +77,10 @@ def test_rows_output_dtype_can_differ_from_the_weights_like_compute_logits_float
 
 
 @needs_triton
-@pytest.mark.parametrize("head_dim", [32, 64])
-def test_rows_qkv_rope_matches_linear_then_rope_and_cache(head_dim):
+@pytest.mark.parametrize("head_dim, split_k", [(32, 1), (64, 1), (32, 2)])
+def test_rows_qkv_rope_matches_linear_then_rope_and_cache(head_dim, split_k):
     from inferd.engine.fast_path.fused_ops import rope_and_cache_reference
-    from inferd.engine.fast_path.triton_rows import rows_qkv_rope
+    from inferd.engine.fast_path.triton_rows import RowsConfig, rows_qkv_rope
 
     heads, kv_heads, hidden = 4, 2, 128
     x, _, _, weight = _case(3, (heads + 2 * kv_heads) * head_dim, hidden, seed=head_dim)
@@ -72,7 +88,10 @@ def test_rows_qkv_rope_matches_linear_then_rope_and_cache(head_dim):
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
     arena = torch.randn(6, 2, 8, kv_heads, head_dim)  # pages of 8 tokens; K and V share strides
     got_arena, untouched = arena.clone(), arena.clone()
-    qkv = rows_qkv_rope(x, weight, heads, kv_heads, positions, inv_freq, got_arena[:, 0], got_arena[:, 1], slots)
+    config = RowsConfig(block_n=32, block_k=32, split_k=split_k)
+    qkv = rows_qkv_rope(
+        x, weight, heads, kv_heads, positions, inv_freq, got_arena[:, 0], got_arena[:, 1], slots, config=config
+    )
     want = F.linear(x, weight)
     q = want[:, : heads * head_dim].view(3, heads, head_dim)
     k = want[:, heads * head_dim : (heads + kv_heads) * head_dim].view(3, kv_heads, head_dim)
@@ -101,13 +120,24 @@ def test_bad_shapes_are_refused_with_what_was_wrong():
         rows_gemm(x, weight[:31], silu_mul=True)
     with pytest.raises(ValueError, match="power of two of at least 16"):
         RowsConfig(block_n=8)
+    with pytest.raises(ValueError, match="split_k must be a power of two"):
+        RowsConfig(split_k=3)
+    with pytest.raises(ValueError, match="block_k=64 x split_k=4"):
+        rows_gemm(x, weight, config=RowsConfig(block_k=64, split_k=4))  # 128 columns
     cache = torch.zeros(2, 8, 1, 32)
     with pytest.raises(ValueError, match="fused q/k/v weight has 128 rows"):
         rows_qkv_rope(x, weight, 2, 1, torch.zeros(4), torch.ones(16), cache, cache, torch.zeros(4))
 
 
-def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused():
-    from inferd.engine.fast_path.triton_rows import DEFAULT_CONFIG, block_rows, choose_config, qkv_pairs
+def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused(monkeypatch):
+    from inferd.engine.fast_path.triton_rows import (
+        DEFAULT_CONFIG,
+        MEASURED_CONFIGS,
+        RowsConfig,
+        block_rows,
+        choose_config,
+        qkv_pairs,
+    )
 
     assert [block_rows(m) for m in (1, 2, 16, 17, 33, 64)] == [16, 16, 16, 32, 64, 64]
     with pytest.raises(ValueError, match="1-64"):
@@ -115,8 +145,12 @@ def test_rows_launch_shapes_pad_rows_and_divide_k_or_are_refused():
     assert choose_config(4096, 4096 + 64, 8).block_k == 64  # 4160 = 65 x 64
     assert choose_config(512, 100, 8) is None  # 100 = 25 x 4: no factor of 16
     assert choose_config(512, 256, 8) == DEFAULT_CONFIG  # not measured: the default
+    with monkeypatch.context() as patch:  # block_k halves until block_k * split_k divides k
+        patch.setitem(MEASURED_CONFIGS, (512, 256, 16), RowsConfig(block_k=128, split_k=4))
+        assert choose_config(512, 256, 8).block_k == 64
     assert choose_config(4096, 4096, 3).block_n == 32  # measured on the H200
     assert choose_config(4096, 4096, 40) is None  # o at 64 rows: cuBLAS measured faster
+    assert choose_config(4096, 14336, 40).split_k == 2  # down at 64 rows: split over K measured faster
     assert choose_config(6144, 4096, 64) is not None  # q/k/v has a shape at every row count
     assert qkv_pairs(128, DEFAULT_CONFIG) == 32  # block_n 64: 32 pairs
     assert qkv_pairs(32, DEFAULT_CONFIG) == 16  # at most half the head dim

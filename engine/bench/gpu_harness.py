@@ -188,6 +188,6 @@ def load_measured_configs(path: str | Path) -> int:
     rows = json.loads(Path(path).read_text())
     for r in rows:
         MEASURED_CONFIGS[r["n"], r["k"], r["block_m"]] = RowsConfig(
-            r["block_n"], r["block_k"], r["num_warps"], r["num_stages"]
+            r["block_n"], r["block_k"], r["num_warps"], r["num_stages"], r.get("split_k", 1)
         )
     return len(rows)

@@ -6,9 +6,11 @@ Rows 2-16 share one kernel (BLOCK_M 16), so the sweep runs at 16, 32 and 64 rows
 cuBLAS at every rung of the graph ladder. The gate/up shape is timed as the decoder
 runs it, with SiLU-and-multiply as the epilogue, against cuBLAS then silu_and_mul. Each timing replays a CUDA graph of the
 product over distinct weight tensors (gemv_sweep.time_graph), so weights come from
-HBM. Prints one JSON line per measurement and writes them to --out.
+HBM. With --split-k, launch shapes that split K over that many programs per tile
+(a smaller grid of them) are swept too, and the engine's current shape is timed first
+for reference. Prints one JSON line per measurement and writes them to --out.
 
-    python -m inferd.engine.bench.rows_sweep --out results/
+    python -m inferd.engine.bench.rows_sweep --out results/ [--split-k 1,2,4]
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fast_path.fused_ops import silu_and_mul
-from ..fast_path.triton_rows import RowsConfig, block_rows, rows_gemm
+from ..fast_path.triton_rows import RowsConfig, block_rows, choose_config, rows_gemm
 from .gemv_sweep import SHAPES, json_recorder, time_graph
 from .gpu_harness import measure_ceilings
 
@@ -37,6 +39,13 @@ CONFIGS = [RowsConfig(bn, bk, 4, s) for bn, bk, s in itertools.product((16, 32, 
 ]
 
 
+def split_configs(split_k: int) -> list[RowsConfig]:
+    """The launch shapes swept at `split_k` programs per tile (all of CONFIGS unsplit)."""
+    if split_k == 1:
+        return CONFIGS
+    return [RowsConfig(bn, bk, 4, 4, split_k) for bn, bk in itertools.product((16, 32, 64), (64, 128, 256))]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -44,7 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop sweeping after this long")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shapes of gemv_sweep.SHAPES")
+    parser.add_argument("--split-k", default="1", help="comma-separated split counts to sweep (powers of two)")
     args = parser.parse_args(argv)
+    configs = [c for split in args.split_k.split(",") for c in split_configs(int(split))]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results: list[dict] = []
@@ -77,8 +88,9 @@ def main(argv: list[str] | None = None) -> None:
         for m in SWEEP_ROWS:
             x = torch.randn(m, k, dtype=dtype, device="cuda")
             ranked = []
-            for config in CONFIGS:
-                if k % config.block_k or time.perf_counter() - started > args.budget_s:
+            current = choose_config(n, k, m)
+            for config in [current] + [c for c in configs if c != current] if current else configs:
+                if k % (config.block_k * config.split_k) or time.perf_counter() - started > args.budget_s:
                     continue
                 try:
                     seconds = time_graph(
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                     shape=name,
                     rows=m,
                     config=str(config),
+                    current=config == current,
                     us=seconds / copies * 1e6,
                     of_copy=of_copy(seconds),
                     vs_cublas=cublas[m] / seconds,
@@ -115,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                 block_k=best.block_k,
                 num_warps=best.num_warps,
                 num_stages=best.num_stages,
+                split_k=best.split_k,
                 of_copy=of_copy(seconds),
                 vs_cublas=cublas[m] / seconds,
                 rel_err_vs_cublas=((got - ref).norm() / ref.norm()).item(),
