@@ -145,3 +145,13 @@ def test_mixed_cold_kernel_merges_its_splits_in_the_kernel(splits, monkeypatch):
         assert split_counters(q.device, 1).count_nonzero() == 0
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
         assert (out - ref).norm() / ref.norm() < 1e-5
+
+
+def test_split_counts_fill_two_waves_for_decode_rows_and_one_for_chunk_packs():
+    from inferd.engine.fast_path.attention import choose_num_splits, chunk_num_splits
+
+    # 8 KV heads, a 40,960-token limit: decode rows of 8 / 32 / 256 sequences
+    assert [choose_num_splits(b, 8, 40960) for b in (8, 32, 256)] == [8, 2, 1]
+    # chunk rows of 32 / 64 / 128 tokens in packs of 4: 8 / 16 / 32 packs
+    assert [chunk_num_splits(p, 8, 40960) for p in (8, 16, 32)] == [4, 2, 1]
+    assert choose_num_splits(1, 8, 256) == 4  # no split shorter than one tile (64 keys)

@@ -9,7 +9,7 @@ chunk rows, the one sequence's K/V, which every pack reads). Every variant is ch
 against the current launch shape's output. Prints one JSON line per measurement and
 writes them to --out.
 
-    python -m inferd.engine.bench.attention_sweep --out results/
+    python -m inferd.engine.bench.attention_sweep --out results/ [--kinds chunk --pack-rows 4,16 --warps 4 --stages 2]
 """
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ from pathlib import Path
 
 import torch
 
-from ..fast_path.attention import choose_num_splits, paged_chunk_attention, paged_decode_attention, rows_per_pack
+from ..fast_path.attention import (
+    choose_num_splits,
+    chunk_num_splits,
+    paged_chunk_attention,
+    paged_decode_attention,
+    rows_per_pack,
+)
 from ..fast_path.attention.chunk_rows import CHUNK_STAGES
 from .gemv_sweep import json_recorder, time_graph
 
@@ -55,12 +61,28 @@ def chunk_inputs(rows: int, context: int):
     return q, k, v, tables, lens
 
 
-def sweep(record, kind: str, rows: int, context: int, run, split_counts, current, nbytes: int) -> None:
-    """Time `run(splits, warps, stages)` over the grid; `current`: the engine's (splits, warps, stages)."""
+WARPS, STAGES = (2, 4, 8), (2, 3, 4)
+
+
+def sweep(
+    record,
+    kind: str,
+    rows: int,
+    context: int,
+    run,
+    split_counts,
+    current,
+    nbytes: int,
+    warp_counts=WARPS,
+    stage_counts=STAGES,
+    **fields,
+) -> None:
+    """Time `run(splits, warps, stages)` over the grid; `current`: the engine's (splits, warps, stages)
+    (its output is the reference); `fields` go into every record."""
     reference = run(*current).float()
     for splits in split_counts:
-        for warps in (2, 4, 8):
-            for stages in (2, 3, 4):
+        for warps in warp_counts:
+            for stages in stage_counts:
                 out = run(splits, warps, stages).float()
                 err = ((out - reference).norm() / reference.norm()).item()
                 seconds = time_graph(lambda: [run(splits, warps, stages) for _ in range(LAUNCHES)], 7) / LAUNCHES
@@ -68,6 +90,7 @@ def sweep(record, kind: str, rows: int, context: int, run, split_counts, current
                     kind=kind,
                     rows=rows,
                     context=context,
+                    **fields,
                     splits=splits,
                     num_warps=warps,
                     num_stages=stages,
@@ -82,7 +105,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop sweeping after this long")
+    parser.add_argument(
+        "--pack-rows",
+        default="",
+        help="comma-separated rows per pack for the chunk rows (default: the engine's, rows_per_pack)",
+    )
+    parser.add_argument("--kinds", default="chunk,decode", help="which kernels to sweep: chunk, decode")
+    parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="comma-separated warp counts")
+    parser.add_argument("--stages", default=",".join(map(str, STAGES)), help="comma-separated load stages")
     args = parser.parse_args(argv)
+    grid = {
+        "warp_counts": tuple(map(int, args.warps.split(","))),
+        "stage_counts": tuple(map(int, args.stages.split(","))),
+    }
+    kinds = set(args.kinds.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("attention_sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -93,17 +129,33 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     scale = HEAD_DIM**-0.5
     kv_bytes_per_token = KV_HEADS * HEAD_DIM * 2 * 2
-    pack = rows_per_pack(HEADS, KV_HEADS)
-    for rows in (32, 64, 128):
+    engine_pack = rows_per_pack(HEADS, KV_HEADS)
+    packs = [int(p) for p in args.pack_rows.split(",")] if args.pack_rows else [engine_pack]
+    for rows in (32, 64, 128) if "chunk" in kinds else ():
         q, k, v, tables, lens = chunk_inputs(rows, 2080)
-        current = (choose_num_splits(rows // pack, KV_HEADS, MAX_MODEL_LEN), 4, CHUNK_STAGES)
-        by_rows = choose_num_splits(rows, KV_HEADS, MAX_MODEL_LEN)  # the split count before packs chose it
+        for pack in packs:
+            if time.perf_counter() - started > args.budget_s:
+                break
+            splits = chunk_num_splits(rows // pack, KV_HEADS, MAX_MODEL_LEN)
+            current = (splits, 4, CHUNK_STAGES)
 
-        def chunk(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens):
-            return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages)
+            def chunk(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens, pack=pack):
+                return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages)
 
-        sweep(record, "chunk", rows, 2080, chunk, sorted({current[0], by_rows}), current, 2080 * kv_bytes_per_token)
-    for rows in (8, 32, 64, 128, 256):
+            options = sorted({s for s in (splits // 2, splits, splits * 2) if 1 <= s <= 64})
+            sweep(
+                record,
+                "chunk",
+                rows,
+                2080,
+                chunk,
+                options,
+                current,
+                2080 * kv_bytes_per_token,
+                **grid,
+                rows_per_pack=pack,
+            )
+    for rows in (8, 32, 64, 128, 256) if "decode" in kinds else ():
         for context in (640, 4096):
             if time.perf_counter() - started > args.budget_s:
                 break
@@ -114,7 +166,17 @@ def main(argv: list[str] | None = None) -> None:
             def decode(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens):
                 return paged_decode_attention(q, k, v, tables, lens, scale, splits, None, False, warps, stages)
 
-            sweep(record, "decode", rows, context, decode, options, (splits, 4, 3), rows * context * kv_bytes_per_token)
+            sweep(
+                record,
+                "decode",
+                rows,
+                context,
+                decode,
+                options,
+                (splits, 4, 3),
+                rows * context * kv_bytes_per_token,
+                **grid,
+            )
     (args.out / "attention_sweep.json").write_text(json.dumps(results, indent=1))
 
 

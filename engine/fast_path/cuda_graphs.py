@@ -213,9 +213,13 @@ class DecodeGraphs:
     def fits(self, batch: list[ScheduledSeq]) -> bool:
         return len(batch) <= self.max_batch and all(len(item.seq.block_table) <= self.max_blocks for item in batch)
 
-    def num_splits(self, size: int) -> int:
-        from .attention import choose_num_splits
+    def num_splits(self, size: int, rows_per_pack: int = 1) -> int:
+        """Splits of a graph of `size` rows: for the decode kernel's rows, or with packs of
+        `rows_per_pack` rows (a chunk graph) for the chunk-row kernel's packs."""
+        from .attention import choose_num_splits, chunk_num_splits
 
+        if rows_per_pack > 1:
+            return chunk_num_splits(size // rows_per_pack, self.decoder.num_kv_heads, self.max_model_len)
         return choose_num_splits(size, self.decoder.num_kv_heads, self.max_model_len)
 
     def execute(self, batch: list[ScheduledSeq], fed_ids: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -349,8 +353,7 @@ class DecodeGraphs:
             self.slots[:size],
             self.block_tables[:size],
             self.context_lens[:size],
-            # A chunk's packs are the kernel's programs along the batch: split for those.
-            self.num_splits(size // rows_per_pack),
+            self.num_splits(size, rows_per_pack),
             cold_kind=kind,
             block_slots=self.block_slots[:size],
             cold_blocks=self.cold_blocks[:size],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...attention import AttentionMetadata, paged_attention
-from .chunk_rows import paged_chunk_attention, rows_per_pack
+from .chunk_rows import chunk_num_splits, paged_chunk_attention, rows_per_pack
 from .cold_prefix import cold_prefix_decode_attention
 from .common import INT4, INT8, MAX_SPLITS, TILE_TOKENS, choose_num_splits, split_buffers, split_counters
 from .hot import paged_decode_attention
@@ -32,6 +32,7 @@ __all__ = [
     "choose_num_splits",
     "cold_paged_decode_attention",
     "cold_prefix_decode_attention",
+    "chunk_num_splits",
     "paged_chunk_attention",
     "paged_decode_attention",
     "rows_per_pack",

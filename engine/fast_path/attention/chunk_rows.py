@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..availability import has_triton
-from .common import TILE_TOKENS, check_num_splits, split_counters
+from .common import TILE_TOKENS, check_num_splits, choose_num_splits, split_counters
 
 if has_triton():
     import triton
@@ -71,6 +71,18 @@ if has_triton():
 # rows after a 2,080-token prefix took 7-10 % less time per layer (28.3 against 31.3 us
 # at 32 rows, 66.6 against 71.9 at 128, in CUDA-graph replays: bench/attention_sweep.py).
 CHUNK_STAGES = 2
+
+# One wave's worth of programs (packs x KV heads x splits up to the H200's 132 SMs), not
+# the decode kernel's two: on the H200, 32 / 64 / 128 rows after a 2,080-token prefix took
+# 23.4 / 35.5 / 56.7 us a layer with half the splits that two waves' worth gave, against
+# 27.6 / 39.4 / 68.5 (bench/attention_sweep.py). Packs of 16 rows instead of 4 were slower
+# at every split count (37.7 / 43.6 / 62.7 at best).
+CHUNK_TARGET_PROGRAMS = 132
+
+
+def chunk_num_splits(packs: int, num_kv_heads: int, max_context_len: int) -> int:
+    """The split count for a chunk-row launch of `packs` packs."""
+    return choose_num_splits(packs, num_kv_heads, max_context_len, CHUNK_TARGET_PROGRAMS)
 
 
 def rows_per_pack(num_heads: int, num_kv_heads: int) -> int:
