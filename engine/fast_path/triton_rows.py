@@ -126,9 +126,15 @@ if has_triton():
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         acc_2 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         x_rows = x_ptr + rows.to(tl.int64)[None, :] * stride_x
-        part = K // SPLIT_K
-        k_lo = tl.program_id(1) * part
-        for k0 in tl.range(k_lo, k_lo + part, BLOCK_K, num_stages=NUM_STAGES):
+        # Unsplit, the loop starts at a constant 0: a start computed from program_id(1)
+        # (always 0 then) made the row kernels' decode replays 2-3 % slower on the H200.
+        if SPLIT_K == 1:
+            k_lo = 0
+            k_hi = K
+        else:
+            k_lo = tl.program_id(1) * (K // SPLIT_K)
+            k_hi = k_lo + K // SPLIT_K
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
             xt = tl.load(x_rows + cols[:, None], mask=row_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
             acc = tl.dot(tl.load(w_rows + cols[None, :], eviction_policy="evict_first"), xt, acc)
