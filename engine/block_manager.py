@@ -1,8 +1,9 @@
 """Sequence-level KV block management over the block pools.
 
 Check-then-act pairs keep the scheduler's preemption loop readable:
-`can_allocate`/`allocate` (admission, with prefix-cache hits), `can_append`/`append_slots`
-(growth), `can_swap_out`/`swap_out`, `can_swap_in`/`swap_in`, and `free`.
+`can_allocate`/`allocate` (admission, with prefix-cache hits; `try_allocate` is both with
+one lookup pass), `can_append`/`append_slots` (growth), `can_swap_out`/`swap_out`,
+`can_swap_in`/`swap_in`, and `free`.
 New tokens always go to hot blocks; `cool_blocks` moves a sequence's full blocks that
 have left the hot window to cold (quantized) blocks.
 """
@@ -60,8 +61,8 @@ class BlockManager:
         return hits
 
     def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[tuple[int, tuple[int, ...]]]:
-        """(chained hash, tokens) of the sequence's first `num_blocks` full blocks. Admission
-        asks twice per step (can_allocate, then allocate) and registration once more: a
+        """(chained hash, tokens) of the sequence's first `num_blocks` full blocks. A waiting
+        sequence asks at each step until it is admitted, and registration once more: a
         2,048-token prompt is 128 tuples and hashes each time otherwise."""
         memo, bs = seq.block_hashes, self.block_size
         parent = memo[-1][0] if memo else None
@@ -71,23 +72,24 @@ class BlockManager:
             memo.append((parent, chunk))
         return memo[:num_blocks]
 
-    def num_blocks_to_admit(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Free pages admitting `seq` and computing `num_new_tokens` of it would take."""
-        hits = self._prefix_hits(seq)
+    def num_blocks_to_admit(self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None) -> int:
+        """Free pages admitting `seq` and computing `num_new_tokens` of it would take
+        (`hits`: its prefix hits, when the caller has them)."""
+        hits = self._prefix_hits(seq) if hits is None else hits
         idle_hits = sum(1 for b in hits if self.pool.blocks[b].ref_count == 0)
         hit_tokens = len(hits) * self.block_size
         total = min(seq.num_tokens, hit_tokens + num_new_tokens)
         return cdiv(total, self.block_size) - len(hits) + idle_hits
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self.num_blocks_to_admit(seq, num_new_tokens)
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int] | None = None) -> bool:
+        needed = self.num_blocks_to_admit(seq, num_new_tokens, hits)
         return self.pool.num_free_blocks - needed >= self.watermark_blocks
 
-    def allocate(self, seq: Sequence) -> None:
+    def allocate(self, seq: Sequence, hits: list[int] | None = None) -> None:
         """Admit: take the cached prefix blocks. Blocks for the tokens to compute come
         from `append_slots`, chunk by chunk, as the prompt is prefilled."""
         assert not seq.block_table
-        hits = self._prefix_hits(seq)
+        hits = self._prefix_hits(seq) if hits is None else hits
         for block_id in hits:
             self.pool.touch(block_id)
         seq.block_table = hits
@@ -95,6 +97,15 @@ class BlockManager:
         seq.num_hashed_blocks = len(hits)
         self.prefix.queries += seq.num_tokens
         self.prefix.hits += seq.num_computed_tokens
+
+    def try_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """`allocate` if `can_allocate`, with one pass of prefix-cache lookups (128 for a
+        2,048-token cached prefix) for both."""
+        hits = self._prefix_hits(seq)
+        if not self.can_allocate(seq, num_new_tokens, hits):
+            return False
+        self.allocate(seq, hits)
+        return True
 
     # --- growth ---------------------------------------------------------------
     def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:

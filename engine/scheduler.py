@@ -164,7 +164,7 @@ class Scheduler:
                 break
             if seq.index > 0 and self._first_sibling_prefilling(seq):
                 continue  # wait for the prompt's blocks to be cached, then share them
-            if not bm.can_allocate(seq, token_budget):
+            if not bm.try_allocate(seq, token_budget):
                 # No head-of-line blocking: the sequences behind one that does not fit yet may
                 # use the room there is, until it has waited priority_aging_steps for room;
                 # then admission stops behind it, so the pool drains for it and it cannot starve.
@@ -174,7 +174,6 @@ class Scheduler:
                     break
                 continue
             seq.blocked_since_step = None
-            bm.allocate(seq)
             num = min(seq.num_uncomputed_tokens, token_budget)
             bm.append_slots(seq, seq.num_computed_tokens + num)
             self.waiting.remove(seq)

@@ -118,3 +118,22 @@ def test_cold_slots_share_a_page_and_return_it_when_empty():
     bm.free(s)
     assert bm.pool.num_free_blocks == 6
     assert all(b.ref_count == 0 for b in bm.pool.blocks.values())
+
+
+def test_try_allocate_admits_with_one_lookup_pass_or_leaves_the_pool_alone():
+    bm = BlockManager(num_blocks=6, num_host_blocks=0, block_size=4, enable_prefix_caching=True, watermark=0.0)
+    a = seq(list(range(12)), "a")
+    admit(bm, a)
+    a.num_computed_tokens = 12
+    bm.commit_full_blocks(a)
+    lookups = []
+    lookup = bm.pool.lookup
+    bm.pool.lookup = lambda h, t: lookups.append(h) or lookup(h, t)
+    b = seq(list(range(8)) + [50, 51], "b")  # 2 cached blocks, then 2 tokens to compute
+    assert bm.try_allocate(b, 2)
+    assert b.block_table == [0, 1] and b.num_computed_tokens == 8
+    assert len(lookups) == 2  # one pass for the check and the admission
+    free_before = bm.pool.num_free_blocks  # 3: a's blocks are still held
+    too_big = seq(list(range(100, 120)), "c")  # 5 blocks needed
+    assert not bm.try_allocate(too_big, 20)
+    assert too_big.block_table == [] and bm.pool.num_free_blocks == free_before
