@@ -327,6 +327,53 @@ def time_to_first_token(engine, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def profile_prefix(
+    engine, vocab: int, path: str, prefix_len: int = 2048, new_tokens: int = 32, timed: int = 20, profiled: int = 5
+) -> dict:
+    """Where a warm-prefix TTFT goes: its host phases (median of `timed` warm requests,
+    PhaseTimer) and per-kernel GPU time over `profiled` more (torch.profiler, whose CUDA
+    instrumentation slows graph launches: the phases are timed without it). "runner" is
+    the model step including its wait for the GPU and the token readback."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .phase_timer import PhaseTimer
+
+    prefix = prompts(vocab, 1, prefix_len, seed=21)[0]
+    tails = prompts(vocab, 1 + timed + profiled, new_tokens, seed=22)
+    time_to_first_token(engine, prefix + tails[0])  # cold: caches the prefix
+    phases = {
+        "schedule": (engine.scheduler, "schedule"),
+        "runner": (engine.runner, "execute"),
+        "outputs": (engine.output_processor, "process"),
+    }
+    if engine.runner.fast_decode is not None:
+        phases["graph_inputs"] = (engine.runner.fast_decode, "_load")
+    samples: dict[str, list[float]] = {name: [] for name in ("ttft", *phases)}
+    with PhaseTimer(phases) as timer:
+        for tail in tails[1 : 1 + timed]:
+            timer.reset()
+            samples["ttft"].append(time_to_first_token(engine, prefix + tail))
+            for name, seconds in timer.totals.items():
+                samples[name].append(seconds)
+    medians = {name: 1e3 * sorted(v)[len(v) // 2] for name, v in samples.items()}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for tail in tails[1 + timed :]:
+            time_to_first_token(engine, prefix + tail)
+    averages = prof.key_averages()
+    device_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in averages)
+    result = {"host_phases_median_ms": medians, "gpu_ms_per_ttft": device_us / 1e3 / max(1, profiled)}
+    with open(path, "w") as f:
+        f.write(f"warm TTFT, {prefix_len} cached + {new_tokens} new tokens: {json.dumps(result)}\n")
+        for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+            try:
+                f.write(averages.table(sort_by=key, row_limit=25) + "\n")
+                break
+            except (KeyError, AttributeError, ValueError):
+                continue
+    return result
+
+
 def bench_prefix(
     engine, vocab: int, prefix_len: int = 2048, new_tokens: tuple[int, ...] = (8, 32, 64, 128, 256)
 ) -> dict:
@@ -575,6 +622,7 @@ def run_all(
         profile_decode(fast, 1, 640, f"{out_dir}/profile_b1_ctx640.txt")
         profile_decode(fast, 256, 640, f"{out_dir}/profile_b256_ctx640.txt")
         profile_prefill(fast, cfg.vocab_size, f"{out_dir}/profile_prefill_16x512.txt")
+        res["prefix_profile"] = profile_prefix(fast, cfg.vocab_size, f"{out_dir}/profile_prefix_warm.txt")
 
     for name, fn in (
         ("batch1", batch1),
