@@ -135,6 +135,17 @@ def step_time_split(timings: list[tuple[float, bool]], total_s: float, steps: in
     }
 
 
+def kernel_table(averages, row_limit: int = 25) -> str:
+    """torch.profiler averages as a table by GPU time (the key torch >= 2.4 names
+    self_device_time_total, older ones self_cuda_time_total), by CPU time without either."""
+    for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+        try:
+            return averages.table(sort_by=key, row_limit=row_limit)
+        except (KeyError, AttributeError, ValueError):
+            continue
+    return ""
+
+
 def profile_prefill(engine, vocab: int, path: str, num: int = 16, length: int = 512) -> None:
     """torch.profiler over one engine step that prefills `num` prompts of `length` tokens."""
     from torch.profiler import ProfilerActivity, profile
@@ -155,12 +166,7 @@ def profile_prefill(engine, vocab: int, path: str, num: int = 16, length: int = 
     averages = prof.key_averages()
     with open(path, "w") as f:
         f.write(f"one prefill step, {num} x {length} tokens, wall {wall * 1e3:.1f} ms\n")
-        for key in ("self_device_time_total", "self_cuda_time_total"):
-            try:
-                f.write(averages.table(sort_by=key, row_limit=25) + "\n")
-                break
-            except (KeyError, AttributeError, ValueError):
-                continue
+        f.write(kernel_table(averages) + "\n")
         f.write(averages.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
 
 
@@ -275,11 +281,7 @@ def profile_decode(engine, size: int, context: int, path: str) -> None:
         for _ in range(5):
             graphs._run(size)
         sync()
-    averages = prof.key_averages()
-    try:
-        table = averages.table(sort_by="self_device_time_total", row_limit=30)
-    except (KeyError, AttributeError, ValueError):
-        table = averages.table(sort_by="self_cuda_time_total", row_limit=30)
+    table = kernel_table(prof.key_averages(), row_limit=30)
     with open(path, "w") as f:
         f.write(f"fused decode step, batch {size}, context {context}, 5 eager runs\n{table}\n")
 
@@ -365,12 +367,7 @@ def profile_prefix(
     result = {"host_phases_median_ms": medians, "gpu_ms_per_ttft": device_us / 1e3 / max(1, profiled)}
     with open(path, "w") as f:
         f.write(f"warm TTFT, {prefix_len} cached + {new_tokens} new tokens: {json.dumps(result)}\n")
-        for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
-            try:
-                f.write(averages.table(sort_by=key, row_limit=25) + "\n")
-                break
-            except (KeyError, AttributeError, ValueError):
-                continue
+        f.write(kernel_table(averages) + "\n")
     return result
 
 

@@ -17,10 +17,9 @@ One program computes BLOCK_N outputs of all M rows over the whole K, or over one
 dot needs; padded rows load zeros and store nothing). Split, each program stores its
 fp32 partial products and the last of a tile's programs to finish (a counter per
 tile, as the attention splits merge: attention/common.py) sums them in split order,
-so the result does not depend on which finished last, and runs the epilogue. The
-4096-output products have only 128 tiles of 32 outputs for the H200's 132 SMs (q/k/v:
-96 of 64): splitting K gives each SM more loads in flight. The loop only loads and multiplies, so Triton pipelines its
-loads: folding the RMSNorm into it, as the batch-1 GEMVs do, put elementwise work
+so the result does not depend on which finished last, and runs the epilogue (on the
+H200 only the down product at 64 rows measured faster split: MEASURED_CONFIGS). The
+loop only loads and multiplies, so Triton pipelines its loads: folding the RMSNorm into it, as the batch-1 GEMVs do, put elementwise work
 between the loads and the dot and made the products 2-4x slower on the H200, so the
 RMSNorm before each product stays fused_ops.add_rms_norm. SiLU-and-multiply and RoPE
 round as fused_ops does.
@@ -96,9 +95,9 @@ def block_rows(m: int) -> int:
 
 def choose_config(n: int, k: int, m: int) -> RowsConfig | None:
     """The launch shape for m rows times an [n, k] weight: the measured one, else the
-    default, with block_k halved until block_k * split_k divides k. None where cuBLAS measured faster,
-    or when k has no power-of-two factor of at least MIN_BLOCK (the kernels have no
-    masks along k): the caller then runs F.linear."""
+    default, with block_k halved until block_k * split_k divides k. None where cuBLAS
+    measured faster, or when k has no power-of-two factor of at least MIN_BLOCK (the
+    kernels have no masks along k): the caller then runs F.linear."""
     key = (n, k, block_rows(m))
     config = MEASURED_CONFIGS[key] if key in MEASURED_CONFIGS else DEFAULT_CONFIG
     if config is None:
