@@ -105,6 +105,11 @@ def _token_rows(meta: AttentionMetadata, device: torch.device) -> tuple[torch.Te
     global _rows_of_step
     if _rows_of_step is not None and _rows_of_step[0] is meta:
         return _rows_of_step[1], _rows_of_step[2]
+    if meta.max_query_len == 1 and sum(meta.query_lens) == meta.num_seqs:
+        # A decode step: the rows are the sequences themselves. Nothing is copied from
+        # the host, so the step can be captured in a CUDA graph (batch_invariant_graphs.py).
+        _rows_of_step = (meta, meta.block_tables.to(device), meta.context_lens.to(device))
+        return _rows_of_step[1], _rows_of_step[2]
     query_lens = torch.tensor(meta.query_lens, device=device)
     seq_of_token = torch.repeat_interleave(torch.arange(len(meta.query_lens), device=device), query_lens)
     starts = torch.tensor(meta.query_start, device=device)

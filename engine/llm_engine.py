@@ -32,6 +32,7 @@ import torch
 
 from .async_decode import AsyncDecode, InflightStep
 from .batch_invariant import make_batch_invariant
+from .batch_invariant_graphs import attach_invariant_decode
 from .block_manager import BlockManager
 from .config import EngineConfig, TunableError, validate_tunable
 from .fast_path import attach_fast_path, greedy_on_device
@@ -146,7 +147,7 @@ class LLMEngine:
             )
             if config.deterministic:
                 make_batch_invariant(self.model)
-                self.fast_path_unavailable = "deterministic mode: the batch-invariant portable steps"
+                self.fast_path_unavailable = attach_invariant_decode(runner, self.max_model_len)
             else:
                 self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
             self.runner = runner

@@ -38,6 +38,7 @@ from .runner_output import RunnerOutput
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
+    from .batch_invariant_graphs import InvariantDecodeGraphs
     from .fast_path.cuda_graphs import DecodeGraphs
     from .token_readback import PendingTokens, TokenReadback
 
@@ -80,6 +81,9 @@ class ModelRunner:
         # DecodeGraphs: fused decode step in CUDA graphs); set by attach_fast_path on
         # CUDA, else None.
         self.fast_decode: DecodeGraphs | None = None
+        # Deterministic mode's decode steps in CUDA graphs (engine/batch_invariant_graphs.py);
+        # set by attach_invariant_decode on CUDA, else None.
+        self.invariant_decode: InvariantDecodeGraphs | None = None
         self.refresh_kv_views()
         self.block_size = block_size
         self.device = kv_cache.device
@@ -175,6 +179,12 @@ class ModelRunner:
         """Run the batch: logits [num sampling sequences, vocab] in float32, in batch
         order, and on the fast decode path its greedy tokens or its finiteness check."""
         fast = self.mode == "fast"
+        if fast and self.invariant_decode is not None and self.invariant_decode.can_run(batch):
+            try:
+                return RunnerOutput(self._invariant_decode_checked(batch))
+            except Exception as exc:  # the eager step computes the same rows
+                self._switch_to_fallback(exc)
+                fast = False
         if fast and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
                 output = self._fast_decode_checked(batch)
@@ -250,6 +260,16 @@ class ModelRunner:
                 raise FastPathError("non_finite_logits", "non-finite logits on the fast path")
             return RunnerOutput(logits, sampled_token_ids=tokens)
         return RunnerOutput(logits, finite=packed[0])  # the sampler reads it with its tokens
+
+    def _invariant_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        if self._injected_failure is not None:
+            reason, self._injected_failure = self._injected_failure, None
+            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        assert self.invariant_decode is not None  # execute calls this only with the graphs attached
+        logits = self.invariant_decode.execute(batch)
+        if not torch.isfinite(logits).all():
+            raise FastPathError("non_finite_logits", "non-finite logits in a deterministic decode graph")
+        return logits
 
     def _switch_to_fallback(self, exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__

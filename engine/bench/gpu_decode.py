@@ -439,14 +439,15 @@ def bench_deterministic(model_dir, model, probes: int = 8, burst: int = 128, max
     `model` to the batch-invariant steps for good: run it last."""
     from types import SimpleNamespace
 
-    from .deterministic import measure
+    from .deterministic import compare_modes, measure
 
     vocab = model.config.vocab_size
     args = SimpleNamespace(kv_gib=24, max_tokens=max_tokens)
     probe_prompts = prompts(vocab, probes, 512, seed=41)
     others = prompts(vocab, burst - probes, 512, seed=42)
     modes = [measure(model_dir, model, det, args, probe_prompts, others) for det in (False, True)]
-    return {"prompt_len": 512, "max_tokens": max_tokens, "modes": modes}
+    modes.append(measure(model_dir, model, True, args, probe_prompts, others, graphs=False))
+    return {"prompt_len": 512, "max_tokens": max_tokens, "modes": modes, **compare_modes(modes)}
 
 
 def run_all(
@@ -724,11 +725,16 @@ def print_table(res: dict) -> None:
                 n = key.removeprefix("new").removesuffix("_eager_ms")
                 rows = sweep[f"new{n}_graph_rows_ms"]
                 print(f"  warm, {n:>3} new tokens: graph rows {rows:6.1f} ms, eager {sweep[key]:6.1f} ms")
-    for m in res.get("deterministic", {}).get("modes", []):
-        name = "deterministic" if m["deterministic"] else "default"
+    det = res.get("deterministic", {})
+    for m in det.get("modes", []):
+        name = ("deterministic" if m.get("decode_graphs") else "det. eager") if m["deterministic"] else "default"
         print(
             f"{name:14s} probes identical {m['probes_identical']}/{m['probes']}, burst "
             f"{m['burst_output_tok_s']:.0f} tok/s, batch-1 {m['batch1_decode_tok_s']:.1f} tok/s"
+        )
+    if "probes_same_with_and_without_graphs" in det:
+        print(
+            f"deterministic probes alike with and without decode graphs: {det['probes_same_with_and_without_graphs']}"
         )
     if "swap" in res:
         s = res["swap"]
