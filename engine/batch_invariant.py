@@ -7,8 +7,8 @@ the outputs diverge from there. `EngineConfig(deterministic=True)` (`inferd serv
 --deterministic`) runs the model through the steps below instead, where every kernel sees
 a shape that depends only on the token itself:
 
-- projections (attention, MLP, LM head) go through one matrix product whose tiling is
-  fixed: on a GPU a Triton kernel with one tile shape and no split-K
+- projections (attention, MLP, LM head) go through one matrix product whose reduction
+  is fixed: on a GPU a Triton kernel that walks K in one fixed step order, no split-K
   (fast_path/invariant_matmul.py), elsewhere torch's GEMM over fixed tiles of `ROW_TILE`
   rows, the last zero-padded;
 - norms, RoPE and the elementwise steps run in fixed `ROW_TILE` tiles too, so each is the
@@ -21,7 +21,8 @@ a shape that depends only on the token itself:
   prompt was split into prefill chunks, nor a prefix-cache hit, changes a bit.
 
 The result: a request's greedy (and seeded) tokens and logprobs are bitwise the same alone
-and inside any batch. The cost is speed (the fast path's fused kernels, decode graphs and
+and inside any batch. Decode steps replay CUDA graphs of these steps on a GPU
+(batch_invariant_graphs.py). The cost is speed (the fast path's fused kernels, and
 prefill attention reads each token's whole context): measured in BENCHMARKS.md.
 Tensor parallelism is refused in this mode (its all-reduce is another shape-dependent
 reduction, not covered here).

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import AttentionMetadata, paged_attention
-from .fast_path.cuda_graphs import GRAPH_LADDER, DecodeInputs, graph_batch_size, is_pure_decode
+from .fast_path.cuda_graphs import GRAPH_LADDER, DecodeInputs, graph_batch_size, is_pure_decode, pinned_rows
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class InvariantDecodeGraphs:
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=device)
         pin = device.type == "cuda"
         self._header_host = torch.zeros(4, n, dtype=torch.long, pin_memory=pin)
-        self._tables_host = torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin)
+        self._tables_host = torch.zeros(n * self.max_blocks, dtype=torch.int32, pin_memory=pin)  # pinned_rows
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: _POOL_HANDLE | None = None
         self.num_replays = 0
@@ -150,13 +150,14 @@ class InvariantDecodeGraphs:
             [rows.input_ids, rows.positions, rows.slots, rows.context_lens], dtype=torch.long
         )
         width = max(len(t) for t in rows.block_tables)
-        self._tables_host[:n].zero_()
+        tables = pinned_rows(self._tables_host, n, width)
+        tables.zero_()
         for i, table in enumerate(rows.block_tables):
-            self._tables_host[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
-        # Synchronous from pinned memory: the host set is reused by the next step, and a
-        # decode step of this mode waits for its logits anyway.
+            tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        # Synchronous: the host buffers are reused by the next step, and a decode step of
+        # this mode waits for its logits anyway.
         self.header.copy_(self._header_host)
-        self.block_tables[:n, :width].copy_(self._tables_host[:n, :width])
+        self.block_tables[:n, :width].copy_(tables)
 
     def _run(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(

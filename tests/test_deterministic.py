@@ -142,3 +142,22 @@ def test_invariant_matmul_rows_do_not_depend_on_the_batch():
     batch = invariant_linear(x, weight, bias)
     torch.testing.assert_close(batch, torch.nn.functional.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
     assert torch.equal(invariant_linear(x[3:4], weight, bias), batch[3:4])
+
+
+@pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
+def test_invariant_matmul_outputs_per_program():
+    """block_n only spreads the outputs over programs: every width gives the product."""
+    from inferd.engine.fast_path.invariant_matmul import block_n_for, invariant_linear
+
+    gen = torch.Generator().manual_seed(2)
+    x, weight = torch.randn(5, 64, generator=gen), torch.randn(144, 64, generator=gen)
+    expected = torch.nn.functional.linear(x, weight)
+    for block_n in (16, 32, 64, 128):
+        torch.testing.assert_close(invariant_linear(x, weight, block_n=block_n), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="block_n must be a power of two of at least 16, got 24"):
+        invariant_linear(x, weight, block_n=24)
+    assert [block_n_for(1, 4096, 4096), block_n_for(1, 14336, 4096), block_n_for(1, 4096, 14336)] == [32, 64, 64]
+    assert block_n_for(256, 1024, 4096) == block_n_for(8192, 128256, 4096) == 128

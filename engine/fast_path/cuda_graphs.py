@@ -128,6 +128,17 @@ class DecodeInputs:
         )
 
 
+def pinned_rows(flat: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """A contiguous [rows, width] view of a flat (pinned) host buffer: the source of a
+    table's copy to the device. A [rows, width] slice of a wider host tensor is not
+    contiguous, and torch copies such a source through a pageable temporary: a copy the
+    driver makes synchronous (it waits for the stream's earlier work, a step in flight
+    included) instead of an asynchronous one from pinned memory."""
+    if rows * width > flat.numel():
+        raise ValueError(f"{rows} x {width} entries do not fit a host buffer of {flat.numel()}")
+    return flat[: rows * width].view(rows, width)
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -168,11 +179,13 @@ class DecodeGraphs:
         pin = device.type == "cuda"
         # Two sets of host twins, alternating: with a step in flight (async scheduling)
         # the next step's rows are written while the previous copies may be pending.
+        # The tables' twins are flat: a step's [rows, width] is a contiguous view of the
+        # first rows * width entries (pinned_rows).
         self._host_sets = [
             (
                 torch.zeros(5, n, dtype=torch.long, pin_memory=pin),
-                torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
-                torch.zeros(n, self.max_blocks, dtype=torch.int32, pin_memory=pin),
+                torch.zeros(n * self.max_blocks, dtype=torch.int32, pin_memory=pin),
+                torch.zeros(n * self.max_blocks, dtype=torch.int32, pin_memory=pin),
             )
             for _ in range(2)
         ]
@@ -326,19 +339,21 @@ class DecodeGraphs:
                 return None
             cold_blocks, kind = layout
             table = page_ids
-            slots_host[:n, :width] = torch.from_numpy(slot_ids.astype(np.int32))
-            self.block_slots[:n, :width].copy_(slots_host[:n, :width], non_blocking=True)
+            slots_rows = pinned_rows(slots_host, n, width)
+            slots_rows.copy_(torch.from_numpy(slot_ids.astype(np.int32)))
+            self.block_slots[:n, :width].copy_(slots_rows, non_blocking=True)
         header_host[:4, :n] = torch.tensor(
             [rows.input_ids, rows.positions, rows.slots, rows.context_lens], dtype=torch.long
         )
         header_host[4, :n] = torch.from_numpy(cold_blocks.astype(np.int64))
-        tables_host[:n, :width] = torch.from_numpy(table.astype(np.int32))
+        tables_rows = pinned_rows(tables_host, n, width)
+        tables_rows.copy_(torch.from_numpy(table.astype(np.int32)))
         # The whole header (5 x max rows, a few KiB): a column slice is non-contiguous, and
         # torch copies it through a pageable temporary and a copy kernel (a profile of the
         # batch-1 engine showed one pageable copy and one such kernel per step).
         # Columns past n are stale but unread: the graph of this size reads the first n.
         self.header.copy_(header_host, non_blocking=True)
-        self.block_tables[:n, :width].copy_(tables_host[:n, :width], non_blocking=True)
+        self.block_tables[:n, :width].copy_(tables_rows, non_blocking=True)
         return kind
 
     def _run(self, size: int, kind: int = 0, rows_per_pack: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
