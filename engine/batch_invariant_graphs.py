@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import AttentionMetadata, paged_attention
-from .fast_path.cuda_graphs import GRAPH_LADDER, DecodeInputs, graph_batch_size, is_pure_decode, pinned_rows
+from .fast_path.cuda_graphs import (
+    GRAPH_LADDER,
+    DecodeInputs,
+    capture_graph,
+    graph_batch_size,
+    is_pure_decode,
+    pinned_rows,
+)
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
@@ -174,17 +181,7 @@ class InvariantDecodeGraphs:
         return self.model.compute_logits(hidden)
 
     def _capture(self, size: int) -> None:
-        # Warm-up runs compile the kernels outside the capture; they compute the step the
-        # replay will (same inputs, same K/V slots), so they are harmless.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._run(size)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self._run(size)
+        graph, logits = capture_graph(lambda: self._run(size), self.device, self._pool)
         self._pool = graph.pool()
         self.graphs[size] = (graph, logits)
 

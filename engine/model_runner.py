@@ -114,6 +114,12 @@ class ModelRunner:
         """Make the next fast-path step fail with `reason` (fault injection for tests)."""
         self._injected_failure = reason
 
+    def _raise_injected_failure(self) -> None:
+        """Fail this fast-path step if a failure was injected (once)."""
+        if self._injected_failure is not None:
+            reason, self._injected_failure = self._injected_failure, None
+            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, AttentionMetadata, list[int]]:
         bs = self.block_size
         input_ids: list[int] = []
@@ -231,9 +237,7 @@ class ModelRunner:
         if self.mode != "fast" or self.fast_decode is None or not self.fast_decode.fits(batch):
             return None
         try:
-            if self._injected_failure is not None:
-                reason, self._injected_failure = self._injected_failure, None
-                raise FastPathError("injected", f"injected fast-path failure: {reason}")
+            self._raise_injected_failure()
             logits = self.fast_decode.execute(batch, fed_ids=fed_ids)
             if logits is None:
                 return None
@@ -243,9 +247,7 @@ class ModelRunner:
             return None
 
     def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> RunnerOutput | None:
-        if self._injected_failure is not None:
-            reason, self._injected_failure = self._injected_failure, None
-            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        self._raise_injected_failure()
         assert self.fast_decode is not None  # execute calls this only with decode graphs attached
         logits = self.fast_decode.execute(batch)
         if logits is None:
@@ -262,9 +264,7 @@ class ModelRunner:
         return RunnerOutput(logits, finite=packed[0])  # the sampler reads it with its tokens
 
     def _invariant_decode_checked(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        if self._injected_failure is not None:
-            reason, self._injected_failure = self._injected_failure, None
-            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        self._raise_injected_failure()
         assert self.invariant_decode is not None  # execute calls this only with the graphs attached
         logits = self.invariant_decode.execute(batch)
         if not torch.isfinite(logits).all():
@@ -277,9 +277,7 @@ class ModelRunner:
         self.on_fastpath_failure(str(reason))  # the engine sets its mode to fallback
 
     def _fast_attention_checked(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self._injected_failure is not None:
-            reason, self._injected_failure = self._injected_failure, None
-            raise FastPathError("injected", f"injected fast-path failure: {reason}")
+        self._raise_injected_failure()
         return self.fast_attention(*args, **kwargs)
 
     def _forward(

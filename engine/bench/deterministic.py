@@ -7,7 +7,8 @@ mode, on an engine of its own: 16 greedy probe requests run one at a time, then 
 the same length); how many probes' tokens are identical in the two runs, the burst's
 output tokens/s and the batch-1 decode tokens/s. The default mode runs first: deterministic
 mode switches its model for good. With `--eager`, deterministic mode runs again with its
-decode steps eager instead of in CUDA graphs, and the probes' tokens of the two are compared. Results: DIR/deterministic.json and a printed table.
+decode steps eager instead of in CUDA graphs, and the probes' tokens of the two are
+compared. Results: DIR/deterministic.json and a printed table.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def measure(model_dir, model, deterministic: bool, args, probes, others, graphs:
     return result
 
 
+def mode_name(mode: dict) -> str:
+    """A measured mode's name for the printed tables."""
+    if not mode["deterministic"]:
+        return "default"
+    return "deterministic" if mode.get("decode_graphs") else "det. eager"
+
+
 def compare_modes(modes: list[dict]) -> dict:
     """Takes every mode's probe tokens out of `modes`; where deterministic mode ran with
     and without its decode graphs, how many probes' tokens the two gave alike."""
@@ -100,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "deterministic.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"{'mode':<14}{'probes identical':>18}{'burst tok/s':>13}{'batch-1 tok/s':>15}")
     for m in results["modes"]:
-        name = ("deterministic" if m["decode_graphs"] else "det. eager") if m["deterministic"] else "default"
+        name = mode_name(m)
         same = f"{m['probes_identical']}/{m['probes']}"
         print(f"{name:<14}{same:>18}{m['burst_output_tok_s']:>13.0f}{m['batch1_decode_tok_s']:>15.1f}")
     return 0

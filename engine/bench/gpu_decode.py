@@ -725,9 +725,11 @@ def print_table(res: dict) -> None:
                 n = key.removeprefix("new").removesuffix("_eager_ms")
                 rows = sweep[f"new{n}_graph_rows_ms"]
                 print(f"  warm, {n:>3} new tokens: graph rows {rows:6.1f} ms, eager {sweep[key]:6.1f} ms")
+    from .deterministic import mode_name
+
     det = res.get("deterministic", {})
     for m in det.get("modes", []):
-        name = ("deterministic" if m.get("decode_graphs") else "det. eager") if m["deterministic"] else "default"
+        name = mode_name(m)
         print(
             f"{name:14s} probes identical {m['probes_identical']}/{m['probes']}, burst "
             f"{m['burst_output_tok_s']:.0f} tok/s, batch-1 {m['batch1_decode_tok_s']:.1f} tok/s"

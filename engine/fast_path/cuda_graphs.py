@@ -28,8 +28,9 @@ lays each chunk out in packs of `rows_per_pack` rows that read their K/V once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
     from .fast_decoder import FastDecoder
 
+T = TypeVar("T")
 GRAPH_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAD_SLOT = -1
 MAX_EXPANDED_ROWS = 64
@@ -137,6 +139,24 @@ def pinned_rows(flat: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     if rows * width > flat.numel():
         raise ValueError(f"{rows} x {width} entries do not fit a host buffer of {flat.numel()}")
     return flat[: rows * width].view(rows, width)
+
+
+def capture_graph(
+    step: Callable[[], T], device: torch.device, pool: _POOL_HANDLE | None
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """A CUDA graph of `step` and its outputs (graph memory, in `pool` when given). Two
+    warm-up runs first, on a side stream, compile the kernels outside the capture; they
+    compute the step the replay will (same inputs, same K/V slots), so they are harmless."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = step()
+    return graph, outputs
 
 
 class DecodeGraphs:
@@ -377,17 +397,7 @@ class DecodeGraphs:
         return logits, greedy_with_flag(logits, live=self.context_lens[:size])
 
     def _capture(self, size: int, kind: int = 0, rows_per_pack: int = 1) -> None:
-        # Warm-up runs compile the Triton kernels outside the capture; they compute the
-        # same step as the replay will (same inputs, same K/V slots), so they are harmless.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._run(size, kind, rows_per_pack)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits, greedy = self._run(size, kind, rows_per_pack)
+        graph, (logits, greedy) = capture_graph(lambda: self._run(size, kind, rows_per_pack), self.device, self._pool)
         self._pool = graph.pool()
         if rows_per_pack > 1:
             self.chunk_graphs[size] = (graph, logits, greedy)
