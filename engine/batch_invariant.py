@@ -11,9 +11,10 @@ a shape that depends only on the token itself:
   is fixed: on a GPU a Triton kernel that walks K in one fixed step order, no split-K
   (fast_path/invariant_matmul.py), elsewhere torch's GEMM over fixed tiles of `ROW_TILE`
   rows, the last zero-padded;
-- norms, RoPE and the elementwise steps run in fixed `ROW_TILE` tiles too, so each is the
-  same launch whatever the number of rows; no kernel mixes rows, so a row's result never
-  depends on the others in its tile;
+- norms, RoPE and the elementwise steps: on a GPU the fast path's fused kernels, one
+  program a row whatever the number of rows (batch_invariant_fused.py); elsewhere in
+  fixed `ROW_TILE` tiles, so each is the same launch whatever the number of rows; no
+  kernel mixes rows, so a row's result never depends on the others in its tile;
 - attention is computed for each query token alone over exactly its own context (its
   sequence's keys up to and including itself): on a GPU each token is a row of the Triton
   decode kernel with a fixed split count, elsewhere one SDPA per token; what a row reads
@@ -233,5 +234,10 @@ def make_batch_invariant(model: LlamaModel) -> None:
     weight = model.embed_tokens.weight
     project = invariant_projection(weight.device, weight.dtype)
     model.step_ops = BatchInvariantOps
+    if unavailable_reason(weight.device, weight.dtype) is None:
+        # imported here: importing the module defines (and on the CPU cannot build) the kernels
+        from .batch_invariant_fused import FusedInvariantOps
+
+        model.step_ops = FusedInvariantOps
     model.attention_override = invariant_attention
     model.lm_head_fn = lambda hidden: project(model.lm_head, hidden)

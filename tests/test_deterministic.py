@@ -28,16 +28,28 @@ def outputs(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> list[
     return [(o.outputs[0].token_ids, [sorted(lp.items()) for lp in o.outputs[0].logprobs or []]) for o in done]
 
 
-def alone_and_busy(model: str, dtype: str, deterministic: bool) -> tuple[list, list]:
-    alone_llm = LLM(model, block_size=8, dtype=dtype, deterministic=deterministic, enable_prefix_caching=False)
-    alone = [outputs(alone_llm, [p], [sp])[0] for p, sp in zip(PROMPTS, PARAMS)]
+def alone_and_busy(
+    model: str, dtype: str, deterministic: bool, step_ops=None, requests: int = len(PROMPTS), noise_count: int = 12
+) -> tuple[list, list]:
+    """The first `requests` probes alone, then inside a busy batch; `step_ops`: the
+    model's forward steps instead of the mode's own."""
+
+    def engine(**kwargs) -> LLM:
+        llm = LLM(model, block_size=8, dtype=dtype, deterministic=deterministic, **kwargs)
+        if step_ops is not None:
+            llm.engine.runner.model.step_ops = step_ops
+        return llm
+
+    prompts, params = PROMPTS[:requests], PARAMS[:requests]
+    alone_llm = engine(enable_prefix_caching=False)
+    alone = [outputs(alone_llm, [p], [sp])[0] for p, sp in zip(prompts, params)]
     # small step budget: prompts are prefilled in chunks beside other sequences' decodes;
     # the first request warms the prefix cache for the shared system prompt
-    busy_llm = LLM(model, block_size=8, dtype=dtype, deterministic=deterministic, max_num_batched_tokens=40)
+    busy_llm = engine(max_num_batched_tokens=40)
     busy_llm.generate(PREFIX + "warm", SamplingParams(max_tokens=1))
-    noise = [f"noise request {i} " * (3 + i) for i in range(12)]
+    noise = [f"noise request {i} " * (3 + i) for i in range(noise_count)]
     other = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)
-    busy = outputs(busy_llm, PROMPTS + noise, PARAMS + [other] * len(noise))[: len(PROMPTS)]
+    busy = outputs(busy_llm, prompts + noise, params + [other] * len(noise))[: len(prompts)]
     assert busy_llm.engine.counters.prefix_hits > 0
     return alone, busy
 
@@ -54,6 +66,27 @@ def test_the_default_mode_differs_in_the_same_scenario(tiny_model):
     the logprobs of the same requests are not bitwise equal alone and in the batch."""
     alone, busy = alone_and_busy(tiny_model, "bfloat16", deterministic=False)
     assert busy != alone
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
+def test_fused_invariant_steps_alone_and_in_a_busy_batch(tiny_model):
+    """The GPU's steps (fused row kernels, split invariant matmul) under Triton's
+    interpreter: bitwise the same alone and in the busy batch, and the torch steps'
+    outputs to rounding."""
+    from inferd.engine.batch_invariant_fused import FusedInvariantOps
+
+    alone, busy = alone_and_busy(tiny_model, "float32", True, FusedInvariantOps, requests=3, noise_count=4)
+    assert busy == alone
+    torch_alone, _ = alone_and_busy(tiny_model, "float32", True, requests=3, noise_count=1)
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(alone, torch_alone):
+        assert tokens == want_tokens
+        for got_step, want_step in zip(logprobs, want_logprobs):
+            assert [t for t, _ in got_step] == [t for t, _ in want_step]
+            torch.testing.assert_close([lp for _, lp in got_step], [lp for _, lp in want_step], rtol=1e-4, atol=1e-4)
 
 
 def test_tiles_cover_every_row_once():
@@ -160,4 +193,30 @@ def test_invariant_matmul_outputs_per_program():
     with pytest.raises(ValueError, match="block_n must be a power of two of at least 16, got 24"):
         invariant_linear(x, weight, block_n=24)
     assert [block_n_for(1, 4096, 4096), block_n_for(1, 14336, 4096), block_n_for(1, 4096, 14336)] == [32, 64, 64]
+    assert block_n_for(128, 4096, 4096) == 64
     assert block_n_for(256, 1024, 4096) == block_n_for(8192, 128256, 4096) == 128
+
+
+@pytest.mark.skipif(
+    not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
+)
+def test_invariant_matmul_split_over_k():
+    """K cut into parts summed in order: the product (with bias) for any part count,
+    including parts past the end of K and a K that is no multiple of BLOCK_K, and a row
+    bitwise the same alone and in the batch at the same part count."""
+    from inferd.engine.fast_path.invariant_matmul import invariant_linear, split_k_for
+
+    gen = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(70, 200, generator=gen), torch.randn(80, 200, generator=gen)
+    bias = torch.randn(80, generator=gen)
+    expected = torch.nn.functional.linear(x, weight, bias)
+    for split_k in (1, 2, 3, 8):
+        batch = invariant_linear(x, weight, bias, split_k=split_k)
+        torch.testing.assert_close(batch, expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(invariant_linear(x[3:4], weight, bias, split_k=split_k), batch[3:4])
+    with pytest.raises(ValueError, match="split_k must be at least 1, got 0"):
+        invariant_linear(x, weight, split_k=0)
+    # llama3-8b-shape's fused q/k/v, o, gate/up, down and LM head; a K too short to cut
+    shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (64, 96)]
+    assert [split_k_for(n, k) for n, k in shapes] == [2, 4, 1, 4, 1, 1]
