@@ -220,3 +220,11 @@ def test_invariant_matmul_split_over_k():
     # llama3-8b-shape's fused q/k/v, o, gate/up, down and LM head; a K too short to cut
     shapes = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (64, 96)]
     assert [split_k_for(n, k) for n, k in shapes] == [2, 4, 1, 4, 1, 1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_invariant_sweep_refuses_cleanly_without_cuda(tmp_path):
+    from inferd.engine.bench import invariant_sweep
+
+    with pytest.raises(SystemExit, match="invariant_sweep needs a CUDA GPU"):
+        invariant_sweep.main(["--out", str(tmp_path)])
