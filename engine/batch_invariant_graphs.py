@@ -192,9 +192,11 @@ def attach_invariant_decode(runner: ModelRunner, max_model_len: int) -> str:
     `fast_path_unavailable` (the fused fast path never runs in this mode)."""
     from .fast_path.availability import unavailable_reason
 
-    steps = "deterministic mode: the batch-invariant portable steps"
     reason = unavailable_reason(runner.device, runner.kv_cache.dtype)
-    if reason is not None or runner.model.config.sliding_window is not None:
+    if reason is not None:
+        return "deterministic mode: the batch-invariant portable steps"
+    steps = "deterministic mode: the batch-invariant fused steps"
+    if runner.model.config.sliding_window is not None:
         return steps
     graphs = InvariantDecodeGraphs(
         runner.model,

@@ -45,10 +45,11 @@ def block_n_for(m: int, n: int, k: int) -> int:
 def split_k_for(n: int, k: int) -> int:
     """Parts of K for an [n, k] weight, the same for every number of rows: enough for
     about 256 programs of 64 outputs at one row, at most 4, each part at least 512 long.
-    llama3-8b-shape on the H200 (graph replays, one row): q/k/v 2 parts 20.4 against
-    28.6 us, o 4 parts 14.3 against 26.2, down 4 parts 37.9 against 88.3; gate/up and
-    the LM head stay whole. Prefill pays for it: at 8,192 rows o ran 871 against 630 us
-    and q/k/v 1,094 against 907, down 2,505 against 2,427."""
+    llama3-8b-shape on the H200 (`python -m inferd.engine.bench.invariant_sweep`, graph
+    replays, one row): q/k/v 2 parts 20.9 against 29.2 us, o 4 parts 14.6 against 26.9,
+    down 4 parts 42.0 against 104.6; gate/up and the LM head ran slower split. Prefill
+    pays a little: at 8,192 rows q/k/v took 1,006 against 885 us, o 790 against 573,
+    down 2,222 against 2,152."""
     parts = max(1, min(4, 256 // -(-n // 64)))
     return max(1, min(parts, k // 512))
 
