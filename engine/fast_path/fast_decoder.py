@@ -96,11 +96,16 @@ class FusedOps(LayerOps):
         self.eps = cfg.rms_norm_eps
         self.inv_freq = model.rotary.inv_freq.float().contiguous()
 
+    @staticmethod
+    def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x W^T (+ bias): every projection of these steps (cuBLAS here)."""
+        return F.linear(x, weight, bias)
+
     def attention_input(self, layer: DecoderLayer, x, residual, kv):
         h_q, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         hidden, residual = add_rms_norm(x, residual, layer.input_layernorm.weight, self.eps)
         fused = layer.fused_projections
-        qkv = F.linear(hidden, fused["qkv"], fused["qkv_bias"])
+        qkv = self.project(hidden, fused["qkv"], fused["qkv_bias"])
         tokens = qkv.shape[0]
         q = qkv[:, : h_q * d].view(tokens, h_q, d)
         k = qkv[:, h_q * d : (h_q + h_kv) * d].view(tokens, h_kv, d)
@@ -109,12 +114,12 @@ class FusedOps(LayerOps):
         return q, residual
 
     def attention_output(self, layer: DecoderLayer, out: torch.Tensor) -> torch.Tensor:
-        return F.linear(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
+        return self.project(out.reshape(out.shape[0], -1), layer.self_attn.o_proj.weight)
 
     def mlp(self, layer: DecoderLayer, x, residual):
         hidden, residual = add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
-        act = silu_and_mul(F.linear(hidden, layer.fused_projections["gate_up"]))
-        return F.linear(act, layer.mlp.down_proj.weight), residual
+        act = silu_and_mul(self.project(hidden, layer.fused_projections["gate_up"]))
+        return self.project(act, layer.mlp.down_proj.weight), residual
 
     def final_norm(self, x, residual) -> torch.Tensor:
         hidden, _ = add_rms_norm(x, residual, self.model.norm.weight, self.eps)
