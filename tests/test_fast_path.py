@@ -312,6 +312,11 @@ def test_chunk_rows_in_packs_match_reference(splits, heads, kv_heads):
     assert out[ctx_t == 0].abs().max() == 0
     with pytest.raises(ValueError, match="packs of"):
         paged_chunk_attention(q[:-1], k_cache, v_cache, tables_t[:-1], ctx_t[:-1], 0.3, splits, rows)
+    # fewer keys per iteration (the sweep's --tiles): the same attention
+    small_tiles = paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, tile_tokens=16)
+    assert (small_tiles.double() - ref).norm() / ref.norm() < 1e-5
+    with pytest.raises(ValueError, match="tile_tokens"):
+        paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, tile_tokens=24)
 
 
 @needs_triton

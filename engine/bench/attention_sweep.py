@@ -10,6 +10,7 @@ against the current launch shape's output. Prints one JSON line per measurement 
 writes them to --out.
 
     python -m inferd.engine.bench.attention_sweep --out results/ [--kinds chunk --pack-rows 4,16 --warps 4 --stages 2]
+        [--splits 1,2,4 --tiles 32,64]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..fast_path.attention import (
     rows_per_pack,
 )
 from ..fast_path.attention.chunk_rows import CHUNK_STAGES
+from ..fast_path.attention.common import TILE_TOKENS
 from .gemv_sweep import json_recorder, time_graph
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
@@ -75,10 +77,12 @@ def sweep(
     nbytes: int,
     warp_counts=WARPS,
     stage_counts=STAGES,
+    engine_kernel: bool = True,
     **fields,
 ) -> None:
     """Time `run(splits, warps, stages)` over the grid; `current`: the engine's (splits, warps, stages)
-    (its output is the reference); `fields` go into every record."""
+    (its output is the reference; the engine's launch when `engine_kernel`, the other
+    compile-time fields being the engine's); `fields` go into every record."""
     reference = run(*current).float()
     for splits in split_counts:
         for warps in warp_counts:
@@ -94,7 +98,7 @@ def sweep(
                     splits=splits,
                     num_warps=warps,
                     num_stages=stages,
-                    current=(splits, warps, stages) == current,
+                    current=engine_kernel and (splits, warps, stages) == current,
                     us=seconds * 1e6,
                     tb_s=nbytes / seconds / 1e12,
                     rel_err=err,
@@ -113,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kinds", default="chunk,decode", help="which kernels to sweep: chunk, decode")
     parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="comma-separated warp counts")
     parser.add_argument("--stages", default=",".join(map(str, STAGES)), help="comma-separated load stages")
+    parser.add_argument(
+        "--splits", default="", help="comma-separated split counts for the chunk rows (default: around the engine's)"
+    )
+    parser.add_argument(
+        "--tiles", default=str(TILE_TOKENS), help="comma-separated keys per iteration for the chunk rows"
+    )
     args = parser.parse_args(argv)
     grid = {
         "warp_counts": tuple(map(int, args.warps.split(","))),
@@ -131,18 +141,22 @@ def main(argv: list[str] | None = None) -> None:
     kv_bytes_per_token = KV_HEADS * HEAD_DIM * 2 * 2
     engine_pack = rows_per_pack(HEADS, KV_HEADS)
     packs = [int(p) for p in args.pack_rows.split(",")] if args.pack_rows else [engine_pack]
+    tiles = [int(t) for t in args.tiles.split(",")]
     for rows in (32, 64, 128) if "chunk" in kinds else ():
         q, k, v, tables, lens = chunk_inputs(rows, 2080)
-        for pack in packs:
+        for pack, tile in [(p, t) for p in packs for t in tiles]:
             if time.perf_counter() - started > args.budget_s:
                 break
             splits = chunk_num_splits(rows // pack, KV_HEADS, MAX_MODEL_LEN)
             current = (splits, 4, CHUNK_STAGES)
 
-            def chunk(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens, pack=pack):
-                return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages)
+            def chunk(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens, pack=pack, tile=tile):
+                return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages, tile)
 
-            options = sorted({s for s in (splits // 2, splits, splits * 2) if 1 <= s <= 64})
+            if args.splits:
+                options = [int(s) for s in args.splits.split(",")]
+            else:
+                options = sorted({s for s in (splits // 2, splits, splits * 2) if 1 <= s <= 64})
             sweep(
                 record,
                 "chunk",
@@ -153,7 +167,9 @@ def main(argv: list[str] | None = None) -> None:
                 current,
                 2080 * kv_bytes_per_token,
                 **grid,
+                engine_kernel=pack == engine_pack and tile == TILE_TOKENS,
                 rows_per_pack=pack,
+                tile_tokens=tile,
             )
     for rows in (8, 32, 64, 128, 256) if "decode" in kinds else ():
         for context in (640, 4096):

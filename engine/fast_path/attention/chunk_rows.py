@@ -96,10 +96,11 @@ def rows_per_pack(num_heads: int, num_kv_heads: int) -> int:
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                           num_splits: int, rows_per_pack: int, num_warps: int = 4,
-                          num_stages: int = CHUNK_STAGES) -> torch.Tensor:
+                          num_stages: int = CHUNK_STAGES, tile_tokens: int = TILE_TOKENS) -> torch.Tensor:
     """q: [B, H, D], B a multiple of `rows_per_pack`; rows p * R .. p * R + R - 1 share the
     block table of row p * R (rows of context 0 are padding, zeros out). Each row attends
-    to its first context_lens[row] keys. Returns [B, H, D] in q's dtype."""
+    to its first context_lens[row] keys, `tile_tokens` keys per iteration. Returns [B, H, D]
+    in q's dtype."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or heads % kv_heads:
@@ -110,6 +111,8 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if rows < 1 or batch % rows:
         raise ValueError(f"{batch} rows do not split into packs of {rows}")
     check_num_splits(num_splits)
+    if tile_tokens < 16 or tile_tokens & (tile_tokens - 1):
+        raise ValueError(f"tile_tokens must be a power of two of at least 16, got {tile_tokens}")
     group = heads // kv_heads
     packs, pack_heads = batch // rows, rows * group
     # Buffers in pack-major order: [packs, kv_heads * pack_heads, D], query (row r, head g
@@ -131,7 +134,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         *part_strides,
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile_tokens, NUM_SPLITS=num_splits,
         num_warps=num_warps, num_stages=num_stages,
     )
     # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]
