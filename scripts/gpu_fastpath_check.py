@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -715,6 +716,7 @@ def main() -> int:
         "--shape", default="llama3-8b-shape", choices=sorted(SHAPES), help="the model the model sections run on"
     )
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     global DEVICE, PRESET, DTYPE_NAME, MODEL_SECTIONS, SHAPE
     DTYPE_NAME, SHAPE = args.dtype, args.shape
     if args.model_sections:
@@ -724,8 +726,6 @@ def main() -> int:
             parser.error(f"unknown model sections {unknown}; known: {[f.__name__ for f in MODEL_SECTIONS]}")
         MODEL_SECTIONS = [f for f in MODEL_SECTIONS if f.__name__ in names]
     if args.dry_run:
-        import os
-
         os.environ.setdefault("TRITON_INTERPRET", "1")
         DEVICE, PRESET = "cpu", "tiny"
         steps = (check_model,)

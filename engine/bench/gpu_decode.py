@@ -775,6 +775,7 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("gpu-decode needs a CUDA GPU; none is visible here")
         return 2
+    os.makedirs(args.out, exist_ok=True)  # before the run: its results are written section by section
     if args.rows_configs:
         print(f"row kernels: {load_measured_configs(args.rows_configs)} launch shapes from {args.rows_configs}")
     run_all(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -110,6 +111,7 @@ def main() -> int:
         print(kind, json.dumps(r), flush=True)
         del engine
         free_dropped_engines()
+    os.makedirs(args.out, exist_ok=True)
     with open(f"{args.out}/kv_quant_e2e.json", "w") as f:
         json.dump(results, f, indent=2)
     return 0

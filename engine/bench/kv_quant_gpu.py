@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -365,6 +366,7 @@ def main() -> int:
             f"{kind:5s} {r['ms'] * 1e3:8.1f} us/layer  {r['speedup_vs_bf16']:.2f}x  "
             f"{r['bandwidth_share']:.2f} of copy bw  err vs portable {r['rel_err_vs_portable']:.1e}"
         )
+    os.makedirs(args.out, exist_ok=True)
     with open(f"{args.out}/kv_quant_gpu.json", "w") as f:
         json.dump(results, f, indent=2)
     return 0
