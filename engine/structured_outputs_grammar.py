@@ -220,12 +220,12 @@ class StructuredOutputs:
     # --- per step --------------------------------------------------------------------
     def fill(self, seqs: list[Sequence]) -> TokenMask | None:
         """The allowed-token bitmask of the step's sampling rows, on the logits' device,
-        or None when none of them is constrained."""
-        import xgrammar as xgr
-
+        or None when none of them is constrained (then xgrammar is not needed)."""
         rows = [i for i, seq in enumerate(seqs) if seq in self._matchers]
         if not rows:
             return None
+        import xgrammar as xgr
+
         bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)
         for i in rows:
             self._matchers[seqs[i]].fill_next_token_bitmask(bitmask, i)
