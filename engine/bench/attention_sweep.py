@@ -124,10 +124,8 @@ def main(argv: list[str] | None = None) -> None:
         "--tiles", default=str(TILE_TOKENS), help="comma-separated keys per iteration for the chunk rows"
     )
     args = parser.parse_args(argv)
-    grid = {
-        "warp_counts": tuple(map(int, args.warps.split(","))),
-        "stage_counts": tuple(map(int, args.stages.split(","))),
-    }
+    warp_counts = tuple(map(int, args.warps.split(",")))
+    stage_counts = tuple(map(int, args.stages.split(",")))
     kinds = set(args.kinds.split(","))
     if not torch.cuda.is_available():
         raise SystemExit("attention_sweep needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -166,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
                 options,
                 current,
                 2080 * kv_bytes_per_token,
-                **grid,
+                warp_counts=warp_counts,
+                stage_counts=stage_counts,
                 engine_kernel=pack == engine_pack and tile == TILE_TOKENS,
                 rows_per_pack=pack,
                 tile_tokens=tile,
@@ -191,7 +190,8 @@ def main(argv: list[str] | None = None) -> None:
                 options,
                 (splits, 4, 3),
                 rows * context * kv_bytes_per_token,
-                **grid,
+                warp_counts=warp_counts,
+                stage_counts=stage_counts,
             )
     (args.out / "attention_sweep.json").write_text(json.dumps(results, indent=1))
 
