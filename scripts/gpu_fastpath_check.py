@@ -414,21 +414,29 @@ def check_prefix_rows(model_dir, model, slow, vocab, slow_logits, **_):
     graphs = engine.runner.fast_decode
     prefix = prompts(vocab, 1, 1024 if cuda else 48, seed=77)[0]
     generate(engine, [prefix + [5]], 1, "prefix-fill")  # the prefix enters the cache
-    for i, (way, rows) in enumerate((("graph_rows", graphs.max_batch), ("eager", 0))):
+    # 32 new tokens: packs of the small size; 100: large packs (cuda_graphs.LARGE_PACK_MIN_ROWS)
+    ways = (("graph_rows", graphs.max_batch, 32), ("graph_rows_100", graphs.max_batch, 100), ("eager", 0, 32))
+    for i, (way, rows, new_tokens) in enumerate(ways):
         graphs.max_expanded_rows = rows
-        expanded, hits = graphs.num_expanded, engine.block_manager.prefix.hits
-        prompt = prefix + prompts(vocab, 1, 32, seed=78 + i)[0]
+        expanded, hits, large = graphs.num_expanded, engine.block_manager.prefix.hits, graphs.num_large_packed
+        prompt = prefix + prompts(vocab, 1, new_tokens, seed=78 + i)[0]
         ft, fid = generate(engine, [prompt], 8, f"prefix-{way}")
         st, sid = generate(slow, [prompt], 8, f"prefix-{way}-slow")
         same = agree(ft[0], st[0])
         errs = [rel(a, b) for a, b in zip(logits[fid[0]][: same + 1], slow_logits[sid[0]])]
         took_rows = graphs.num_expanded > expanded
+        in_large = graphs.num_large_packed > large
+        wants_large = rows > 0 and new_tokens >= 64 and graphs.large_rows_per_pack > graphs.rows_per_pack
         check(
             f"prefix_{way}",
-            max(errs) < MODEL_REL_TOL and took_rows == (rows > 0) and engine.block_manager.prefix.hits > hits,
+            max(errs) < MODEL_REL_TOL
+            and took_rows == (rows > 0)
+            and in_large == wants_large
+            and engine.block_manager.prefix.hits > hits,
             agree=same,
             logit_rel_err_until_first_flip=errs,
             ran_as_graph_rows=took_rows,
+            in_large_packs=in_large,
         )
     del engine
 

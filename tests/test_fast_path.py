@@ -317,6 +317,14 @@ def test_chunk_rows_in_packs_match_reference(splits, heads, kv_heads):
     assert (small_tiles.double() - ref).norm() / ref.norm() < 1e-5
     with pytest.raises(ValueError, match="tile_tokens"):
         paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, tile_tokens=24)
+    # the smallest merge rounds (one split each; the sweep's --merge-tiles): the same attention
+    pack_queries = 1 << (rows * heads // kv_heads - 1).bit_length()
+    one_split_rounds = paged_chunk_attention(
+        q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, merge_tile=pack_queries * 32
+    )
+    assert (one_split_rounds.double() - ref).norm() / ref.norm() < 1e-5
+    with pytest.raises(ValueError, match="merge_tile"):
+        paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, merge_tile=pack_queries * 16)
 
 
 @needs_triton
@@ -450,6 +458,70 @@ def test_cached_prefix_and_chunked_prefill_as_graph_rows_match_portable_path(tin
     assert runner.mode == "fast" and llm.engine.block_manager.prefix.hits > 0
     assert graphs.num_expanded >= 5  # every prefill chunk: at most 16 rows a step
     assert graphs.rows_per_pack > 1 and 0 < graphs.num_packed < graphs.num_expanded  # mixed steps: no packs
+
+
+def _chunk_step(*tokens: int) -> list:
+    """Stand-in scheduled items: what pack_for and can_expand read of a step."""
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(prompt_logprobs=None)
+    return [SimpleNamespace(num_tokens=n, seq=SimpleNamespace(params=params)) for n in tokens]
+
+
+def test_chunk_steps_take_large_packs_from_64_rows_when_the_graph_size_stays():
+    from types import SimpleNamespace
+
+    decoder = SimpleNamespace(chunk_rows_per_pack=lambda: 4, chunk_large_rows_per_pack=lambda: 16)
+    graphs = DecodeGraphs(decoder, 8, 4096, torch.device("cpu"), use_graphs=False)
+    assert graphs.pack_for(_chunk_step(32)) == 4  # 32 rows: small packs
+    assert graphs.pack_for(_chunk_step(100)) == 16  # 104 rows in packs of 4, 112 in packs of 16: both 128
+    assert graphs.pack_for(_chunk_step(40, 30)) == 16  # 72 / 80 rows: both 128
+    assert graphs.pack_for(_chunk_step(*[4] * 16)) == 4  # 64 rows in packs of 4, 256 in packs of 16
+    assert graphs.pack_for(_chunk_step(100, 1)) == 1  # a decode row beside the chunk: no packs
+    assert graphs.expanded_rows(_chunk_step(100)) == 112
+    # chunks alone up to the ladder's top in packs; rows reading their contexts alone up to 64
+    assert graphs.can_expand(_chunk_step(250)) and not graphs.can_expand(_chunk_step(250, 8))
+    assert graphs.can_expand(_chunk_step(62, 1)) and not graphs.can_expand(_chunk_step(64, 1))
+    unpacked = DecodeGraphs(object(), 8, 4096, torch.device("cpu"), use_graphs=False)
+    assert unpacked.pack_for(_chunk_step(100)) == 1 and not unpacked.can_expand(_chunk_step(100))
+    with pytest.raises(ValueError, match="max_unpacked_rows"):
+        DecodeGraphs(decoder, 8, 4096, torch.device("cpu"), max_unpacked_rows=-1)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_long_chunks_in_large_packs_match_portable_path(tiny_model):
+    """Chunks of 70 new tokens after a cached prefix and a fresh 100-token prompt run as
+    graph rows in packs of 16 (the tiny model's GQA 2 fills 32 queries), token for token
+    the portable path's."""
+    from inferd.engine.fast_path import hot_kv_layers
+    from inferd.engine.fast_path.fast_decoder import FastDecoder
+
+    shared = list(range(5, 45))
+    prompts = [shared + [7], shared + list(range(200, 270)), list(range(300, 400))]
+    config = dict(block_size=8, max_num_batched_tokens=128, enable_prefix_caching=True, async_scheduling=False)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
+    fallback = LLM(tiny_model, mode="fallback", **config)
+    want = [fallback.generate([p], params)[0] for p in prompts]
+    llm = LLM(tiny_model, **config)
+    runner = llm.engine.runner
+    decoder = FastDecoder(runner.model, hot_kv_layers(runner))
+    packs: list[int] = []
+    forward = decoder.forward
+
+    def recording_forward(*args, rows_per_pack=1, **kwargs):
+        packs.append(rows_per_pack)
+        return forward(*args, rows_per_pack=rows_per_pack, **kwargs)
+
+    decoder.forward = recording_forward  # type: ignore[method-assign]
+    graphs = DecodeGraphs(decoder, 8, 512, runner.device, use_graphs=False)
+    runner.fast_decode = graphs
+    assert (graphs.rows_per_pack, graphs.large_rows_per_pack) == (8, 16)
+    got = [llm.generate([p], params)[0] for p in prompts]
+    for g, w in zip(got, want):
+        assert_same_completion(g.outputs[0], w.outputs[0])
+    assert runner.mode == "fast" and llm.engine.block_manager.prefix.hits > 0
+    assert packs.count(16) == 2 == graphs.num_large_packed  # the 70-token chunk and the 100-token prompt
 
 
 @needs_triton

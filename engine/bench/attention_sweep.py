@@ -10,7 +10,7 @@ against the current launch shape's output. Prints one JSON line per measurement 
 writes them to --out.
 
     python -m inferd.engine.bench.attention_sweep --out results/ [--kinds chunk --pack-rows 4,16 --warps 4 --stages 2]
-        [--splits 1,2,4 --tiles 32,64]
+        [--splits 1,2,4 --tiles 32,64 --merge-tiles 8192,32768]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..fast_path.attention import (
     rows_per_pack,
 )
 from ..fast_path.attention.chunk_rows import CHUNK_STAGES
-from ..fast_path.attention.common import TILE_TOKENS
+from ..fast_path.attention.common import MERGE_TILE_ELEMENTS, TILE_TOKENS
 from .gemv_sweep import json_recorder, time_graph
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
@@ -105,6 +105,37 @@ def sweep(
                 )
 
 
+def compiled_variants(kernel) -> list[dict]:
+    """Registers a thread and spilled bytes of each compiled variant of a Triton kernel,
+    with its compile-time arguments. Best effort: the cache's layout is Triton's own, so a
+    version that moves it gives one row naming the error instead."""
+    rows: list[dict] = []
+    try:
+        for caches in kernel.device_caches.values():
+            for compiled in caches[0].values():
+                compiled._init_handles()
+                constants = {}
+                for key, value in compiled.src.constants.items():
+                    index = key[0] if isinstance(key, tuple) else key
+                    name = kernel.arg_names[index] if isinstance(index, int) else str(key)
+                    if isinstance(value, (int, bool)) and name.isupper():
+                        constants[name] = value
+                rows.append(
+                    dict(
+                        kind="compiled",
+                        kernel=kernel.__name__,
+                        n_regs=compiled.n_regs,
+                        n_spills=compiled.n_spills,
+                        num_warps=compiled.metadata.num_warps,
+                        num_stages=compiled.metadata.num_stages,
+                        **constants,
+                    )
+                )
+    except Exception as error:  # a readout of Triton internals must not lose the sweep
+        rows.append(dict(kind="compiled", kernel=getattr(kernel, "__name__", "?"), error=repr(error)))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -123,6 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tiles", default=str(TILE_TOKENS), help="comma-separated keys per iteration for the chunk rows"
     )
+    parser.add_argument(
+        "--merge-tiles",
+        default=str(MERGE_TILE_ELEMENTS),
+        help="comma-separated float32 elements a merge round of the chunk rows holds (32768: 16 splits of a pack)",
+    )
     args = parser.parse_args(argv)
     warp_counts = tuple(map(int, args.warps.split(",")))
     stage_counts = tuple(map(int, args.stages.split(",")))
@@ -140,16 +176,19 @@ def main(argv: list[str] | None = None) -> None:
     engine_pack = rows_per_pack(HEADS, KV_HEADS)
     packs = [int(p) for p in args.pack_rows.split(",")] if args.pack_rows else [engine_pack]
     tiles = [int(t) for t in args.tiles.split(",")]
+    merge_tiles = [int(m) for m in args.merge_tiles.split(",")]
     for rows in (32, 64, 128) if "chunk" in kinds else ():
         q, k, v, tables, lens = chunk_inputs(rows, 2080)
-        for pack, tile in [(p, t) for p in packs for t in tiles]:
+        for pack, tile, merge in [(p, t, m) for p in packs for t in tiles for m in merge_tiles]:
             if time.perf_counter() - started > args.budget_s:
                 break
             splits = chunk_num_splits(rows // pack, KV_HEADS, MAX_MODEL_LEN)
             current = (splits, 4, CHUNK_STAGES)
 
-            def chunk(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens, pack=pack, tile=tile):
-                return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages, tile)
+            def chunk(
+                splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens, pack=pack, tile=tile, merge=merge
+            ):
+                return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages, tile, merge)
 
             if args.splits:
                 options = [int(s) for s in args.splits.split(",")]
@@ -166,9 +205,10 @@ def main(argv: list[str] | None = None) -> None:
                 2080 * kv_bytes_per_token,
                 warp_counts=warp_counts,
                 stage_counts=stage_counts,
-                engine_kernel=pack == engine_pack and tile == TILE_TOKENS,
+                engine_kernel=pack == engine_pack and tile == TILE_TOKENS and merge == MERGE_TILE_ELEMENTS,
                 rows_per_pack=pack,
                 tile_tokens=tile,
+                merge_tile=merge,
             )
     for rows in (8, 32, 64, 128, 256) if "decode" in kinds else ():
         for context in (640, 4096):
@@ -193,6 +233,11 @@ def main(argv: list[str] | None = None) -> None:
                 warp_counts=warp_counts,
                 stage_counts=stage_counts,
             )
+    if "chunk" in kinds:
+        from ..fast_path.attention import chunk_rows
+
+        for row in compiled_variants(chunk_rows._chunk_split_kernel):
+            record(**row)
     (args.out / "attention_sweep.json").write_text(json.dumps(results, indent=1))
 
 

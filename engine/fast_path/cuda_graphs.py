@@ -19,11 +19,14 @@ computing position start + i over the sequence's own block table with context
 start + i + 1. Every row's K/V is written before any row attends, and each row sees
 exactly the keys up to itself, so the rows together are the chunk's causal attention;
 only the chunk's last row samples. The typical case is a prompt whose long prefix is
-cached: its few new tokens cost one graph replay (about one decode step) instead of an
-eager forward of a thousand launches. Each row reads its whole context, so this stays
-for steps of at most `max_expanded_rows` rows. A step of chunks only (no decode rows)
-lays each chunk out in packs of `rows_per_pack` rows that read their K/V once
-(attention/chunk_rows.py), on graphs of their own (`chunk_graphs`, hot blocks only).
+cached: its new tokens cost one graph replay (about one decode step of as many rows)
+instead of an eager forward of a thousand launches. A step of chunks only (no decode
+rows) lays each chunk out in packs of `rows_per_pack` rows that read their K/V once
+(attention/chunk_rows.py), on graphs of their own (`chunk_graphs`, hot blocks only),
+for up to `max_expanded_rows` rows; from LARGE_PACK_MIN_ROWS rows on, in larger packs
+(`large_rows_per_pack`) when those fit the same graph. Where every row reads its whole
+context alone (chunks beside decode rows, cold blocks, no packs), a step stays at most
+`max_unpacked_rows` rows.
 """
 
 from __future__ import annotations
@@ -48,8 +51,15 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 GRAPH_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAD_SLOT = -1
-MAX_EXPANDED_ROWS = 64
-"""Rows a step with prefill chunks may take on the graphs (see the module docstring)."""
+MAX_EXPANDED_ROWS = 256
+"""Rows a step of prefill chunks alone may take on the graphs, in packs (module docstring).
+On the H200, 2,048 cached + 128 / 256 new tokens: 9.0 / 12.9 ms to the first token as
+graph rows, 26.2 ms through the eager forward (bench/gpu_decode.py, warm_by_new_tokens)."""
+MAX_UNPACKED_ROWS = 64
+"""Rows a step may take on the graphs when each row reads its context alone."""
+LARGE_PACK_MIN_ROWS = 64
+"""Rows (in small packs) from which a step of chunks takes the large packs
+(attention/chunk_rows.py, LARGE_PACK_QUERIES)."""
 
 
 def graph_batch_size(num_seqs: int, ladder: tuple[int, ...] = GRAPH_LADDER) -> int | None:
@@ -57,6 +67,11 @@ def graph_batch_size(num_seqs: int, ladder: tuple[int, ...] = GRAPH_LADDER) -> i
     if num_seqs < 1:
         raise ValueError(f"num_seqs must be at least 1, got {num_seqs}")
     return next((size for size in sorted(ladder) if size >= num_seqs), None)
+
+
+def rows_in_packs(batch: list[ScheduledSeq], rows_per_pack: int) -> int:
+    """Rows of a step with each item's tokens in whole packs (padding included)."""
+    return sum(-(-item.num_tokens // rows_per_pack) * rows_per_pack for item in batch)
 
 
 def is_pure_decode(batch: list[ScheduledSeq]) -> bool:
@@ -170,6 +185,7 @@ class DecodeGraphs:
         ladder: tuple[int, ...] = GRAPH_LADDER,
         use_graphs: bool = True,
         max_expanded_rows: int = MAX_EXPANDED_ROWS,
+        max_unpacked_rows: int = MAX_UNPACKED_ROWS,
     ):
         if not ladder or min(ladder) < 1:
             raise ValueError(f"ladder must hold positive batch sizes, got {ladder}")
@@ -182,11 +198,16 @@ class DecodeGraphs:
         self.pages = pages  # locates cold blocks (kind, page, slot); None when every block is hot
         self.device = device
         self.use_graphs = use_graphs
-        if max_expanded_rows < 0:
-            raise ValueError(f"max_expanded_rows must be at least 0, got {max_expanded_rows}")
+        if max_expanded_rows < 0 or max_unpacked_rows < 0:
+            raise ValueError(
+                f"max_expanded_rows and max_unpacked_rows must be at least 0, got {max_expanded_rows} "
+                f"and {max_unpacked_rows}"
+            )
         self.max_expanded_rows = min(max_expanded_rows, self.max_batch)  # 0: decode steps only
+        self.max_unpacked_rows = max_unpacked_rows
         # Rows of a chunk's pack (1: no packing); a stand-in decoder in tests may not say.
         self.rows_per_pack = getattr(decoder, "chunk_rows_per_pack", lambda: 1)()
+        self.large_rows_per_pack = getattr(decoder, "chunk_large_rows_per_pack", lambda: self.rows_per_pack)()
         n = self.max_batch
         # Static inputs: rows of one [5, n] tensor (ids, positions, slots, context lengths,
         # leading cold blocks) and the block tables (pages) and slots within pages, each
@@ -213,14 +234,15 @@ class DecodeGraphs:
         # (batch size, cold kind code) -> (graph, its logits, its packed greedy tokens and
         # flag); kind 0: no cold block in the batch
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        # size -> the same, for steps of chunks in packs (hot blocks)
-        self.chunk_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # (size, rows per pack) -> the same, for steps of chunks in packs (hot blocks)
+        self.chunk_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._greedy: torch.Tensor | None = None  # the last step's packed greedy answer
         self._pool: _POOL_HANDLE | None = None  # the graphs' shared memory pool, once one is captured
         self.num_replays = 0
         self.num_eager = 0
         self.num_expanded = 0  # steps with prefill chunks run as rows
         self.num_packed = 0  # of those, steps of chunks in packs
+        self.num_large_packed = 0  # of those, in the large packs
 
     def can_run(self, batch: list[ScheduledSeq]) -> bool:
         """A pure-decode batch that fits, or a step with prefill chunks small enough to run
@@ -230,18 +252,28 @@ class DecodeGraphs:
         return is_pure_decode(batch) or self.can_expand(batch)
 
     def can_expand(self, batch: list[ScheduledSeq]) -> bool:
-        return 0 < self.expanded_rows(batch) <= self.max_expanded_rows and all(
-            item.seq.params.prompt_logprobs is None for item in batch
-        )
+        limit = self.max_expanded_rows if self.pack_for(batch) > 1 else self.unpacked_limit()
+        return 0 < self.expanded_rows(batch) <= limit and all(item.seq.params.prompt_logprobs is None for item in batch)
+
+    def unpacked_limit(self) -> int:
+        return min(self.max_unpacked_rows, self.max_expanded_rows)
 
     def pack_for(self, batch: list[ScheduledSeq]) -> int:
-        """Rows per pack for an expanded step: packs for chunks only, else 1."""
-        return self.rows_per_pack if all(item.num_tokens > 1 for item in batch) else 1
+        """Rows per pack for an expanded step: 1 unless it is chunks only; then the large
+        packs from LARGE_PACK_MIN_ROWS rows on, where they fit the same graph size."""
+        small, large = self.rows_per_pack, self.large_rows_per_pack
+        if small == 1 or not all(item.num_tokens > 1 for item in batch):
+            return 1
+        rows = rows_in_packs(batch, small)
+        if large > small and rows >= LARGE_PACK_MIN_ROWS:
+            size = graph_batch_size(rows, self.ladder)
+            if size is not None and graph_batch_size(rows_in_packs(batch, large), self.ladder) == size:
+                return large
+        return small
 
     def expanded_rows(self, batch: list[ScheduledSeq]) -> int:
         """Rows the step takes expanded, padding between packs included."""
-        pack = self.pack_for(batch)
-        return sum(-(-item.num_tokens // pack) * pack for item in batch)
+        return rows_in_packs(batch, self.pack_for(batch))
 
     def fits(self, batch: list[ScheduledSeq]) -> bool:
         return len(batch) <= self.max_batch and all(len(item.seq.block_table) <= self.max_blocks for item in batch)
@@ -275,6 +307,8 @@ class DecodeGraphs:
         assert size is not None  # callers check can_run or fits: no more rows than the ladder's top
         kind = self._load(rows.padded(size))
         if kind and pack > 1:  # cold blocks: packs read hot blocks only
+            if rows_in_packs(batch, 1) > self.unpacked_limit():
+                return None
             # Reload through the same host set: a step in flight may still read the other
             # one, and this step's first copies are overwritten by the second, in stream order.
             self._host_turn ^= 1
@@ -287,14 +321,15 @@ class DecodeGraphs:
         if fed_ids is not None:
             self.input_ids[: len(batch)].copy_(fed_ids)
         self.num_packed += pack > 1
+        self.num_large_packed += pack > self.rows_per_pack
         if not self.use_graphs:
             self.num_eager += 1
             logits, greedy = self._run(size, kind, pack)
         else:
             if pack > 1:
-                if size not in self.chunk_graphs:
+                if (size, pack) not in self.chunk_graphs:
                     self._capture(size, kind, pack)
-                graph, logits, greedy = self.chunk_graphs[size]
+                graph, logits, greedy = self.chunk_graphs[size, pack]
             else:
                 if (size, kind) not in self.graphs:
                     self._capture(size, kind)
@@ -330,10 +365,13 @@ class DecodeGraphs:
                     self._load(DecodeInputs([], [], [], [], []).padded(size))
                     self._capture(size, kind)
         if self.rows_per_pack > 1:
+            # The pack each size mostly runs with: a step of LARGE_PACK_MIN_ROWS rows or
+            # more whose large packs take a bigger graph keeps the small ones (captured then).
             for size in reversed(self.ladder):
-                if self.rows_per_pack <= size <= self.max_expanded_rows and size not in self.chunk_graphs:
+                pack = self.large_rows_per_pack if size >= LARGE_PACK_MIN_ROWS else self.rows_per_pack
+                if pack <= size <= self.max_expanded_rows and (size, pack) not in self.chunk_graphs:
                     self._load(DecodeInputs([], [], [], [], []).padded(size))
-                    self._capture(size, 0, self.rows_per_pack)
+                    self._capture(size, 0, pack)
 
     def _load(self, rows: DecodeInputs) -> int | None:
         """Copy the rows into the static buffers (copies from pinned memory) and return
@@ -400,6 +438,6 @@ class DecodeGraphs:
         graph, (logits, greedy) = capture_graph(lambda: self._run(size, kind, rows_per_pack), self.device, self._pool)
         self._pool = graph.pool()
         if rows_per_pack > 1:
-            self.chunk_graphs[size] = (graph, logits, greedy)
+            self.chunk_graphs[size, rows_per_pack] = (graph, logits, greedy)
         else:
             self.graphs[size, kind] = (graph, logits, greedy)

@@ -29,6 +29,8 @@ from ..model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
 from .attention import (
     INT4,
     INT8,
+    LARGE_PACK_QUERIES,
+    MERGE_TILE_ELEMENTS,
     cold_prefix_decode_attention,
     paged_chunk_attention,
     paged_decode_attention,
@@ -289,6 +291,13 @@ class FastDecoder:
         """Rows of a prefill chunk's pack on the decode graphs (attention/chunk_rows.py);
         1 (no packs) with a sliding window, which that kernel does not apply."""
         return 1 if self.sliding_window else rows_per_pack(self.num_heads, self.num_kv_heads)
+
+    def chunk_large_rows_per_pack(self) -> int:
+        """Rows of a pack on the larger chunk graphs (cuda_graphs.LARGE_PACK_MIN_ROWS): as
+        many as fill LARGE_PACK_QUERIES queries, or fewer where one split of each of them
+        would not fit a round of the split merge (a head dim above 128)."""
+        queries = min(LARGE_PACK_QUERIES, MERGE_TILE_ELEMENTS // self.head_dim)
+        return 1 if self.sliding_window else rows_per_pack(self.num_heads, self.num_kv_heads, queries)
 
     def cold_kinds(self) -> tuple[int, ...]:
         """Kind codes of the cold blocks this KV cache can hold (1 int8, 2 int4)."""

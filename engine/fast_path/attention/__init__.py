@@ -17,9 +17,18 @@ from __future__ import annotations
 import torch
 
 from ...attention import AttentionMetadata, paged_attention
-from .chunk_rows import chunk_num_splits, paged_chunk_attention, rows_per_pack
+from .chunk_rows import LARGE_PACK_QUERIES, chunk_num_splits, paged_chunk_attention, rows_per_pack
 from .cold_prefix import cold_prefix_decode_attention
-from .common import INT4, INT8, MAX_SPLITS, TILE_TOKENS, choose_num_splits, split_buffers, split_counters
+from .common import (
+    INT4,
+    INT8,
+    MAX_SPLITS,
+    MERGE_TILE_ELEMENTS,
+    TILE_TOKENS,
+    choose_num_splits,
+    split_buffers,
+    split_counters,
+)
 from .hot import paged_decode_attention
 from .mixed_cold import cold_paged_decode_attention
 from .prefill import MixedStepAttention
@@ -28,10 +37,12 @@ __all__ = [
     "INT4",
     "INT8",
     "MAX_SPLITS",
+    "MERGE_TILE_ELEMENTS",
     "TILE_TOKENS",
     "choose_num_splits",
     "cold_paged_decode_attention",
     "cold_prefix_decode_attention",
+    "LARGE_PACK_QUERIES",
     "chunk_num_splits",
     "paged_chunk_attention",
     "paged_decode_attention",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..availability import has_triton
-from .common import TILE_TOKENS, check_num_splits, choose_num_splits, split_counters
+from .common import MERGE_TILE_ELEMENTS, TILE_TOKENS, check_num_splits, choose_num_splits, split_counters
 
 if has_triton():
     import triton
@@ -38,6 +38,7 @@ if has_triton():
         stride_ob, stride_oh,
         ROWS: tl.constexpr, GROUP: tl.constexpr, PACK_HEADS: tl.constexpr, PACK_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        MERGE_TILE: tl.constexpr,
     ):
         pack = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -64,7 +65,7 @@ if has_triton():
             heads = kvh * PACK_HEADS + i
             finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, pack, kvh, heads, is_query, d, split,
                          used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                         PACK_HEADS, HEAD_DIM, NUM_SPLITS)
+                         PACK_HEADS, HEAD_DIM, NUM_SPLITS, MERGE_TILE)
 
 
 # Two stages of K/V loads in flight, not Triton's default three: on the H200, 32 to 128
@@ -85,21 +86,32 @@ def chunk_num_splits(packs: int, num_kv_heads: int, max_context_len: int) -> int
     return choose_num_splits(packs, num_kv_heads, max_context_len, CHUNK_TARGET_PROGRAMS)
 
 
-def rows_per_pack(num_heads: int, num_kv_heads: int) -> int:
-    """Rows a pack takes: as many as fill 16 query rows with the GQA group (a power of
-    two, at least 1): 4 for GQA 4, 2 for GQA 6-8, 16 without GQA."""
+# Queries (rows x GQA group) of a large pack, for the larger chunk graphs
+# (cuda_graphs.LARGE_PACK_MIN_ROWS): on the H200, 64 / 128 rows after a 2,080-token prefix
+# took 28.3 / 34.7 us a layer in packs of 16 rows (64 queries), against 36.5 / 62.4 in
+# packs of 4; at 32 rows packs of 4 stay ahead, 23.5 against 25.0 us
+# (bench/attention_sweep.py --pack-rows 4,16).
+LARGE_PACK_QUERIES = 64
+
+
+def rows_per_pack(num_heads: int, num_kv_heads: int, queries: int = 16) -> int:
+    """Rows a pack takes: as many as fill `queries` query rows with the GQA group (a
+    power of two, at least 1, at most 16). With 16 queries: 4 for GQA 4, 2 for GQA 6-8,
+    16 without GQA; with 64: 16 for GQA 4, 8 for GQA 6-8."""
     group = num_heads // num_kv_heads
-    rows = max(1, 16 // group)
+    rows = min(16, max(1, queries // group))
     return 1 << (rows.bit_length() - 1)
 
 
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                           num_splits: int, rows_per_pack: int, num_warps: int = 4,
-                          num_stages: int = CHUNK_STAGES, tile_tokens: int = TILE_TOKENS) -> torch.Tensor:
+                          num_stages: int = CHUNK_STAGES, tile_tokens: int = TILE_TOKENS,
+                          merge_tile: int = MERGE_TILE_ELEMENTS) -> torch.Tensor:
     """q: [B, H, D], B a multiple of `rows_per_pack`; rows p * R .. p * R + R - 1 share the
     block table of row p * R (rows of context 0 are padding, zeros out). Each row attends
-    to its first context_lens[row] keys, `tile_tokens` keys per iteration. Returns [B, H, D]
+    to its first context_lens[row] keys, `tile_tokens` keys per iteration; the last split
+    of a pack merges `merge_tile` float32 partial-output elements a round. Returns [B, H, D]
     in q's dtype."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
@@ -115,6 +127,10 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         raise ValueError(f"tile_tokens must be a power of two of at least 16, got {tile_tokens}")
     group = heads // kv_heads
     packs, pack_heads = batch // rows, rows * group
+    merge_round = (1 << (pack_heads - 1).bit_length()) * head_dim
+    if merge_tile < merge_round or merge_tile & (merge_tile - 1):
+        raise ValueError(f"merge_tile must be a power of two of at least {merge_round} (one split of a pack's "
+                         f"{pack_heads} queries), got {merge_tile}")
     # Buffers in pack-major order: [packs, kv_heads * pack_heads, D], query (row r, head g
     # of KV head h) at kv head-major position h * pack_heads + r * group + g.
     out = torch.empty(packs, kv_heads * pack_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -134,7 +150,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         *part_strides,
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile_tokens, NUM_SPLITS=num_splits,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile_tokens, NUM_SPLITS=num_splits, MERGE_TILE=merge_tile,
         num_warps=num_warps, num_stages=num_stages,
     )
     # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]

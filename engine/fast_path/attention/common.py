@@ -22,6 +22,13 @@ TILE_TOKENS = 64  # keys per inner iteration (several KV blocks)
 MAX_SPLITS = 64
 TARGET_PROGRAMS = 2 * 132  # two waves' worth on an H200's 132 SMs
 INT8, INT4 = 1, 2  # cold kind codes, as in engine.block_pool.KIND_CODE
+# Float32 elements of partial outputs the merging program holds at once: 16 splits of a
+# GQA-4 group at head dim 128, as the decode kernel always had. A fixed 16 splits a round
+# held 16 x 16 x 128 for the chunk rows' 16-query packs: on the H200 that kernel took 255
+# registers a thread and spilled at 4 warps (164, no spills, with this tile), and 32 rows
+# after a 2,080-token prefix took 24.7 against 23.5 us a layer; 64-query packs at 128 rows
+# 39.1 against 34.7 (bench/attention_sweep.py --merge-tiles 8192,32768).
+MERGE_TILE_ELEMENTS = 8192
 
 if has_triton():
     import triton
@@ -160,12 +167,14 @@ if has_triton():
 
     @triton.jit
     def merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                    stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
+                    stride_ob, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, MERGE_TILE: tl.constexpr):
         """The outputs of KV head kvh's GROUP query heads from their first `used` splits,
         all heads at once (one round of loads per SPLIT_CHUNK splits, not one per head),
-        with a running maximum of the log-sum-exps across chunks."""
+        with a running maximum of the log-sum-exps across chunks. A round's partial
+        outputs are one [GROUP, SPLIT_CHUNK, HEAD_DIM] float32 tile of MERGE_TILE elements."""
         GROUP_P2: tl.constexpr = triton.next_power_of_2(GROUP)
-        SPLIT_CHUNK: tl.constexpr = 16
+        SPLIT_CHUNK: tl.constexpr = MERGE_TILE // (GROUP_P2 * HEAD_DIM)
+        tl.static_assert(SPLIT_CHUNK >= 1, "a merge round must hold at least one split of every head")
         g = tl.arange(0, GROUP_P2)
         is_head = g < GROUP
         heads = kvh * GROUP + g
@@ -195,7 +204,8 @@ if has_triton():
     @triton.jit
     def finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
                      stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                     MERGE_TILE: tl.constexpr = MERGE_TILE_ELEMENTS):
         """Store the split's normalised partial output and log-sum-exp (unsplit: the
         output itself); the last of the `used` splits of (b, kvh) to finish merges the
         group's heads and re-arms the counter for the next launch (and graph replay)."""
@@ -215,7 +225,7 @@ if has_triton():
                 counter = done_ptr + b * tl.num_programs(1) + kvh
                 if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
                     merge_group(part_ptr, lse_ptr, out_ptr, b, kvh, used, stride_pb, stride_ph, stride_ps,
-                                stride_lb, stride_lh, stride_ob, stride_oh, GROUP, HEAD_DIM)
+                                stride_lb, stride_lh, stride_ob, stride_oh, GROUP, HEAD_DIM, MERGE_TILE)
                     tl.atomic_xchg(counter, 0)
 
 
