@@ -434,6 +434,17 @@ def test_prefill_steps_take_the_graphs_only_when_small_and_not_scoring_prompts(t
         DecodeGraphs(object(), 8, 256, runner.device, max_expanded_rows=-1)
 
 
+def _portable_answers_and_a_fast_llm(model: str, prompts, max_num_batched_tokens: int, max_tokens: int):
+    """Each prompt's greedy answer on the portable path (one at a time), a fast-path LLM of
+    the same prefix-caching engine options, and the sampling params used."""
+    config = dict(
+        block_size=8, max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=True, async_scheduling=False
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+    fallback = LLM(model, mode="fallback", **config)
+    return [fallback.generate([p], params)[0] for p in prompts], LLM(model, **config), params
+
+
 @needs_triton
 @pytest.mark.slow
 def test_cached_prefix_and_chunked_prefill_as_graph_rows_match_portable_path(tiny_model):
@@ -444,11 +455,7 @@ def test_cached_prefix_and_chunked_prefill_as_graph_rows_match_portable_path(tin
 
     shared = list(range(5, 45))
     prompts = [shared + [50, 51, 52], shared + [60], list(range(100, 131)), [7, 8]]
-    config = dict(block_size=8, max_num_batched_tokens=16, enable_prefix_caching=True, async_scheduling=False)
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
-    fallback = LLM(tiny_model, mode="fallback", **config)
-    want = [fallback.generate([p], params)[0] for p in prompts]
-    llm = LLM(tiny_model, **config)
+    want, llm, params = _portable_answers_and_a_fast_llm(tiny_model, prompts, max_num_batched_tokens=16, max_tokens=4)
     runner = llm.engine.runner
     graphs = DecodeGraphs(FastDecoder(runner.model, hot_kv_layers(runner)), 8, 256, runner.device, use_graphs=False)
     runner.fast_decode = graphs
@@ -499,11 +506,7 @@ def test_long_chunks_in_large_packs_match_portable_path(tiny_model):
 
     shared = list(range(5, 45))
     prompts = [shared + [7], shared + list(range(200, 270)), list(range(300, 400))]
-    config = dict(block_size=8, max_num_batched_tokens=128, enable_prefix_caching=True, async_scheduling=False)
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
-    fallback = LLM(tiny_model, mode="fallback", **config)
-    want = [fallback.generate([p], params)[0] for p in prompts]
-    llm = LLM(tiny_model, **config)
+    want, llm, params = _portable_answers_and_a_fast_llm(tiny_model, prompts, max_num_batched_tokens=128, max_tokens=3)
     runner = llm.engine.runner
     decoder = FastDecoder(runner.model, hot_kv_layers(runner))
     packs: list[int] = []
