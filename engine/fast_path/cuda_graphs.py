@@ -53,8 +53,8 @@ GRAPH_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PAD_SLOT = -1
 MAX_EXPANDED_ROWS = 256
 """Rows a step of prefill chunks alone may take on the graphs, in packs (module docstring).
-On the H200, 2,048 cached + 128 / 256 new tokens: 9.0 / 12.9 ms to the first token as
-graph rows, 26.2 ms through the eager forward (bench/gpu_decode.py, warm_by_new_tokens)."""
+On the H200, 2,048 cached + 128 / 256 new tokens: 7.9 / 13.9 ms to the first token as
+graph rows, 21.9 / 22.4 ms through the eager forward (bench/gpu_decode.py, warm_by_new_tokens)."""
 MAX_UNPACKED_ROWS = 64
 """Rows a step may take on the graphs when each row reads its context alone."""
 LARGE_PACK_MIN_ROWS = 64
@@ -256,6 +256,7 @@ class DecodeGraphs:
         return 0 < self.expanded_rows(batch) <= limit and all(item.seq.params.prompt_logprobs is None for item in batch)
 
     def unpacked_limit(self) -> int:
+        """Rows a step may take when each row reads its context alone (no packs)."""
         return min(self.max_unpacked_rows, self.max_expanded_rows)
 
     def pack_for(self, batch: list[ScheduledSeq]) -> int:
@@ -365,8 +366,9 @@ class DecodeGraphs:
                     self._load(DecodeInputs([], [], [], [], []).padded(size))
                     self._capture(size, kind)
         if self.rows_per_pack > 1:
-            # The pack each size mostly runs with: a step of LARGE_PACK_MIN_ROWS rows or
-            # more whose large packs take a bigger graph keeps the small ones (captured then).
+            # The pack each size mostly runs with (pack_for). A step of LARGE_PACK_MIN_ROWS
+            # rows or more whose large packs would need a bigger graph keeps the small
+            # packs; that graph is captured when a step first needs it.
             for size in reversed(self.ladder):
                 pack = self.large_rows_per_pack if size >= LARGE_PACK_MIN_ROWS else self.rows_per_pack
                 if pack <= size <= self.max_expanded_rows and (size, pack) not in self.chunk_graphs:
