@@ -281,6 +281,9 @@ def test_decode_attention_matches_reference_across_block_and_split_boundaries(sp
     assert torch.isfinite(out).all()
     assert (out.double() - ref).norm() / ref.norm() < 1e-5
     assert out[-1].abs().max() == 0  # empty context: zeros, not NaN
+    # block-table entries loaded a tile ahead (the sweep's --prefetch): the same attention
+    prefetched = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, splits, window, prefetch=True)
+    assert (prefetched.double() - ref).norm() / ref.norm() < 1e-5
 
 
 @needs_triton
@@ -317,6 +320,9 @@ def test_chunk_rows_in_packs_match_reference(splits, heads, kv_heads):
     assert (small_tiles.double() - ref).norm() / ref.norm() < 1e-5
     with pytest.raises(ValueError, match="tile_tokens"):
         paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, tile_tokens=24)
+    # block-table entries loaded a tile ahead (the sweep's --prefetch): the same attention
+    prefetched = paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows, 4, 2, 16, prefetch=True)
+    assert (prefetched.double() - ref).norm() / ref.norm() < 1e-5
     # the smallest merge rounds (one split each; the sweep's --merge-tiles): the same attention
     pack_queries = 1 << (rows * heads // kv_heads - 1).bit_length()
     one_split_rounds = paged_chunk_attention(

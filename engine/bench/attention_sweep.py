@@ -10,7 +10,7 @@ against the current launch shape's output. Prints one JSON line per measurement 
 writes them to --out.
 
     python -m inferd.engine.bench.attention_sweep --out results/ [--kinds chunk --pack-rows 4,16 --warps 4 --stages 2]
-        [--splits 1,2,4 --tiles 32,64 --merge-tiles 8192,32768]
+        [--splits 1,2,4 --tiles 32,64 --merge-tiles 8192,32768 --prefetch 0,1]
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from ..fast_path.attention import (
     paged_decode_attention,
     rows_per_pack,
 )
-from ..fast_path.attention.chunk_rows import CHUNK_STAGES
+from ..fast_path.attention.chunk_rows import CHUNK_PREFETCH, CHUNK_STAGES, LARGE_PACK_QUERIES
 from ..fast_path.attention.common import MERGE_TILE_ELEMENTS, TILE_TOKENS
+from ..fast_path.cuda_graphs import LARGE_PACK_MIN_ROWS
 from .gemv_sweep import json_recorder, time_graph
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
@@ -159,6 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         default=str(MERGE_TILE_ELEMENTS),
         help="comma-separated float32 elements a merge round of the chunk rows holds (32768: 16 splits of a pack)",
     )
+    parser.add_argument(
+        "--prefetch",
+        default=str(int(CHUNK_PREFETCH)),
+        help="comma-separated 0/1: the kernels load block-table entries a tile ahead",
+    )
     args = parser.parse_args(argv)
     warp_counts = tuple(map(int, args.warps.split(",")))
     stage_counts = tuple(map(int, args.stages.split(",")))
@@ -173,22 +179,26 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     scale = HEAD_DIM**-0.5
     kv_bytes_per_token = KV_HEADS * HEAD_DIM * 2 * 2
-    engine_pack = rows_per_pack(HEADS, KV_HEADS)
-    packs = [int(p) for p in args.pack_rows.split(",")] if args.pack_rows else [engine_pack]
+    packs = [int(p) for p in args.pack_rows.split(",")] if args.pack_rows else []
     tiles = [int(t) for t in args.tiles.split(",")]
     merge_tiles = [int(m) for m in args.merge_tiles.split(",")]
+    prefetches = [bool(int(p)) for p in args.prefetch.split(",")]
     for rows in (32, 64, 128) if "chunk" in kinds else ():
         q, k, v, tables, lens = chunk_inputs(rows, 2080)
-        for pack, tile, merge in [(p, t, m) for p in packs for t in tiles for m in merge_tiles]:
+        queries = LARGE_PACK_QUERIES if rows >= LARGE_PACK_MIN_ROWS else 16
+        engine_pack = rows_per_pack(HEADS, KV_HEADS, queries)  # as cuda_graphs.DecodeGraphs.pack_for
+        variants = [
+            (p, t, m, f) for p in packs or [engine_pack] for t in tiles for m in merge_tiles for f in prefetches
+        ]
+        for pack, tile, merge, prefetch in variants:
             if time.perf_counter() - started > args.budget_s:
                 break
             splits = chunk_num_splits(rows // pack, KV_HEADS, MAX_MODEL_LEN)
             current = (splits, 4, CHUNK_STAGES)
 
-            def chunk(
-                splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens, pack=pack, tile=tile, merge=merge
-            ):
-                return paged_chunk_attention(q, k, v, tables, lens, scale, splits, pack, warps, stages, tile, merge)
+            def chunk(splits, warps, stages, inputs=(q, k, v, tables, lens), shape=(pack, tile, merge, prefetch)):
+                pack, tile, merge, prefetch = shape
+                return paged_chunk_attention(*inputs, scale, splits, pack, warps, stages, tile, merge, prefetch)
 
             if args.splits:
                 options = [int(s) for s in args.splits.split(",")]
@@ -205,10 +215,12 @@ def main(argv: list[str] | None = None) -> None:
                 2080 * kv_bytes_per_token,
                 warp_counts=warp_counts,
                 stage_counts=stage_counts,
-                engine_kernel=pack == engine_pack and tile == TILE_TOKENS and merge == MERGE_TILE_ELEMENTS,
+                engine_kernel=(pack, tile, merge, prefetch)
+                == (engine_pack, TILE_TOKENS, MERGE_TILE_ELEMENTS, CHUNK_PREFETCH),
                 rows_per_pack=pack,
                 tile_tokens=tile,
                 merge_tile=merge,
+                prefetch=prefetch,
             )
     for rows in (8, 32, 64, 128, 256) if "decode" in kinds else ():
         for context in (640, 4096):
@@ -218,21 +230,25 @@ def main(argv: list[str] | None = None) -> None:
             splits = choose_num_splits(rows, KV_HEADS, MAX_MODEL_LEN)
             options = sorted({s for s in (splits // 2, splits, splits * 2) if 1 <= s <= 64})
 
-            def decode(splits, warps, stages, q=q, k=k, v=v, tables=tables, lens=lens):
-                return paged_decode_attention(q, k, v, tables, lens, scale, splits, None, False, warps, stages)
+            for prefetch in prefetches:
 
-            sweep(
-                record,
-                "decode",
-                rows,
-                context,
-                decode,
-                options,
-                (splits, 4, 3),
-                rows * context * kv_bytes_per_token,
-                warp_counts=warp_counts,
-                stage_counts=stage_counts,
-            )
+                def decode(splits, warps, stages, inputs=(q, k, v, tables, lens), prefetch=prefetch):
+                    return paged_decode_attention(*inputs, scale, splits, None, False, warps, stages, prefetch)
+
+                sweep(
+                    record,
+                    "decode",
+                    rows,
+                    context,
+                    decode,
+                    options,
+                    (splits, 4, 3),
+                    rows * context * kv_bytes_per_token,
+                    warp_counts=warp_counts,
+                    stage_counts=stage_counts,
+                    engine_kernel=not prefetch,
+                    prefetch=prefetch,
+                )
     if "chunk" in kinds:
         from ..fast_path.attention import chunk_rows
 

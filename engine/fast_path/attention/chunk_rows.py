@@ -38,7 +38,7 @@ if has_triton():
         stride_ob, stride_oh,
         ROWS: tl.constexpr, GROUP: tl.constexpr, PACK_HEADS: tl.constexpr, PACK_PAD: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        MERGE_TILE: tl.constexpr,
+        MERGE_TILE: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         pack = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -60,7 +60,8 @@ if has_triton():
             l_i = tl.zeros([PACK_PAD], tl.float32)
             acc = tl.zeros([PACK_PAD, HEAD_DIM], tl.float32)
             m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, pack, kvh, lo, hi, m_i, l_i, acc, scale, d,
-                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, row_ctx)
+                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, row_ctx,
+                                    PREFETCH)
             # The pack's queries are the merge's heads: pack-major buffers, permuted back by the caller.
             heads = kvh * PACK_HEADS + i
             finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, pack, kvh, heads, is_query, d, split,
@@ -72,6 +73,11 @@ if has_triton():
 # rows after a 2,080-token prefix took 7-10 % less time per layer (28.3 against 31.3 us
 # at 32 rows, 66.6 against 71.9 at 128, in CUDA-graph replays: bench/attention_sweep.py).
 CHUNK_STAGES = 2
+
+# Block-table entries a tile ahead (common.hot_run): on the H200, after a 2,080-token
+# prefix, 32 rows in packs of 4 took 22.7 against 23.8 us a layer, 64 and 128 rows in
+# packs of 16 25.2 and 29.9 against 28.4 and 35.7 (bench/attention_sweep.py --prefetch 0,1).
+CHUNK_PREFETCH = True
 
 # One wave's worth of programs (packs x KV heads x splits up to the H200's 132 SMs), not
 # the decode kernel's two: on the H200, 32 / 64 / 128 rows after a 2,080-token prefix took
@@ -107,11 +113,12 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                           num_splits: int, rows_per_pack: int, num_warps: int = 4,
                           num_stages: int = CHUNK_STAGES, tile_tokens: int = TILE_TOKENS,
-                          merge_tile: int = MERGE_TILE_ELEMENTS) -> torch.Tensor:
+                          merge_tile: int = MERGE_TILE_ELEMENTS, prefetch: bool = CHUNK_PREFETCH) -> torch.Tensor:
     """q: [B, H, D], B a multiple of `rows_per_pack`; rows p * R .. p * R + R - 1 share the
     block table of row p * R (rows of context 0 are padding, zeros out). Each row attends
     to its first context_lens[row] keys, `tile_tokens` keys per iteration; the last split
-    of a pack merges `merge_tile` float32 partial-output elements a round. Returns [B, H, D]
+    of a pack merges `merge_tile` float32 partial-output elements a round; `prefetch`: each
+    tile's block-table entries are loaded one tile ahead (common.hot_run). Returns [B, H, D]
     in q's dtype."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
@@ -151,6 +158,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
         ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile_tokens, NUM_SPLITS=num_splits, MERGE_TILE=merge_tile,
+        PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages,
     )
     # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]

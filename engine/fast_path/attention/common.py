@@ -148,20 +148,31 @@ if has_triton():
     @triton.jit
     def hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, lo, hi, m_i, l_i, acc, scale, d,
                 stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                row_ctx=None):
+                row_ctx=None, PREFETCH: tl.constexpr = False):
         """Keys lo..hi of sequence b from hot (bf16/fp16) blocks into the softmax state.
-        row_ctx [rows]: each query row sees only keys below its own limit (chunk_rows.py)."""
+        row_ctx [rows]: each query row sees only keys below its own limit (chunk_rows.py).
+        PREFETCH: load the next tile's block-table entries and this tile's values with its
+        keys, so that a tile's K/V loads do not wait on its table load (for long loops)."""
+        table = tables_ptr + b * stride_tb
+        if PREFETCH:
+            first = lo + tl.arange(0, TILE)
+            page = tl.load(table + first // BLOCK_SIZE, mask=first < hi, other=0)
         for start in range(lo, hi, TILE):
             t = start + tl.arange(0, TILE)
             in_range = t < hi
-            page = tl.load(tables_ptr + b * stride_tb + t // BLOCK_SIZE, mask=in_range, other=0)
+            if not PREFETCH:
+                page = tl.load(table + t // BLOCK_SIZE, mask=in_range, other=0)
             offs = page.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
             k = load_codes(k_ptr, offs, in_range, d, d, 0)
+            if PREFETCH:
+                v = load_codes(v_ptr, offs, in_range, d, d, 0)
+                page = tl.load(table + (t + TILE) // BLOCK_SIZE, mask=t + TILE < hi, other=0)
             visible = in_range[None, :]
             if row_ctx is not None:
                 visible = visible & (t[None, :] < row_ctx[:, None])
             s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-            v = load_codes(v_ptr, offs, in_range, d, d, 0)
+            if not PREFETCH:
+                v = load_codes(v_ptr, offs, in_range, d, d, 0)
             m_i, l_i, acc = online_softmax(s, v, None, m_i, l_i, acc)
         return m_i, l_i, acc
 

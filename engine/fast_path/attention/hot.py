@@ -27,7 +27,7 @@ if has_triton():
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
-        EARLY_RELEASE: tl.constexpr, INPUTS_READY: tl.constexpr,
+        EARLY_RELEASE: tl.constexpr, INPUTS_READY: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -47,7 +47,7 @@ if has_triton():
             l_i = tl.zeros([GROUP_PAD], tl.float32)
             acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
             m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, lo, hi, m_i, l_i, acc, scale, d,
-                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE)
+                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, None, PREFETCH)
             release_dependents(USE_PDL, EARLY_RELEASE)
             finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
@@ -57,7 +57,8 @@ if has_triton():
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            num_splits: int, sliding_window: int | None = None,
-                           inputs_ready: bool = False, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                           inputs_ready: bool = False, num_warps: int = 4, num_stages: int = 3,
+                           prefetch: bool = False) -> torch.Tensor:
     """One query token per sequence. q: [B, H, D] (last dim contiguous); caches
     [num_blocks, block_size, kv_heads, D]; returns [B, H, D] in q's dtype.
     `inputs_ready`: context_lens and block_tables were written before the kernel
@@ -65,7 +66,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     kernel), so with PDL the kernel may read them before waiting for that kernel.
     num_warps, num_stages: the launch shape. Triton's defaults: on the H200 they were
     within 4 % of the best of bench/attention_sweep.py's shapes at 32-256 rows; at 8
-    rows and context 640, 2 warps took 9.9 against 11.6 us (54 us of a 4.6 ms step)."""
+    rows and context 640, 2 warps took 9.9 against 11.6 us (54 us of a 4.6 ms step).
+    `prefetch`: block-table entries a tile ahead (common.hot_run)."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or heads % kv_heads:
@@ -83,6 +85,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         *split_strides(q, part, lse, out, num_splits),
         GROUP=heads // kv_heads, GROUP_PAD=group_pad(heads, kv_heads), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=TILE_TOKENS, NUM_SPLITS=num_splits, INPUTS_READY=inputs_ready,
+        PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch(q.device, releases=True),
     )
     return out
