@@ -67,7 +67,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_warps, num_stages: the launch shape. Triton's defaults: on the H200 they were
     within 4 % of the best of bench/attention_sweep.py's shapes at 32-256 rows; at 8
     rows and context 640, 2 warps took 9.9 against 11.6 us (54 us of a 4.6 ms step).
-    `prefetch`: block-table entries a tile ahead (common.hot_run)."""
+    `prefetch`: block-table entries a tile ahead (common.hot_run); off in the engine: on
+    the H200 it was slower at 64-256 rows (context 640, 64 rows: 51.8 against 43.4 us)."""
     batch, heads, head_dim = q.shape
     _, block_size, kv_heads, cache_dim = k_cache.shape
     if cache_dim != head_dim or heads % kv_heads:
