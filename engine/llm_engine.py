@@ -149,7 +149,9 @@ class LLMEngine:
                 make_batch_invariant(self.model)
                 self.fast_path_unavailable = attach_invariant_decode(runner, self.max_model_len)
             else:
-                self.fast_path_unavailable = attach_fast_path(runner, self.max_model_len)  # None: attached
+                self.fast_path_unavailable = attach_fast_path(  # None: attached
+                    runner, self.max_model_len, max_step_tokens=config.max_num_batched_tokens
+                )
             self.runner = runner
         self.runner.on_fastpath_failure = self._on_fastpath_failure
         self.generator = torch.Generator(device=self.device).manual_seed(

@@ -962,13 +962,29 @@ def test_sampled_decode_reads_the_non_finite_check_with_its_tokens(tiny_model, m
         assert llm.engine.counters.fastpath_failures["non_finite_logits"] == 1
 
 
+@pytest.mark.parametrize(
+    "budget, max_model_len, pieces",
+    [
+        (8192, 40960, [(512, 512)] * 16),
+        (1000, 0, [(512, 512), (488, 488)]),
+        (40, 16, [(16, 16), (16, 16), (8, 8)]),
+        (0, 4096, []),
+    ],
+)
+def test_budget_step_fills_the_step_budget_with_fresh_prompts(budget, max_model_len, pieces):
+    from inferd.engine.fast_path.warmup import budget_step
+
+    assert list(budget_step(budget, max_model_len)) == pieces
+
+
 @needs_triton
 @pytest.mark.slow
 @pytest.mark.parametrize("cold", ["none", "int8"])
 def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, monkeypatch):
     """The start-up warm-up of the prefill path (fast_path/warmup.py) runs the fused step
-    over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row) and
-    leaves the KV pool exactly as it was: every slot is the padding slot."""
+    over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row), then
+    one step filling the step budget, and leaves the KV pool exactly as it was: every slot
+    is the padding slot."""
     from inferd.engine.fast_path.attention import triton_paged_attention
     from inferd.engine.fast_path.fast_decoder import FastDecoder
     from inferd.engine.fast_path.warmup import WARMUP_STEPS, warm_prefill_kernels
@@ -993,8 +1009,8 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     monkeypatch.setattr(
         cold_module, "cold_paged_decode_attention", lambda *a: (cold_splits.append(a[-1]), cold_kernel(*a))[1]
     )
-    warm_prefill_kernels(decoder, triton_paged_attention, 8, runner.device)
-    assert [c[1] for c in calls] == [[n for n, _ in step] for step in WARMUP_STEPS]
+    warm_prefill_kernels(decoder, triton_paged_attention, 8, runner.device, max_step_tokens=40, max_model_len=16)
+    assert [c[1] for c in calls] == [[n for n, _ in step] for step in WARMUP_STEPS] + [[16, 16, 8]]
     assert cold_splits == ([1, 2, 4, 8, 16, 32, 64] if cold != "none" else [])  # every split count
     assert {c[0] % 16 == 0 for c in calls} == {True, False}  # both specialisations of the token count
     for (k, v, _), (k0, v0) in zip(runner.kv_layers, before):

@@ -37,11 +37,16 @@ def hot_kv_layers(runner: ModelRunner) -> list[tuple]:
 
 
 def attach_fast_path(
-    runner: ModelRunner, max_model_len: int, use_graphs: bool = True, capture: bool = True
+    runner: ModelRunner,
+    max_model_len: int,
+    use_graphs: bool = True,
+    capture: bool = True,
+    max_step_tokens: int = 0,
 ) -> str | None:
     """Give `runner` the Triton attention and the decode graphs when this device can run
     them, capturing every graph now (`capture`: compile and capture at start, not in the
-    middle of serving). Returns None when attached, else why not (the runner keeps the
+    middle of serving; `max_step_tokens`: warm the prefill path with one step that
+    large, warmup.py). Returns None when attached, else why not (the runner keeps the
     portable path). Decode batches with cold blocks leading each table replay graphs of
     their own; other cold layouts run eagerly through the general cold kernel; prefill
     over cold blocks runs the grouped SDPA path over dequantized gathers."""
@@ -78,7 +83,9 @@ def attach_fast_path(
         try:
             from .warmup import warm_prefill_kernels
 
-            warm_prefill_kernels(decoder, triton_paged_attention, runner.block_size, runner.device)
+            warm_prefill_kernels(
+                decoder, triton_paged_attention, runner.block_size, runner.device, max_step_tokens, max_model_len
+            )
         except Exception as exc:  # the first real prefill compiles them then (or falls back on its own)
             log.warning("prefill kernel warm-up failed (%s: %s)", type(exc).__name__, exc)
         log.info("compiled the prefill path's kernels in %.1f s", time.perf_counter() - start)

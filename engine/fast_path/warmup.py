@@ -8,6 +8,11 @@ comparison in BENCHMARKS.md: 2.20 s before, 0.93 s after). Two synthetic steps c
 each holds a fresh prompt, a chunk after a cached prefix and a decode row (the mixed
 step's decode kernel). Every slot is the padding slot, so no K/V is written; the
 attention reads block 0, whatever it holds, and the results are thrown away.
+
+A third step fills the step budget (`max_num_batched_tokens`) with fresh prompts: the
+first step that large grows the allocator's pools to their peak and meets cuBLAS's and
+flash attention's largest shapes. Without it, the first 16 x 512-token step on the H200
+took 285 ms against 180-185 ms for the same step after it (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -19,11 +24,28 @@ from .cuda_graphs import PAD_SLOT
 
 # (query length, context length) per sequence of each warm-up step
 WARMUP_STEPS = (((17, 17), (16, 48), (1, 33)), ((16, 16), (15, 31), (1, 70)))
+BUDGET_PROMPT_TOKENS = 512
+"""The fresh prompts of the budget step are this long (the last one shorter), at most
+max_model_len."""
+
+
+def budget_step(max_step_tokens: int, max_model_len: int) -> tuple[tuple[int, int], ...]:
+    """(query length, context length) of the fresh prompts that fill a step of
+    `max_step_tokens` tokens; () for no budget step."""
+    piece = min(BUDGET_PROMPT_TOKENS, max_model_len or BUDGET_PROMPT_TOKENS)
+    if max_step_tokens <= 0 or piece <= 0:
+        return ()
+    full, rest = divmod(max_step_tokens, piece)
+    return ((piece, piece),) * full + (((rest, rest),) if rest else ())
 
 
 @torch.inference_mode()
-def warm_prefill_kernels(decoder, attention_fn, block_size: int, device: torch.device) -> None:
-    for step in WARMUP_STEPS:
+def warm_prefill_kernels(
+    decoder, attention_fn, block_size: int, device: torch.device, max_step_tokens: int = 0, max_model_len: int = 0
+) -> None:
+    """Run the warm-up steps (and with `max_step_tokens`, the budget step last)."""
+    budget = budget_step(max_step_tokens, max_model_len)
+    for step in WARMUP_STEPS + ((budget,) if budget else ()):
         meta = synthetic_metadata(step, block_size, device)
         tokens = sum(n for n, _ in step)
         decoder.forward_step(torch.zeros(tokens, dtype=torch.long, device=device), meta, attention_fn)
