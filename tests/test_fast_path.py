@@ -982,8 +982,9 @@ def test_budget_step_fills_the_step_budget_with_fresh_prompts(budget, max_model_
 @pytest.mark.parametrize("cold", ["none", "int8"])
 def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, monkeypatch):
     """The start-up warm-up of the prefill path (fast_path/warmup.py) runs the fused step
-    over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row), then
-    one step filling the step budget, and leaves the KV pool exactly as it was: every slot
+    over its synthetic mixed batches (fresh prompt, chunk after a prefix, decode row; a
+    lone longer prompt), then one step filling the step budget, each with its logits
+    tail, and leaves the KV pool exactly as it was: every slot
     is the padding slot."""
     from inferd.engine.fast_path.attention import triton_paged_attention
     from inferd.engine.fast_path.fast_decoder import FastDecoder
@@ -1009,8 +1010,14 @@ def test_prefill_warmup_runs_the_fused_step_and_writes_no_kv(tiny_model, cold, m
     monkeypatch.setattr(
         cold_module, "cold_paged_decode_attention", lambda *a: (cold_splits.append(a[-1]), cold_kernel(*a))[1]
     )
+    logit_rows = []
+    compute_logits = decoder.model.compute_logits
+    monkeypatch.setattr(
+        decoder.model, "compute_logits", lambda h: (logit_rows.append(h.shape[0]), compute_logits(h))[1]
+    )
     warm_prefill_kernels(decoder, triton_paged_attention, 8, runner.device, max_step_tokens=40, max_model_len=16)
     assert [c[1] for c in calls] == [[n for n, _ in step] for step in WARMUP_STEPS] + [[16, 16, 8]]
+    assert logit_rows == [2] * len(calls)  # every step's logits tail, as the runner and the sampler run it
     assert cold_splits == ([1, 2, 4, 8, 16, 32, 64] if cold != "none" else [])  # every split count
     assert {c[0] % 16 == 0 for c in calls} == {True, False}  # both specialisations of the token count
     for (k, v, _), (k0, v0) in zip(runner.kv_layers, before):

@@ -9,10 +9,16 @@ each holds a fresh prompt, a chunk after a cached prefix and a decode row (the m
 step's decode kernel). Every slot is the padding slot, so no K/V is written; the
 attention reads block 0, whatever it holds, and the results are thrown away.
 
-A third step fills the step budget (`max_num_batched_tokens`) with fresh prompts: the
-first step that large grows the allocator's pools to their peak and meets cuBLAS's and
-flash attention's largest shapes. Without it, the first 16 x 512-token step on the H200
-took 285 ms against 180-185 ms for the same step after it (BENCHMARKS.md).
+CUDA loads each kernel's module the first time the kernel runs (lazy loading), and
+some of those loads are long: on the H200 the first eager step's finiteness check of
+its logits took 75 ms, and flash attention's split kernel, first used by a lone prompt
+of 300 tokens, 93 ms. So the warm-up also computes logits for two rows of each step,
+checks them and takes their argmax as the runner and the greedy sampler do; a lone
+prompt of 384 tokens meets the split kernel; and a last step fills the step budget
+(`max_num_batched_tokens`) with fresh prompts, growing the allocator's pools to their
+peak and meeting cuBLAS's largest shapes. With the budget step alone, the first 16 x
+512-token step still took 261 ms against 184-187 ms for the steps after it
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from ..attention import AttentionMetadata
 from .cuda_graphs import PAD_SLOT
 
 # (query length, context length) per sequence of each warm-up step
-WARMUP_STEPS = (((17, 17), (16, 48), (1, 33)), ((16, 16), (15, 31), (1, 70)))
+WARMUP_STEPS = (((17, 17), (16, 48), (1, 33)), ((16, 16), (15, 31), (1, 70)), ((384, 384),))
 BUDGET_PROMPT_TOKENS = 512
 """The fresh prompts of the budget step are this long (the last one shorter), at most
 max_model_len."""
@@ -48,7 +54,10 @@ def warm_prefill_kernels(
     for step in WARMUP_STEPS + ((budget,) if budget else ()):
         meta = synthetic_metadata(step, block_size, device)
         tokens = sum(n for n, _ in step)
-        decoder.forward_step(torch.zeros(tokens, dtype=torch.long, device=device), meta, attention_fn)
+        hidden = decoder.forward_step(torch.zeros(tokens, dtype=torch.long, device=device), meta, attention_fn)
+        logits = decoder.model.compute_logits(hidden[[0, tokens - 1]])  # as ModelRunner._forward, then the sampler
+        bool(torch.isfinite(logits).all())
+        logits.argmax(dim=-1).tolist()
     warm_decode_splits(decoder, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
