@@ -3,7 +3,11 @@ whenever they are read, and the step's bookkeeping is unchanged."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inferd.engine.config import EngineConfig
 from inferd.engine.llm_engine import LLMEngine
@@ -91,3 +95,19 @@ def test_step_statistics_count_each_token_once(engine):
     assert generated == engine.counters.generation_tokens == 3 * 4 + 6
     assert prompt == engine.counters.prompt_tokens == 3 + 20
     assert engine.counters.requests_finished["length"] == 2
+
+
+@given(
+    block_size=st.sampled_from([1, 4, 16]),
+    start=st.integers(0, 80),
+    length=st.integers(0, 80),
+    seed=st.integers(0, 1000),
+)
+def test_token_slots_are_each_positions_block_slot(block_size, start, length, seed):
+    """The per-block ranges of token_slots are the per-token formula, across block edges."""
+    from inferd.engine.model_runner import token_slots
+
+    end = start + length
+    table = random.Random(seed).sample(range(1000), -(-end // block_size) or 1)
+    expected = [table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
+    assert token_slots(table, block_size, start, end) == expected
