@@ -46,6 +46,7 @@ from .prompt_logprobs import record as record_prompt_logprobs
 from .request_validator import RequestLimits, RequestValidator
 from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, sample
+from .sampler import warm_up as warm_up_sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Request, Sequence, SequenceStatus
@@ -175,6 +176,11 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
         # Grammars compile on its worker thread; their requests wait there, not in the scheduler.
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self.device)
+        if self.device.type == "cuda":  # CUDA loads each kernel's module on first use: the sampler's now
+            try:
+                warm_up_sampler(self.device, self.model_config.vocab_size, list(self.model_config.eos_token_ids))
+            except Exception as exc:  # the first sampled request loads them then
+                log.warning("sampler warm-up failed (%s: %s)", type(exc).__name__, exc)
         log.info(
             "engine: %s on %s (%s), %d KV blocks of %d tokens (%d MiB), %d host blocks on NUMA node %s",
             self.model_name,

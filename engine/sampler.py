@@ -16,9 +16,12 @@ token its grammar forbids to -inf, both on the logits' device.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .device_index import device_index
+from .sampling_params import SamplingParams
 from .sequence import Sequence
 from .structured_outputs_grammar import TokenMask
 
@@ -223,3 +226,33 @@ def _logprobs(raw: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> lis
         entry.setdefault(tokens[i], chosen[j])
         out[i] = entry
     return out
+
+
+# One row per branch of `sample`: top-k, top-p and min-p with logprobs; penalties, a logit
+# bias and a seeded draw; a greedy row banning EOS before min_tokens.
+WARMUP_PARAMS: tuple[dict[str, Any], ...] = (
+    dict(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, logprobs=2),
+    dict(
+        temperature=1.0,
+        repetition_penalty=1.1,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias={0: 1.0},
+        seed=0,
+    ),
+    dict(temperature=0.0, min_tokens=1, logprobs=0),
+)
+
+
+def warm_up(device: torch.device, vocab_size: int, eos_token_ids: list[int]) -> None:
+    """Run `sample` once over rows that take each of its branches, on throwaway logits
+    with a throwaway generator (the engine's draws are untouched). On CUDA a kernel's
+    module loads on its first launch, which took up to 93 ms for a kernel of the prefill
+    path on the H200 (engine/fast_path/warmup.py): the first sampled request should not
+    pay that for the sampler's kernels."""
+    seqs = [
+        Sequence(f"sampler-warmup-{i}", 0, [1, 2, 3], SamplingParams(max_tokens=1, **params), 0, 0.0, 0)
+        for i, params in enumerate(WARMUP_PARAMS)
+    ]
+    logits = torch.zeros(len(seqs), vocab_size, device=device)
+    sample(logits, seqs, eos_token_ids, torch.Generator(device=device).manual_seed(0))

@@ -221,3 +221,19 @@ def test_unseeded_rows_follow_the_reference_distribution(spec):
     worst = float(((counts - expected.double()).abs() - 5 * stderr).max())
     assert worst <= 1.0 / num_rows, f"frequencies off the reference distribution by {worst:.4f}"
     assert math.isclose(float(counts.sum()), 1.0)
+
+
+def test_sampler_warm_up_takes_every_branch_without_touching_other_draws(monkeypatch):
+    """The start-up warm-up (run on CUDA, where kernels load on first launch) goes through
+    the filters, penalties, bias, EOS ban, draws and logprobs, and leaves the default
+    generator where it was."""
+    import inferd.engine.sampler as sampler
+
+    taken = []
+    for name in ("_filter", "_apply_penalties", "_apply_logit_bias", "_ban", "_draw", "_logprobs"):
+        original = getattr(sampler, name)
+        monkeypatch.setattr(sampler, name, lambda *a, _n=name, _f=original: (taken.append(_n), _f(*a))[1])
+    before = torch.get_rng_state()
+    sampler.warm_up(torch.device("cpu"), 64, [2])
+    assert set(taken) == {"_filter", "_apply_penalties", "_apply_logit_bias", "_ban", "_draw", "_logprobs"}
+    assert torch.equal(torch.get_rng_state(), before)
