@@ -643,6 +643,23 @@ def test_gpu_decode_bench_refuses_cleanly_without_cuda(tmp_path, capsys):
     gpu_decode.add_arguments(parser)
     assert gpu_decode.run(parser.parse_args(["--out", str(tmp_path)])) == 2
     assert "CUDA" in capsys.readouterr().out
+    assert gpu_decode.run(parser.parse_args(["--out", str(tmp_path), "--repeats", "0"])) == 2
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "tok_s, median",
+    [([5.0], 5.0), ([3.0, 9.0, 4.0], 4.0), ([8.0, 2.0, 6.0, 4.0], 4.0)],
+)
+def test_benchmark_keeps_the_median_run_and_every_runs_rate(tok_s, median):
+    from inferd.engine.bench.gpu_decode import median_run
+
+    runs = [{"tok_s": t, "seconds": 1 / t} for t in tok_s]
+    kept = median_run(runs)
+    assert kept["tok_s"] == median and kept["seconds"] == 1 / median  # one run's figures, not a mix
+    assert kept["tok_s_runs"] == tok_s
+    with pytest.raises(ValueError, match="at least one run"):
+        median_run([])
 
 
 # --- cold (quantized) KV blocks in the Triton decode kernel --------------------------
