@@ -56,8 +56,9 @@ def _split_prompt_rows(
 
 def token_slots(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
     """KV slots of positions start..end-1: block_table[pos // block_size] * block_size +
-    pos % block_size, a range per block (a 16 x 512-token step is 8,192 positions: a
-    Python loop over them held the device idle for about 3 ms of every such step)."""
+    pos % block_size, a range per block (a 16 x 512-token step is 8,192 positions: with a
+    Python loop over them, prepare() took 2.9-4.4 ms of every such step on the H200's
+    host, the device idle meanwhile)."""
     slots: list[int] = []
     pos = start
     while pos < end:

@@ -551,10 +551,9 @@ def run_all(
 
     def compare_fast():
         # transformers' static-cache runs are timed after an identical untimed run (their
-        # compile needs it); ours are timed after an untimed run of the same shapes (other
-        # prompts: nothing is a prefix hit), kept as cmp_fast_first_*.
-        # With repeats, the runs after the first take other prompts of the same shapes (ours
-        # would hit the prefix cache) and the median run is kept.
+        # compile needs it); ours after an untimed run of the same shapes, kept as
+        # cmp_fast_first_*. Ours take other prompts for every run but the timed first, so
+        # nothing is a prefix hit; with repeats the median run is kept.
         for size, batch in ((1, cmp_prompts[:1]), (32, cmp_prompts[1:])):
             first = prompts(cfg.vocab_size, size, 512, seed=60 + size)
             res[f"cmp_fast_first_b{size}"] = strip(bench_engine_decode(fast, first, cmp_tokens))

@@ -18,7 +18,7 @@ prompt of 384 tokens meets the split kernel; and a last step fills the step budg
 (`max_num_batched_tokens`) with fresh prompts, growing the allocator's pools to their
 peak and meeting cuBLAS's largest shapes. With the budget step alone, the first 16 x
 512-token step still took 261 ms against 184-187 ms for the steps after it
-(BENCHMARKS.md).
+(benchmarks/results/2026-12-04-h200-warmup-g26-g27.json, first_steps_ms).
 """
 
 from __future__ import annotations
