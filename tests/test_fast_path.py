@@ -597,6 +597,35 @@ def test_prefill_step_of_equal_fresh_prompts_matches_portable_path(kv_heads):
 
 
 @needs_triton
+def test_eager_step_chooses_sdpa_backends_once_for_all_its_layers(tiny_model, monkeypatch):
+    """Every SDPA call of an eager step (a fresh prompt, a chunk after a cached prefix) runs
+    with cuDNN's attention off (attention/prefill.py, SDPA_BACKENDS), and the backends are
+    chosen once per step: entering the choice costs host time, and an eager step is
+    host-bound. The choice is undone after the step."""
+    from inferd.engine.fast_path import fast_decoder
+    from inferd.engine.fast_path.attention import SDPA_BACKENDS, prefill, triton_paged_attention
+    from inferd.engine.fast_path.warmup import synthetic_metadata
+
+    runner = LLM(tiny_model, block_size=8).engine.runner
+    decoder = fast_decoder.FastDecoder(runner.model, runner.kv_layers)
+    choices, calls = [], []
+    choose = fast_decoder.sdpa_kernel
+    monkeypatch.setattr(fast_decoder, "sdpa_kernel", lambda backends: (choices.append(backends), choose(backends))[1])
+    sdpa = prefill.F.scaled_dot_product_attention
+    backends = torch.backends.cuda
+    monkeypatch.setattr(
+        prefill.F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: (calls.append((backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled())), sdpa(*a, **k))[1],
+    )
+    meta = synthetic_metadata(((5, 5), (3, 20)), 8, runner.device)
+    decoder.forward_step(torch.zeros(8, dtype=torch.long), meta, triton_paged_attention)
+    assert choices == [SDPA_BACKENDS]
+    assert calls == [(False, True)] * (2 * len(runner.kv_layers))  # two prefill groups a layer
+    assert backends.cudnn_sdp_enabled()
+
+
+@needs_triton
 def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
     """Engine level: chunked prefill, prefix-cache hits and mixed steps on the fast
     attention (no decode graphs on CPU) give the portable path's tokens."""

@@ -156,6 +156,37 @@ def test_programmatic_dependent_launch_only_where_it_can_run(monkeypatch):
     assert not pdl_enabled(torch.device("cuda"))
 
 
+def test_pdl_asks_the_device_once_and_the_switch_at_every_launch(monkeypatch):
+    from inferd.engine.fast_path import pdl
+
+    asked = []
+    monkeypatch.setattr(pdl, "gdc_wait", pdl.gdc_wait or object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (asked.append(device), (9, 0))[1])
+    monkeypatch.delenv("INFERD_PDL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    device = torch.device("cuda", 7)
+    pdl._device_has_pdl.cache_clear()
+    try:
+        assert all(pdl.pdl_enabled(device) for _ in range(3))
+        monkeypatch.setenv("INFERD_PDL", "0")
+        assert not pdl.pdl_enabled(device)
+        assert asked == [device]
+    finally:
+        pdl._device_has_pdl.cache_clear()  # the answers above were the fakes'
+
+
+def test_host_grid_arithmetic_matches_tritons():
+    """launch_shape's cdiv and next_power_of_2 stand in for Triton's in host code."""
+    triton = pytest.importorskip("triton", reason="needs triton (pip) to compare with")
+    from inferd.engine.fast_path.launch_shape import cdiv, next_power_of_2
+
+    for n in range(1, 5000):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for block in (1, 3, 16, 1024):
+            assert cdiv(n, block) == triton.cdiv(n, block), (n, block)
+
+
 def test_early_release_follows_pdl_and_its_setting(monkeypatch):
     from inferd.engine.fast_path import pdl
 

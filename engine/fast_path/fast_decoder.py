@@ -23,6 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
 from ..attention import AttentionMetadata
 from ..model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
@@ -31,6 +32,7 @@ from .attention import (
     INT8,
     LARGE_PACK_QUERIES,
     MERGE_TILE_ELEMENTS,
+    SDPA_BACKENDS,
     cold_prefix_decode_attention,
     paged_chunk_attention,
     paged_decode_attention,
@@ -366,5 +368,7 @@ class FastDecoder:
     @torch.inference_mode()
     def forward_step(self, input_ids: torch.Tensor, meta: AttentionMetadata, attention_fn) -> torch.Tensor:
         """Final hidden states [T, hidden] of any step (prefill, mixed, decode) with
-        FusedOps; `attention_fn` has `paged_attention`'s signature."""
-        return self.model(input_ids, meta, self.kv_layers, attention_fn, ops=FusedOps)
+        FusedOps; `attention_fn` has `paged_attention`'s signature. Its SDPA calls take
+        attention/prefill.py's backends, chosen once for the step's every layer."""
+        with sdpa_kernel(SDPA_BACKENDS):
+            return self.model(input_ids, meta, self.kv_layers, attention_fn, ops=FusedOps)

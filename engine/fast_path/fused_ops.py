@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .availability import has_triton
+from .launch_shape import cdiv, next_power_of_2
 from .pdl import pdl_launch
 
 Q_HEADS_PER_PROGRAM = 8
@@ -130,7 +131,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     _add_rms_norm_kernel[(rows,)](
         x, residual if residual is not None else x, weight, out,
         x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
+        HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(hidden),
     )
     return out, residual if residual is not None else x
 
@@ -140,7 +141,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     inter = width // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_and_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
+    _silu_and_mul_kernel[(rows, cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
                                                             BLOCK=block)
     return out
 
@@ -153,14 +154,14 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     kv_heads = k.shape[1]
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("K and V caches must share strides with a contiguous head dimension")
-    per_program = min(Q_HEADS_PER_PROGRAM, triton.next_power_of_2(heads))
+    per_program = min(Q_HEADS_PER_PROGRAM, next_power_of_2(heads))
     # One program per (token, part): at batch 1 a single program per token was latency-bound.
-    _rope_and_cache_kernel[(tokens, 1 + triton.cdiv(heads, per_program))](
+    _rope_and_cache_kernel[(tokens, 1 + cdiv(heads, per_program))](
         q, k, v, positions, inv_freq, slots, k_cache, v_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, kv_heads,
         BLOCK_SIZE=k_cache.shape[1], Q_HEADS_PER_PROGRAM=per_program,
-        KV_HEADS_PAD=triton.next_power_of_2(kv_heads), HALF=head_dim // 2, **pdl_launch(q.device),
+        KV_HEADS_PAD=next_power_of_2(kv_heads), HALF=head_dim // 2, **pdl_launch(q.device),
     )
 
 

@@ -24,6 +24,7 @@ import os
 import torch
 
 from .availability import has_triton
+from .launch_shape import next_power_of_2
 from .pdl import pdl_launch
 
 CHUNK = 4096  # logits per program of the first kernel (128256 / 4096: 32 programs per row)
@@ -54,8 +55,8 @@ def greedy_with_flag(logits: torch.Tensor, live: torch.Tensor | None = None) -> 
     _chunk_max_kernel[(rows, chunks)](logits, best, where, bad, vocab, logits.stride(0), chunks,
                                       CHUNK=CHUNK, BLOCK=BLOCK, **pdl)
     _pick_kernel[(1,)](best, where, bad, live if live is not None else packed, packed, rows, chunks,
-                       HAS_LIVE=live is not None, ROWS_PAD=max(2, triton.next_power_of_2(rows)),
-                       CHUNKS_PAD=max(2, triton.next_power_of_2(chunks)), num_warps=4, **pdl)
+                       HAS_LIVE=live is not None, ROWS_PAD=max(2, next_power_of_2(rows)),
+                       CHUNKS_PAD=max(2, next_power_of_2(chunks)), num_warps=4, **pdl)
     return packed
 
 

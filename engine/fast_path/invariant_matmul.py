@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from .availability import has_triton
+from .launch_shape import cdiv
 
 BLOCK_M, BLOCK_K = 64, 64
 REDUCE_BLOCK = 1024
@@ -136,8 +137,8 @@ def invariant_linear(
     if split_k < 1:
         raise ValueError(f"split_k must be at least 1, got {split_k}")
     # each part a whole number of BLOCK_K steps, so parts start where the unsplit walk does
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), BLOCK_K) * BLOCK_K
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, block_n), split_k)
+    k_per_split = cdiv(cdiv(k, split_k), BLOCK_K) * BLOCK_K
+    grid = (cdiv(m, BLOCK_M), cdiv(n, block_n), split_k)
     bias_arg = bias if bias is not None else x
     if split_k == 1:
         _invariant_matmul_kernel[grid](
@@ -150,7 +151,7 @@ def invariant_linear(
         x, weight, bias_arg, parts, m, n, k, k_per_split, x.stride(0), weight.stride(0), parts.stride(1),
         parts.stride(0), HAS_BIAS=False, SPLIT=True, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
     )
-    _sum_parts_kernel[(m, triton.cdiv(n, REDUCE_BLOCK))](
+    _sum_parts_kernel[(m, cdiv(n, REDUCE_BLOCK))](
         parts, bias_arg, out, n, parts.stride(0), parts.stride(1), out.stride(0),
         PARTS=split_k, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK,
     )

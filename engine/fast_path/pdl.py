@@ -22,6 +22,7 @@ wait. Kernels launched without PDL are unaffected.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -76,9 +77,16 @@ def early_release_enabled() -> bool:
 
 def pdl_enabled(device: torch.device) -> bool:
     """PDL on this device: CUDA compute capability 9.0+, a Triton with griddepcontrol,
-    not the CPU interpreter, and not switched off with INFERD_PDL=0."""
+    not the CPU interpreter, and not switched off with INFERD_PDL=0 (read at each call:
+    the benchmark turns it off and on)."""
     if os.environ.get("INFERD_PDL", "1") == "0" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
+    return _device_has_pdl(device)
+
+
+@functools.cache
+def _device_has_pdl(device: torch.device) -> bool:
+    """Cached: every launch of an eager step asks, and the answer cannot change."""
     if device.type != "cuda" or gdc_wait is None or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .availability import has_triton
-from .launch_shape import check_launch_shape
+from .launch_shape import cdiv, check_launch_shape
 from .pdl import pdl_launch
 
 
@@ -200,7 +200,7 @@ def _check_norm_inputs(x: torch.Tensor, residual: torch.Tensor | None, norm_weig
 
 def _launch(x, residual, res_out, norm_weight, weight, out, n, eps, norm, silu_mul, config):
     k = x.shape[1]
-    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+    _gemv_kernel[(cdiv(n, config.block_n),)](
         x, residual if residual is not None else x, res_out if res_out is not None else x,
         norm_weight if norm_weight is not None else x, weight, out, n, k, weight.stride(0), eps,
         NORM=norm, HAS_RESIDUAL=residual is not None, SILU_MUL=silu_mul, BLOCK_N=config.block_n,

@@ -32,7 +32,7 @@ import torch
 
 from .attention.common import split_counters
 from .availability import has_triton
-from .launch_shape import check_launch_shape
+from .launch_shape import cdiv, check_launch_shape
 from .pdl import pdl_launch
 
 MAX_ROWS = 64
@@ -310,7 +310,7 @@ def rows_gemm(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False, out
     n = rows // 2 if silu_mul else rows
     m, k = x.shape
     out = torch.empty(m, n, dtype=out_dtype or weight.dtype, device=x.device)
-    tiles = triton.cdiv(n, config.block_n)
+    tiles = cdiv(n, config.block_n)
     part, counters = _split_buffers(x, tiles, config.block_n, config, 2 if silu_mul else 1)
     _rows_gemm_kernel[(tiles, config.split_k)](
         x, weight, out, part, counters, m, n, k, x.stride(0), weight.stride(0), out.stride(0),

@@ -31,7 +31,7 @@ from .common import (
 )
 from .hot import paged_decode_attention
 from .mixed_cold import cold_paged_decode_attention
-from .prefill import MixedStepAttention
+from .prefill import SDPA_BACKENDS, MixedStepAttention
 
 __all__ = [
     "INT4",
@@ -39,6 +39,7 @@ __all__ = [
     "LARGE_PACK_QUERIES",
     "MAX_SPLITS",
     "MERGE_TILE_ELEMENTS",
+    "SDPA_BACKENDS",
     "TILE_TOKENS",
     "choose_num_splits",
     "cold_paged_decode_attention",
