@@ -111,3 +111,42 @@ def test_token_slots_are_each_positions_block_slot(block_size, start, length, se
     table = random.Random(seed).sample(range(1000), -(-end // block_size) or 1)
     expected = [table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
     assert token_slots(table, block_size, start, end) == expected
+
+
+def _eager_host_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_eager_host.py"
+    spec = importlib.util.spec_from_file_location("bench_eager_host", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_eager_host_bench_counts_every_fused_launch_and_restores_the_kernels(tmp_path, capsys):
+    """scripts/bench_eager_host.py: each layer's four fused-op launches (two add-RMSNorms,
+    RoPE with the K/V write, SiLU-and-multiply) plus the final norm are counted, not run;
+    the kernels are back afterwards; an unknown case is refused by name."""
+    import json
+
+    import torch
+
+    from inferd.engine.fast_path import fused_ops
+
+    bench = _eager_host_bench()
+    before = {name: getattr(fused_ops, name, None) for name in bench.STUBBED_KERNELS}
+    threads = torch.get_num_threads()
+    out = tmp_path / "eager.json"
+    assert bench.main(["--cases", "fresh16,two_groups", "--repeats", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"fresh16", "two_groups"}
+    for r in results.values():
+        assert r["stubbed_launches_per_layer"] == (4 * bench.LAYERS + 1) / bench.LAYERS
+        assert 0 < r["ms_per_step_min"] <= r["ms_per_step_median"]
+    assert {name: getattr(fused_ops, name, None) for name in bench.STUBBED_KERNELS} == before
+    assert torch.get_num_threads() == threads
+    with pytest.raises(SystemExit):
+        bench.main(["--cases", "fresh16,nope"])
+    assert "unknown case 'nope'" in capsys.readouterr().err
