@@ -4,7 +4,7 @@ kernels share (triton_gemv.py, triton_rows.py), and grid and block sizes.
 `cdiv` and `next_power_of_2` are plain functions, not `triton.cdiv` and
 `triton.next_power_of_2`: in recent Triton those are constexpr functions, usable inside
 kernels, and a call from host code goes through their wrapper (Triton 3.9 on a 2-core
-CPU: 1.7 us a call, against 0.07 us). An eager prefill step makes five such calls a
+CPU: 1.7 us a call, against 0.07 us). An eager prefill step makes six such calls a
 layer, and such a step is bound by its host.
 """
 
