@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .attention import AttentionMetadata, paged_attention
+from .block_manager import token_slots
 from .block_pool import PageAllocator
 from .fast_path.cold_layout import cold_prefix_layout
 from .fast_path.gpu_sampling import can_sample_greedy_on_device
@@ -52,22 +53,6 @@ def _split_prompt_rows(
         return RunnerOutput(logits)
     sampled = logits[:num_sample_rows] if num_sample_rows else logits.new_zeros(0, 0)
     return RunnerOutput(sampled, prompt_logprobs=score_prompt_rows(logits[num_sample_rows:], plan, batch_size))
-
-
-def token_slots(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
-    """KV slots of positions start..end-1: block_table[pos // block_size] * block_size +
-    pos % block_size, a range per block (a 16 x 512-token step is 8,192 positions: with a
-    Python loop over them, prepare() took 2.9-4.4 ms of every such step on the H200's
-    host, the device idle meanwhile)."""
-    slots: list[int] = []
-    pos = start
-    while pos < end:
-        block = pos // block_size
-        upto = min(end, (block + 1) * block_size)
-        offset = (block_table[block] - block) * block_size  # slot = pos + offset within the block
-        slots.extend(range(pos + offset, upto + offset))
-        pos = upto
-    return slots
 
 
 class FastPathError(RuntimeError):

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
+from ..block_manager import token_slots
 from ..block_pool import PageAllocator
 from ..device_index import device_index
 from ..scheduler import ScheduledSeq
@@ -114,11 +115,10 @@ class DecodeInputs:
             rows.pad_to_multiple(rows_per_pack)
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_tokens
             rows.input_ids.extend(seq.tokens(start, start + n))
-            for pos in range(start, start + n):
-                rows.positions.append(pos)
-                rows.slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
-                rows.context_lens.append(pos + 1)
-                rows.block_tables.append(seq.block_table)
+            rows.positions.extend(range(start, start + n))
+            rows.slots.extend(token_slots(seq.block_table, block_size, start, start + n))
+            rows.context_lens.extend(range(start + 1, start + n + 1))
+            rows.block_tables.extend([seq.block_table] * n)
             if item.completes:
                 rows.sample_rows.append(len(rows.input_ids) - 1)
         return rows
