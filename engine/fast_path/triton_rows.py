@@ -32,7 +32,7 @@ import torch
 
 from .attention.common import split_counters
 from .availability import has_triton
-from .launch_shape import cdiv, check_launch_shape
+from .launch_shape import cdiv, check_launch_shape, next_power_of_2
 from .pdl import pdl_launch
 
 MAX_ROWS = 64
@@ -90,7 +90,7 @@ def block_rows(m: int) -> int:
     """BLOCK_M for m rows: the next power of two, at least MIN_BLOCK."""
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"rows must be 1-{MAX_ROWS}, got {m}")
-    return max(MIN_BLOCK, 1 << (m - 1).bit_length())
+    return max(MIN_BLOCK, next_power_of_2(m))
 
 
 def choose_config(n: int, k: int, m: int) -> RowsConfig | None:

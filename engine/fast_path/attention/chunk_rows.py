@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..availability import has_triton
+from ..launch_shape import next_power_of_2
 from .common import MERGE_TILE_ELEMENTS, TILE_TOKENS, check_num_splits, choose_num_splits, split_counters
 
 if has_triton():
@@ -134,7 +135,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         raise ValueError(f"tile_tokens must be a power of two of at least 16, got {tile_tokens}")
     group = heads // kv_heads
     packs, pack_heads = batch // rows, rows * group
-    merge_round = (1 << (pack_heads - 1).bit_length()) * head_dim
+    merge_round = next_power_of_2(pack_heads) * head_dim
     if merge_tile < merge_round or merge_tile & (merge_tile - 1):
         raise ValueError(f"merge_tile must be a power of two of at least {merge_round} (one split of a pack's "
                          f"{pack_heads} queries), got {merge_tile}")
@@ -156,7 +157,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         block_tables.stride(0) * rows,  # a pack reads its first row's table
         *part_strides,
         lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-        ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, 1 << (pack_heads - 1).bit_length()),
+        ROWS=rows, GROUP=group, PACK_HEADS=pack_heads, PACK_PAD=max(16, next_power_of_2(pack_heads)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, TILE=tile_tokens, NUM_SPLITS=num_splits, MERGE_TILE=merge_tile,
         PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..availability import has_triton
+from ..launch_shape import next_power_of_2
 
 TILE_TOKENS = 64  # keys per inner iteration (several KV blocks)
 MAX_SPLITS = 64
@@ -257,7 +258,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int,
 
 def group_pad(heads: int, kv_heads: int) -> int:
     """Rows of the dot products: the GQA group padded to a power of two of at least 16."""
-    return max(16, 1 << (heads // kv_heads - 1).bit_length())
+    return max(16, next_power_of_2(heads // kv_heads))
 
 
 _split_counters: dict[torch.device, list[torch.Tensor]] = {}
