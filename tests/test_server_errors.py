@@ -4,6 +4,7 @@ naming the problem; none is a 5xx and none disturbs the requests around it."""
 from __future__ import annotations
 
 import json
+import socket
 
 import httpx
 import openai
@@ -135,6 +136,39 @@ def test_body_too_large_413(server):
 
     r = httpx.post(f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
     assert_error(r, 413, "larger than the limit")
+
+
+def _read_response(reader) -> tuple[int, bytes]:
+    status = int(reader.readline().split()[1])
+    length = 0
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return status, reader.read(length)
+
+
+def _ten_megabyte_request(chunked: bool) -> bytes:
+    body = b"x" * (10 << 20)
+    if not chunked:
+        return b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    step = 1 << 16
+    chunks = b"".join(b"%x\r\n%s\r\n" % (step, body[i : i + step]) for i in range(0, len(body), step))
+    return b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content_length", "chunked"])
+def test_413_reaches_a_client_whose_connection_already_carried_a_request(server, chunked):
+    # A client that writes its whole body before reading (most do) must not meet a reset.
+    big = _ten_megabyte_request(chunked)
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn, conn.makefile("rb") as reader:
+            conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n")
+            assert _read_response(reader)[0] == 200
+            conn.sendall(big)
+            status, body = _read_response(reader)
+            assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+            assert reader.read() == b""  # then the server closes the connection
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,18 @@
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would stand between a
 streaming response and the client's disconnect.
+
+A 413 goes out with `Connection: close`, and then the rest of the body is read and
+thrown away (up to `DISCARD_LIMIT_BYTES` and `DISCARD_TIMEOUT_S`) before the response
+ends and the server closes the socket: closing with unread bytes in the receive
+buffer makes the kernel send a reset, and a client still writing its body (most
+clients write it all before reading) then loses the 413 it was sent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 
@@ -30,6 +38,8 @@ KNOWN_HANDLERS = frozenset(
 # Labels come from the request line, which the client writes: anything else is counted as
 # "other", so made-up paths or methods cannot add series without bound.
 KNOWN_METHODS = frozenset({"GET", "POST", "PATCH", "PUT", "DELETE", "HEAD", "OPTIONS"})
+DISCARD_LIMIT_BYTES = 64 << 20
+DISCARD_TIMEOUT_S = 10.0
 
 
 class BodyLimitAndMetrics:
@@ -50,12 +60,17 @@ class BodyLimitAndMetrics:
             await send(message)
 
         try:
-            declared = dict(scope.get("headers") or []).get(b"content-length")
+            headers = dict(scope.get("headers") or [])
+            declared = headers.get(b"content-length")
             if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-                return await self._too_large(send_counted)
+                # A client waiting for 100 Continue has sent no body; one past the discard
+                # limit would not be read to its end anyway.
+                waiting = headers.get(b"expect", b"").lower() == b"100-continue"
+                discard = not waiting and int(declared) <= DISCARD_LIMIT_BYTES
+                return await self._too_large(send_counted, receive if discard else None)
             body, more = await self._read_body(receive)
             if more is None:
-                return await self._too_large(send_counted)
+                return await self._too_large(send_counted, receive)
             replayed = False
 
             async def replay() -> Message:
@@ -91,7 +106,7 @@ class BodyLimitAndMetrics:
             if not message.get("more_body", False):
                 return b"".join(chunks), False
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, send: Send, discard_from: Receive | None) -> None:
         payload = json.dumps(
             error_body(
                 413,
@@ -111,4 +126,19 @@ class BodyLimitAndMetrics:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": payload})
+        await send({"type": "http.response.body", "body": payload, "more_body": discard_from is not None})
+        if discard_from is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_discard_body(discard_from, DISCARD_LIMIT_BYTES), DISCARD_TIMEOUT_S)
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _discard_body(receive: Receive, limit: int) -> None:
+    """Read the request body to its end (or a disconnect, or `limit` bytes) and drop it."""
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
+        size += len(message.get("body", b""))
