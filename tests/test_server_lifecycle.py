@@ -146,6 +146,34 @@ def test_sigstop_of_the_engine_core_turns_ready_to_stalled(tiny_model):
         wait_until(lambda: ready_code(url) is None, 30, "ready again")
 
 
+def test_a_stalled_engine_refuses_new_requests_at_once_with_retry_after(tiny_model):
+    server = ServerThread(build_app(tiny_model, stall_timeout_s=1.0)).start()
+    engine = server.app.state.engine
+    os.kill(engine.core_pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: engine.state == "engine_stalled", 30, "engine_stalled")
+        ready = httpx.get(f"{server.url}/ready", timeout=5)
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "engine_stalled"
+        assert ready.headers["retry-after"]
+        for path, body in (
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        ):
+            # Before, these were admitted and hung: the client's timeout would raise here.
+            r = httpx.post(f"{server.url}{path}", json={"model": MODEL_NAME, **body}, timeout=10)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled", (path, r.text)
+            assert r.headers["retry-after"]
+    finally:
+        os.kill(engine.core_pid, signal.SIGCONT)
+    try:
+        wait_until(lambda: engine.state == "ready", 30, "ready again")
+        done = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert done.status_code == 200
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 def test_sigterm_drains_streams_and_exits_zero(tiny_model):
     with serving(tiny_model) as (proc, url):

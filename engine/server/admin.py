@@ -85,7 +85,7 @@ _ADMIN_ERRORS: _Responses = {
     401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
     403: {"description": "the admin API is off: no admin token is configured"},
     500: {"description": "the engine core failed to carry out the call"},
-    503: {"description": "the engine core is loading or not running"},
+    503: {"description": "the engine core is loading, stalled or not running"},
 }
 _INVALID_BODY: _Responses = {
     422: {"description": "the body is not a JSON object, or a value is outside its bound (param names it)"}

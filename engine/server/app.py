@@ -8,6 +8,8 @@ answer while the model loads) and stops with it.
 - `/ready` is readiness: 200 only when the core has reported ready and has been heard
   from within its stall bound; else 503 with the reason as the error code: `loading`,
   `engine_stalled`, `engine_dead` or `draining`.
+- While the engine is loading or stalled, new generation requests get 503 with the same
+  code and Retry-After at once, rather than waiting on a core that cannot serve them.
 - Draining (`Drain.begin`, on SIGTERM): readiness turns 503 at once, new generation
   requests get 503 with Retry-After, the requests in flight run to their end or until
   the shutdown timeout, when the rest end as aborted (a stream still gets its final
@@ -54,7 +56,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
-RETRY_AFTER_S = 5  # what a 503 tells a client to wait (loading, draining)
+RETRY_AFTER_S = 5  # what a 503 tells a client to wait (loading, engine_stalled, draining)
 
 
 @dataclass(slots=True)
@@ -117,7 +119,8 @@ GENERATION_ERRORS = {
     404: "the model does not exist",
     422: "the body is not a JSON object of the documented types",
     500: "the engine failed while serving the request (code engine_error)",
-    503: "the engine is loading, draining or not running (code says which; Retry-After unless it is not running)",
+    503: "the engine is loading, stalled, draining or not running (code says which; Retry-After unless it is not "
+    "running)",
 }
 _NOT_READY = "the engine core is not running (engine_dead); /ready also: loading, engine_stalled or draining"
 # Before Open API 3.2 a text/event-stream schema is one event's: data is a chunk's JSON, then [DONE].
@@ -511,11 +514,11 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
             return {"status": "ready"}
         messages = {
             "loading": "the engine is still loading the model",
-            "engine_stalled": f"the engine core has not been heard from for over {engine.stall_timeout_s:g} s",
+            "engine_stalled": engine.stalled_message(),
             "engine_dead": "the engine core is not running",
             "draining": "the server is shutting down",
         }
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if state in ("loading", "draining") else None
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if state != "engine_dead" else None
         return error_response(503, messages.get(state, state), None, state, headers=headers)
 
     @app.get(

@@ -285,6 +285,9 @@ class EngineCoreClient:
     def snapshot(self) -> EngineSnapshot:
         return self._snapshot
 
+    def stalled_message(self) -> str:
+        return f"the engine core has not been heard from for over {self.stall_timeout_s:g} s"
+
     def _dead_message(self) -> str:
         return f"the engine core is not running ({self._dead_reason})"
 
@@ -294,6 +297,10 @@ class EngineCoreClient:
             raise EngineUnavailable(DEAD, self._dead_message())
         if state == LOADING:
             raise EngineUnavailable(LOADING, "the engine is still loading the model")
+        if state == STALLED:
+            # A request admitted now would wait on a core that may never step again (the
+            # supervisor restarts it); the client does better retrying elsewhere.
+            raise EngineUnavailable(STALLED, self.stalled_message())
 
     # --- requests ------------------------------------------------------------------------
     def validate_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
