@@ -64,6 +64,7 @@ EXPECTED_TYPES = {
     "inferd_kv_page_faults": "counter",
     "inferd_kv_swap_bytes": "counter",
     "inferd_kv_blocks": "gauge",
+    "inferd_kv_swap_pool_blocks": "gauge",
     "inferd_kv_fragmentation_ratio": "gauge",
     "inferd_scheduler_step_duration_seconds": "histogram",
     "inferd_scheduler_batch_size": "histogram",
@@ -106,6 +107,7 @@ def test_names_types_and_labels(server):
     reasons = {s.labels["finished_reason"] for s in fams["vllm:request_success"].samples}
     assert reasons == {"stop", "length", "abort"}
     assert {s.labels["state"] for s in fams["inferd_kv_blocks"].samples} == {"used", "free", "cached"}
+    assert {s.labels["state"] for s in fams["inferd_kv_swap_pool_blocks"].samples} == {"used", "free"}
     assert {s.labels["kind"] for s in fams["inferd_kv_page_faults"].samples} == {"swap_in", "recompute"}
     assert {s.labels["direction"] for s in fams["inferd_kv_swap_bytes"].samples} == {"in", "out"}
     assert {s.labels["param"] for s in fams["inferd_engine_tunable"].samples} == {
@@ -237,3 +239,8 @@ def test_cache_config_info_as_vllm_writes_it(server):
     assert labels["enable_prefix_caching"] == "True" and labels["cache_dtype"] == "auto"
     assert float(labels["swap_space"]) == 64 / 1024  # the default 64 MiB, in GiB as vLLM writes it
     assert int(labels["num_cpu_blocks"]) > 0
+    # Nothing is swapped out now: the whole host pool is free.
+    assert metric_value(scrape(server.url), "inferd_kv_swap_pool_blocks", {"state": "used"}) == 0
+    assert metric_value(scrape(server.url), "inferd_kv_swap_pool_blocks", {"state": "free"}) == int(
+        labels["num_cpu_blocks"]
+    )

@@ -361,6 +361,16 @@ class SnapshotCollector(Collector):
         blocks.add_metric(["free"], s.kv.num_free)
         blocks.add_metric(["cached"], s.kv.num_cached)
         yield blocks
+        # Swapped-out sequences hold host blocks until they come back or finish: a count that
+        # stays up with nothing swapped is a leak.
+        host_blocks = GaugeMetricFamily(
+            "inferd_kv_swap_pool_blocks",
+            "Host swap pool blocks by state (used: holding swapped-out sequences' KV).",
+            labels=["state"],
+        )
+        host_blocks.add_metric(["used"], s.kv.num_host_blocks - s.kv.num_host_free)
+        host_blocks.add_metric(["free"], s.kv.num_host_free)
+        yield host_blocks
         yield GaugeMetricFamily(
             "inferd_kv_fragmentation_ratio",
             "Share of allocated KV slots holding no token: the unfilled tails of running sequences' last blocks.",
