@@ -22,7 +22,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
+from .core_dirs import make_core_dir, remove_stale_core_dirs
 from .core_messages import (
     AbortRequests,
     AddRequest,
@@ -202,7 +202,8 @@ class EngineCoreClient:
     def start(self) -> None:
         """Start the core process (it loads the model meanwhile); call on the event loop."""
         self._loop = asyncio.get_running_loop()
-        self._dir = tempfile.mkdtemp(prefix="inferd-core-")
+        remove_stale_core_dirs()
+        self._dir = make_core_dir()
         to_core, from_core = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self._sync_ctx = zmq.Context()
         self._to_core = self._sync_ctx.socket(zmq.PUSH)
