@@ -36,6 +36,7 @@ from inferd.agent.server import AgentState, create_app, load_extra_routers
 from inferd.agent.supervisor import Supervisor, SupervisorConfig
 from inferd.agent.topology import discover
 from inferd.agent.webhook import add_arguments as add_webhook_arguments
+from inferd.engine.server.http_limits import HttpLimits
 from inferd.exporters.engine_metrics import EngineMetricsConfig, EngineMetricsReader
 from inferd.exporters.registry import (
     BuildContext,
@@ -223,7 +224,10 @@ def run(args: argparse.Namespace) -> int:
     if supervisor is not None and policy is not None:
         supervisor.add_ready_listener(policy.on_engine_ready)  # a fresh engine gets what is in force
     app = create_app(state, routers)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
+    http_config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False, **HttpLimits().uvicorn_options()
+    )
+    server = uvicorn.Server(http_config)
 
     # uvicorn re-raises a captured SIGTERM/SIGINT after shutting down; a no-op handler
     # lets run() go on to stop the engine instead of dying with the child left behind.

@@ -4,6 +4,7 @@
                  [--admin-token-file F] [--otlp-endpoint URL] [--max-body-bytes N]
                  [--enable-fault-injection] [--shutdown-timeout S] [--stall-timeout S]
                  [--tool-call-parser {llama3_json,hermes,mistral}]
+                 [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S] [--max-header-bytes N]
                  [every EngineConfig field as --kebab-case]
 
 The port is bound first (a busy port fails at once), then the engine core process
@@ -31,6 +32,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import EngineConfig
+from .http_limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    DEFAULT_MAX_HEADER_BYTES,
+    HttpLimits,
+)
 from .tool_parsers.registry import TOOL_PARSERS
 
 log = logging.getLogger(__name__)
@@ -108,6 +116,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="format the model writes tool calls in (default: the one its chat template names)",
     )
+    http = parser.add_argument_group("connections", "limits on client connections")
+    http.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="close a connection whose request head has not fully arrived this long after its start (or its "
+        f"first byte on a kept-alive connection), with a 408 (default {DEFAULT_HEADER_TIMEOUT_S:g} s)",
+    )
+    http.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help=f"close a connection whose request body stops arriving this long (default {DEFAULT_BODY_TIMEOUT_S:g} s)",
+    )
+    http.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+        help=f"close an idle kept-alive connection after this many seconds (default {DEFAULT_KEEP_ALIVE_TIMEOUT_S})",
+    )
+    http.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        help=f"largest request head; a larger one gets a 400 (default {DEFAULT_MAX_HEADER_BYTES})",
+    )
     group = parser.add_argument_group("engine", "EngineConfig fields (see engine/config.py)")
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -148,7 +182,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(app, drain, log_level: str = "info"):
+def http_limits_from_args(args: argparse.Namespace) -> HttpLimits:
+    return HttpLimits(args.header_timeout, args.body_timeout, args.keep_alive_timeout, args.max_header_bytes)
+
+
+def make_server(app, drain, log_level: str = "info", limits: HttpLimits | None = None):
     """A uvicorn server whose first SIGTERM/SIGINT drains (see app.Drain) and exits 0;
     a second one stops at once."""
     import uvicorn
@@ -172,7 +210,14 @@ def make_server(app, drain, log_level: str = "info"):
             asyncio.get_event_loop().call_later(0.5, setattr, self, "should_exit", True)
 
     # Drain already waited for the requests; this bounds what is left (idle keep-alives).
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        **(limits or HttpLimits()).uvicorn_options(),
+    )
     return DrainingServer(config)
 
 
@@ -193,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = engine_config_from_args(args, model_dir)
         token = load_admin_token(args.admin_token_file)
+        limits = http_limits_from_args(args)
         settings = ServerSettings(
             served_model_name=args.served_model_name or served_name(args.model),
             admin_token=token,
@@ -225,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     if args.enable_fault_injection:
         log.warning("fault injection is enabled (POST /admin/fault)")
     app = create_app(client, settings)
-    server = make_server(app, app.state.drain, args.log_level.lower())
+    server = make_server(app, app.state.drain, args.log_level.lower(), limits)
     client.on_dead = server.stop_after_engine_death
     server.run(sockets=[sock])
     sock.close()
