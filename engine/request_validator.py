@@ -70,7 +70,9 @@ class RequestValidator:
         self._check_fits(len(ids), params)
         bad_stop = [t for t in params.stop_token_ids if t >= lim.vocab_size]
         if bad_stop:
-            raise ValueError(f"stop_token_ids has unknown token id(s) {bad_stop}")
+            raise ValueError(
+                f"stop_token_ids has unknown token id(s) {bad_stop[:5]}; vocabulary is [0, {lim.vocab_size})"
+            )
         if params.logit_bias:
             bad_bias = sorted(t for t in params.logit_bias if t >= lim.vocab_size)
             if bad_bias:

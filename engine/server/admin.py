@@ -7,9 +7,9 @@
     POST  /admin/fault {"kind": "fastpath"}   only with --enable-fault-injection
 
 Every call needs `Authorization: Bearer <token>` (the scheme in any case, RFC 7235),
-the token compared in constant time. With no token configured the admin API is off
-(403 saying so). The request bodies are parsed here, not by FastAPI; their schemas
-(`openapi_extra`) are what these handlers accept.
+the token compared in constant time; a 401 says `WWW-Authenticate: Bearer`. With no
+token configured the admin API is off (403 saying so). The request bodies are parsed
+here, not by FastAPI; their schemas (`openapi_extra`) are what these handlers accept.
 """
 
 from __future__ import annotations
@@ -82,7 +82,10 @@ FAULT_SCHEMA = {
 _Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=`: status -> OpenAPI response
 # Every admin route: the token, and an engine core that is up. The body routes add 422.
 _ADMIN_ERRORS: _Responses = {
-    401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
+    401: {
+        "description": "the Authorization header is missing, not Bearer, or has the wrong token",
+        "headers": {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    },
     403: {"description": "the admin API is off: no admin token is configured"},
     500: {"description": "the engine core failed to carry out the call"},
     503: {"description": "the engine core is loading, stalled or not running"},
@@ -132,7 +135,13 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         header = request.headers.get("authorization", "")
         scheme, _, given = header.strip().partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise ApiError(401, "missing or wrong admin token (Authorization: Bearer <token>)", None, "invalid_token")
+            raise ApiError(
+                401,
+                "missing or wrong admin token (Authorization: Bearer <token>)",
+                None,
+                "invalid_token",
+                headers={"WWW-Authenticate": "Bearer"},  # RFC 7235: a 401 names the scheme it wants
+            )
 
     def config_body(tunables: dict[str, Any]) -> dict:
         # `mode` is what was asked for; `path` is what runs: without an accelerated kernel

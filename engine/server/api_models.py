@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI-compatible endpoints.
 
 Types are checked here (a wrong type is a malformed request: 422); values are
-checked by `SamplingParams` (a bad value: 400 naming the parameter). Non-finite numbers
-are malformed (422); a temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides
+checked by `SamplingParams` (a bad value: 400 naming the parameter), except that every
+integer field is bounded to a signed 64-bit integer here (a 400 naming it too).
+Non-finite numbers are malformed (422); a temperature in (0, 0.01) is raised to 0.01 as vLLM does. Besides
 OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, skip_special_tokens), `priority` and `prompt_logprobs` are
 accepted; completions take `echo` (with `max_tokens` 0: the prompt alone). Structured
@@ -30,7 +31,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+)
 
 from ..sampling_params import SamplingParams
 from ..structured_outputs import StructuredOutputsParams, check_logit_bias
@@ -39,13 +49,31 @@ from .errors import bad_request
 from .unknown_fields import check_unknown_fields
 
 
+# The engine core's channel (msgspec) carries signed 64-bit integers; the engine needs no more.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _whole_float_to_int(value: Any) -> Any:
-    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53 else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _within_int64(value: int, info: ValidationInfo) -> int:
+    if INT64_MIN <= value <= INT64_MAX:
+        return value
+    digits = len(str(abs(value)))
+    shown = str(value) if digits <= 40 else f"an integer of {digits} digits"
+    # An ApiError, not a ValueError: pydantic passes it on instead of collecting it, so a
+    # number out of range is a 400 naming its field (a bad value), not a 422 (a bad shape).
+    raise bad_request(
+        f"{info.field_name}: {shown} is outside the signed 64-bit integer range [{INT64_MIN}, {INT64_MAX}]",
+        info.field_name,
+    )
 
 
 # An integer field takes a JSON integer, or a whole number written as a float (7.0), which
-# JSON Schema counts as an integer too; never a bool or a string.
-JsonInt = Annotated[StrictInt, BeforeValidator(_whole_float_to_int)]
+# JSON Schema counts as an integer too; never a bool or a string. Every one is bounded to a
+# signed 64-bit integer here; a field's own range is checked where its meaning is.
+JsonInt = Annotated[StrictInt, BeforeValidator(_whole_float_to_int), AfterValidator(_within_int64)]
 
 
 MIN_TEMPERATURE = 0.01
@@ -311,6 +339,8 @@ class ChatCompletionRequest(SamplingFields):
             message.check_unknown_fields(f"messages[{i}].", "messages[].")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise bad_request(f"top_logprobs must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -132,8 +132,9 @@ class OpenAIServing:
             return self.engine.validate_request(prompt, params)
         except ValueError as exc:
             code = "context_length_exceeded" if "max_model_len" in str(exc) or "KV" in str(exc) else "invalid_value"
-            if str(exc).startswith("logit_bias"):  # token ids checked against the vocabulary
-                param = "logit_bias"
+            named = str(exc).partition(" ")[0]
+            if named in ("stop_token_ids", "logit_bias"):  # token ids checked against the vocabulary
+                param = named
             raise bad_request(str(exc), param, code) from None
 
     @staticmethod
@@ -266,8 +267,6 @@ class OpenAIServing:
             param,
             body.prompt_logprobs,
         )
-        if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
-            raise bad_request(f"top_logprobs must be in [0, 20], got {body.top_logprobs}", "top_logprobs")
         await self._validate_prompt(ids, probe, "messages")
         if requested is None:
             params = self._params(body, self.max_model_len - len(ids), body.num_logprobs, param, body.prompt_logprobs)
