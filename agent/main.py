@@ -13,7 +13,7 @@ node (agent.kubernetes; docs/ADMIN.md, "Kubernetes mode").
 
 Exit status: 0 after SIGTERM/SIGINT (the engine is stopped first), 2 for bad
 arguments (a --model that is not a model directory, an unreadable replay file, a
-collector name the registry does not know). The
+collector name the registry does not know, an audit log it cannot append to). The
 agent never exits because of its engine: an engine that keeps dying is restarted with
 a growing backoff, and /healthz and the inferd_engine_* metrics say so.
 """
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import uvicorn
 
+from inferd.agent.audit import AuditLogError
 from inferd.agent.collectors import COLLECTOR_MODULES
 from inferd.agent.kubernetes.node import add_arguments as add_kubernetes_arguments
 from inferd.agent.placement import best_node_for_gpus
@@ -207,7 +208,10 @@ def run(args: argparse.Namespace) -> int:
             from inferd.agent.kubernetes.node import build as build_kubernetes
             from inferd.agent.webhook import make_webhook_router
 
-            kube = build_kubernetes(args)
+            try:
+                kube = build_kubernetes(args)
+            except AuditLogError as exc:  # a read-only audit path fails here, not at the first alert
+                raise ValueError(f"remediation: {exc}") from None
             state.extra["remediation"] = kube.node.remediation
             state.collectors.add(kube.collector)
             routers = [make_webhook_router(kube.node.remediation, args.webhook_token_file)]

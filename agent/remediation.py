@@ -235,9 +235,8 @@ class RemediationPolicy:
                     alert.starts_at,
                 )
                 return {"alert": alert.name, "status": alert.status, "result": "duplicate"}
-            self._seen.add(alert.key)
             rule = self.rules.get(alert.name)
-            self.audit.append(
+            self.audit.append(  # recorded before it counts as seen, so a retry after a failed append is handled
                 "alert",
                 alert=alert.name,
                 status=alert.status,
@@ -246,6 +245,7 @@ class RemediationPolicy:
                 labels=alert.labels,
                 description=alert.annotations.get("description"),
             )
+            self._seen.add(alert.key)
             if rule is None:
                 log.info("no remediation rule for alert %r (%s); ignored", alert.name, alert.status)
                 return {"alert": alert.name, "status": alert.status, "result": "ignored"}

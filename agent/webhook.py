@@ -6,7 +6,9 @@ and starts its clock. `make_webhook_router(policy, token_file)` is the router it
 The webhook takes Alertmanager's version-4 payload only with the bearer token from
 `token_file` (re-read when the file changes; compared in constant time; the `Bearer`
 scheme in any case, RFC 7235): 401 for a missing or wrong token, 413 for a body over
-4 MiB, 400 for a body that is not a version-4 notification. Each
+4 MiB, 400 for a body that is not a version-4 notification, 503 (with Retry-After) when
+the audit log cannot be appended to (the policy records before it acts, so an alert it
+cannot record is not acted on; Alertmanager retries). Each
 alert goes to the policy, which is idempotent on fingerprint + startsAt + status and
 ignores alerts it has no rule for (with a log line).
 """
@@ -26,12 +28,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from inferd.agent.audit import AuditLog
+from inferd.agent.audit import AuditLog, AuditLogConfig, AuditWriteError
 from inferd.agent.remediation import Alert, PolicyConfig, RemediationPolicy
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 << 20
+AUDIT_RETRY_AFTER_S = 60  # a full disk is not freed in seconds
 
 
 class TokenFile:
@@ -187,6 +190,10 @@ _ALERTS_DOC: dict[str, Any] = dict(  # router.post's keyword arguments
         },
         401: {"description": "the Authorization header is missing, not Bearer, or has the wrong token"},
         413: {"description": f"the body is over {MAX_BODY_BYTES} bytes"},
+        503: {
+            "description": "the audit log cannot be appended to (full disk, I/O error); the alert named "
+            "and those after it were not handled; retry after Retry-After seconds"
+        },
         500: {"description": "the policy failed on an alert (the agent's log says why)"},
     },
     openapi_extra={
@@ -201,6 +208,7 @@ _ACTIONS = {
         "records": {"type": "array", "items": {"type": "object"}},
         "verifying": {"type": "array", "items": {"type": "string"}},
         "dry_run": {"type": "boolean"},
+        "unreadable_lines": {"type": "integer"},
     },
 }
 
@@ -243,25 +251,42 @@ def make_webhook_router(policy: AlertHandler, token_file: str | os.PathLike | No
         except (ValueError, PayloadError, RecursionError) as exc:
             return JSONResponse({"error": f"malformed Alertmanager payload: {exc}"}, status_code=400)
         results = []
-        for alert in alerts:
-            results.append(await run_in_threadpool(policy.handle, alert))
+        for index, alert in enumerate(alerts):
+            try:
+                results.append(await run_in_threadpool(policy.handle, alert))
+            except AuditWriteError as exc:
+                log.error("alert %s not handled: %s", alert.name, exc)
+                before = " (the ones before it were)" if index else ""
+                return JSONResponse(
+                    {"error": f"{exc}; alerts[{index}] and any after it were not handled{before}"},
+                    status_code=503,
+                    headers={"Retry-After": str(AUDIT_RETRY_AFTER_S)},
+                )
         return JSONResponse({"results": results})
 
     @router.get(
         "/v1/actions",
         responses={
-            200: {"description": "the audit log's last records", "content": {"application/json": {"schema": _ACTIONS}}},
+            200: {
+                "description": "the audit log's last records (kept in memory)",
+                "content": {"application/json": {"schema": _ACTIONS}},
+            },
             422: {"description": "limit is not an integer in [0, 100000]"},
             503: {"description": "the audit log cannot be read"},
         },
     )
     def list_actions(limit: int = Query(200, ge=0, le=100_000)):
-        """The audit log, oldest first (the last `limit` records; 0 for all)."""
+        """The audit log, oldest first (the last `limit` records kept in memory; 0 for all of them)."""
         try:
             records = policy.audit.tail(limit)
         except OSError as exc:
             raise HTTPException(status_code=503, detail=f"audit log unreadable: {exc}") from exc
-        return {"records": records, "verifying": policy.verifying, "dry_run": policy.config.dry_run}
+        return {
+            "records": records,
+            "verifying": policy.verifying,
+            "dry_run": policy.config.dry_run,
+            "unreadable_lines": policy.audit.unreadable_lines,
+        }
 
     return router
 
@@ -287,6 +312,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"JSON-lines audit log of remediation decisions (default {default_audit_path()})",
     )
+    defaults = AuditLogConfig()
+    group.add_argument(
+        "--audit-max-bytes",
+        type=int,
+        default=defaults.max_bytes,
+        help=f"rotate the audit log before it passes this size (default {defaults.max_bytes}, at least 65536)",
+    )
+    group.add_argument(
+        "--audit-keep-files",
+        type=int,
+        default=defaults.keep_files,
+        help=f"rotated audit log files kept (audit.jsonl.1, .2, ...; default {defaults.keep_files})",
+    )
     group.add_argument("--dry-run", action="store_true", help="record remediation decisions without acting")
     group.add_argument(
         "--prometheus-url",
@@ -305,10 +343,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def audit_log_from(args: argparse.Namespace) -> AuditLog:
+    """The agent's audit log from its arguments; AuditLogError when it cannot be appended to."""
+    defaults = AuditLogConfig()
+    config = AuditLogConfig(
+        max_bytes=getattr(args, "audit_max_bytes", defaults.max_bytes),
+        keep_files=getattr(args, "audit_keep_files", defaults.keep_files),
+    )
+    return AuditLog(getattr(args, "audit_log", None) or default_audit_path(), config=config)
+
+
 def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=None) -> RemediationPolicy:
     import yaml
 
-    from inferd.agent.audit import AuditLog
     from inferd.agent.engine_client import TOKEN_ENV, EngineClient, token_from
     from inferd.agent.engine_host import SupervisorHost
     from inferd.agent.remediation import PolicyConfig, PrometheusQuery
@@ -335,7 +382,7 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
         if supervisor is not None
         else None
     )
-    audit = AuditLog(getattr(args, "audit_log", None) or default_audit_path())
+    audit = audit_log_from(args)
     return RemediationPolicy(engine, audit, config, PrometheusQuery(args.prometheus_url), host=host)
 
 

@@ -279,7 +279,7 @@ def test_agent_document_lists_every_status(agent):
         ("GET", "/metrics"): ["200"],
         ("GET", "/healthz"): ["200"],
         ("GET", "/v1/topology"): ["200", "503"],
-        ("POST", "/v1/alerts"): ["200", "400", "401", "413", "500"],
+        ("POST", "/v1/alerts"): ["200", "400", "401", "413", "500", "503"],
         ("GET", "/v1/actions"): ["200", "422", "503"],
     }
     assert doc["components"]["schemas"]["Error"] == {

@@ -294,6 +294,7 @@ def test_a_bad_record_in_the_audit_log_does_not_break_actions(setup):
     # What an older agent could have logged: a lone surrogate and a NaN.
     with open(audit_path, "a") as fh:
         fh.write('{"ts": 1, "event": "alert", "alert": "Bad\\ud800Alert", "value": NaN}\n')
+    client, _ = make_client()  # a restarted agent: /v1/actions answers what it read on start
     response = client.get("/v1/actions")
     assert response.status_code == 200
     records = response.json()["records"]

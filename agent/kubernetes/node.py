@@ -363,7 +363,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
     """The Kubernetes mode from the agent's arguments; ValueError names what is wrong."""
     from inferd.agent.engine_client import EngineClient, token_from
     from inferd.agent.remediation import PrometheusQuery
-    from inferd.agent.webhook import default_audit_path
+    from inferd.agent.webhook import audit_log_from
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     namespace = args.engine_namespace
@@ -389,7 +389,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
     token = token_from(path=getattr(args, "admin_token_file", None))
     if token is None:
         log.warning("no engine admin token (--admin-token-file or INFERD_ADMIN_TOKEN): engine settings cannot change")
-    audit = AuditLog(getattr(args, "audit_log", None) or default_audit_path())
+    audit = audit_log_from(args)
     limiter = DeletionLimiter(config.max_pod_deletions, config.pod_deletion_window_s)
     for record in audit.read():
         if record.get("event") == "applied" and str(record.get("detail") or "").startswith("deleted pod"):

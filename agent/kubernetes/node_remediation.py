@@ -50,18 +50,29 @@ DELETABLE = ("engine_stalled", "engine_dead", "unreachable")
 
 
 class PodAuditLog(AuditLog):
-    """One pod's view of the node's audit log: appends carry the pod, reads return its own."""
+    """One pod's view of the node's audit log: appends carry the pod, reads return its own.
+    Everything goes through the node's log, the file's one owner (its lock, rotation and
+    in-memory records)."""
 
-    def __init__(self, node_log: AuditLog, pod: EnginePod):
-        super().__init__(node_log.path, node_log._clock)
-        self._lock = node_log._lock  # one file, one writer at a time
+    def __init__(self, node_log: AuditLog, pod: EnginePod):  # no super().__init__: it owns nothing
+        self.node_log = node_log
+        self.path = node_log.path
+        self.config = node_log.config
         self.pod = pod
 
+    @property
+    def unreadable_lines(self) -> int:  # type: ignore[override]  # read-only: the node log counts
+        return self.node_log.unreadable_lines
+
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        return super().append(event, pod=self.pod.key, pod_uid=self.pod.uid, **fields)
+        return self.node_log.append(event, pod=self.pod.key, pod_uid=self.pod.uid, **fields)
 
     def read(self) -> list[dict[str, Any]]:
-        return [r for r in super().read() if r.get("pod_uid") == self.pod.uid]
+        return [r for r in self.node_log.read() if r.get("pod_uid") == self.pod.uid]
+
+    def tail(self, limit: int) -> list[dict[str, Any]]:
+        own = [r for r in self.node_log.tail(0) if r.get("pod_uid") == self.pod.uid]
+        return own[-limit:] if limit > 0 else own
 
 
 def probe_ready(url: str, timeout_s: float = 2.0) -> str:
@@ -234,8 +245,7 @@ class NodeRemediation:
                 return {**base, "result": "duplicate"}
             targets = self._targets(alert)
             uids = [p.uid for p in targets]
-            self._routed.add(alert.key)
-            self.audit.append(
+            self.audit.append(  # recorded before it counts as routed, so a retry after a failed append is routed
                 "routed",
                 alert=alert.name,
                 status=alert.status,
@@ -245,6 +255,7 @@ class NodeRemediation:
                 pods=[p.key for p in targets],
                 pod_uids=uids,
             )
+            self._routed.add(alert.key)
             if alert.status == "firing":
                 self._routed_to[alert.fingerprint] = uids
                 self._firing[alert.fingerprint] = alert
