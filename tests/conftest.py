@@ -8,7 +8,12 @@ import pytest
 
 from inferd.engine.make_model import ModelSpec, make_model
 
+import interpreter_dot
 from server_fixtures import live_stack_ports
+
+# Kernels tested under Triton's interpreter get a dot that rounds the same for every tile
+# shape on every processor, as tensor cores do (tests/interpreter_dot.py).
+interpreter_dot.install()
 
 # Under xdist (`make test`: -n auto --dist loadfile) a file is one work unit: its tests run
 # on one worker, in order, and a module-scoped fixture (a server, an engine, a stack) is

@@ -89,6 +89,15 @@ def test_fused_invariant_steps_alone_and_in_a_busy_batch(tiny_model):
             torch.testing.assert_close([lp for _, lp in got_step], [lp for _, lp in want_step], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not has_triton(), reason="needs triton (pip) for its CPU interpreter")
+def test_kernels_here_run_with_the_k_ordered_interpreter_dot():
+    """The bitwise checks under the interpreter hold on any processor only with the dot of
+    tests/interpreter_dot.py (numpy's rounds by shape on some BLAS kernels)."""
+    from triton.runtime import interpreter
+
+    assert getattr(interpreter.InterpreterBuilder.create_dot, "in_k_order", False)
+
+
 def test_tiles_cover_every_row_once():
     tile = ROW_TILE["cpu"]
     rows = torch.arange(3 * tile + 5, dtype=torch.float32)[:, None].repeat(1, 4)
@@ -182,14 +191,17 @@ def test_invariant_matmul_rows_do_not_depend_on_the_batch():
     reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
 )
 def test_invariant_matmul_outputs_per_program():
-    """block_n only spreads the outputs over programs: every width gives the product."""
+    """block_n only spreads the outputs over programs: every width gives the product,
+    bitwise the same (block_n_for follows the number of rows)."""
     from inferd.engine.fast_path.invariant_matmul import block_n_for, invariant_linear
 
     gen = torch.Generator().manual_seed(2)
     x, weight = torch.randn(5, 64, generator=gen), torch.randn(144, 64, generator=gen)
     expected = torch.nn.functional.linear(x, weight)
-    for block_n in (16, 32, 64, 128):
-        torch.testing.assert_close(invariant_linear(x, weight, block_n=block_n), expected, rtol=1e-4, atol=1e-4)
+    widths = {block_n: invariant_linear(x, weight, block_n=block_n) for block_n in (16, 32, 64, 128)}
+    for got in widths.values():
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert torch.equal(got, widths[16])
     with pytest.raises(ValueError, match="block_n must be a power of two of at least 16, got 24"):
         invariant_linear(x, weight, block_n=24)
     assert [block_n_for(1, 4096, 4096), block_n_for(1, 14336, 4096), block_n_for(1, 4096, 14336)] == [32, 64, 64]
