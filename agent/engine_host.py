@@ -63,6 +63,8 @@ class SupervisorHost:
         sup = self.supervisor
         if sup.crash_looping:
             raise RuntimeError(f"the engine is in a crash loop: {sup.error}")
+        if sup.port_conflict:
+            raise RuntimeError(sup.port_conflict)
         if sup.is_up:
             # The process runs but the alert says it does not answer: a hung engine.
             pid = sup.pid

@@ -82,15 +82,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_kubernetes_arguments(parser)
 
 
-def model_dir_problem(path: Path) -> str | None:
-    """Why `path` cannot be the engine's model, or None when it looks like a checkpoint."""
+def engine_load_format(engine_args: list[str]) -> str:
+    """The --load-format the engine gets among the --engine-arg values (its default: auto)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--load-format", default="auto")
+    known, _ = parser.parse_known_args(engine_args)
+    return known.load_format
+
+
+def model_dir_problem(path: Path, load_format: str = "auto") -> str | None:
+    """Why `path` cannot be the engine's model, or None when it looks like a checkpoint
+    (with load_format dummy the engine draws random weights: config.json is enough)."""
     if not path.exists():
         return f"{path} does not exist"
     if not path.is_dir():
         return f"{path} is not a directory"
     if not (path / "config.json").is_file():
         return f"{path} has no config.json (expected a Hugging Face model directory)"
-    if not any(path.glob("*.safetensors")):
+    if load_format != "dummy" and not any(path.glob("*.safetensors")):
         return f"{path} has no *.safetensors weights"
     return None
 
@@ -152,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_engine and not args.engine_command:
         if args.model is None:
             return fail("--model DIR is required (or --no-engine)")
-        problem = model_dir_problem(args.model)
+        problem = model_dir_problem(args.model, engine_load_format(args.engine_arg))
         if problem:
             return fail(f"--model: {problem}")
     if not 0 < args.port < 65536 or not 0 < args.engine_port < 65536:
@@ -168,7 +177,14 @@ def run(args: argparse.Namespace) -> int:
         # a custom --engine-command need not serve /ready; then the process running counts as ready
         ready_url = args.engine_ready_url or (None if args.engine_command else f"{engine_url}/ready")
         try:
-            config = SupervisorConfig(command=engine_command(args), cpus=cpus, mem_node=node, ready_url=ready_url)
+            config = SupervisorConfig(
+                command=engine_command(args),
+                cpus=cpus,
+                mem_node=node,
+                ready_url=ready_url,
+                # a custom --engine-command need not listen on the engine port
+                engine_address=None if args.engine_command else (args.engine_host, args.engine_port),
+            )
         except ValueError as exc:
             return fail(str(exc))
         supervisor = Supervisor(config)

@@ -66,7 +66,8 @@ class AgentState:
                 "readiness": supervisor.readiness,
                 "restarts": supervisor.restarts,
                 "crash_loop": supervisor.crash_looping,
-                "error": supervisor.error,
+                "error": supervisor.error or supervisor.port_conflict,
+                "orphan_stopped": supervisor.orphan_stopped,
                 "binding": supervisor.binding,
                 "url": self.engine_url,
             }

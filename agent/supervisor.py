@@ -24,6 +24,12 @@
   stops answering after it was ready (refused, timed out: a SIGSTOPped process), for
   longer than `stall_restart_after_s` is restarted by the supervisor itself. `loading`
   and `draining` never are.
+- The engine's port: with `engine_address` set, the supervisor binds it itself before each
+  start. An orphaned engine holding it (agent.engine_port: started by an agent that is
+  gone) is stopped, said in a log line and in `orphan_stopped`; any other holder is left
+  alone, no engine is started, and `port_conflict` names the holder until the port is free.
+  The engine gets `INFERD_AGENT_PID` (this process) in its environment and dies with the
+  agent (engine.server.parent_death).
 - Stop: SIGTERM to the child's process group, which makes `inferd serve` drain
   (in-flight requests finish, up to its --shutdown-timeout), and SIGKILL only after
   `stop_timeout_s`. An engine that exits after a restart the supervisor asked for is
@@ -59,6 +65,8 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 import inferd
+from inferd.agent.engine_port import port_holder, stop_process
+from inferd.engine.server.parent_death import AGENT_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,7 @@ class SupervisorConfig:
     probe_interval_s: float = 2.0
     probe_timeout_s: float = 2.0
     stall_restart_after_s: float = 30.0
+    engine_address: tuple[str, int] | None = None  # where the engine listens; None: not checked
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -117,6 +126,10 @@ class SupervisorConfig:
         for name in ("probe_interval_s", "probe_timeout_s", "stall_restart_after_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SupervisorConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.engine_address is not None and not (self.engine_address[0] and 0 < self.engine_address[1] < 65536):
+            raise ValueError(
+                f"SupervisorConfig.engine_address must be (host, port 1..65535), got {self.engine_address}"
+            )
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
@@ -179,6 +192,8 @@ class Supervisor:
         self.restarts = 0
         self.stall_restarts = 0  # the restarts the readiness probe asked for
         self.error: str | None = None  # set while in a crash loop: the repeated start-up error
+        self.port_conflict: str | None = None  # set while another process holds the engine's port
+        self.orphan_stopped: str | None = None  # the last orphaned engine stopped to free the port
         self.generation = 0  # engine processes started so far
         self._ready_listeners: list[Callable[[int], None]] = []
         self._ready_seen: subprocess.Popen | None = None  # the last process seen ready
@@ -283,6 +298,11 @@ class Supervisor:
         last_error: str | None = None
         same_error_count = 0
         while not self._stopping.is_set():
+            if not self._claim_engine_port():
+                if self._stopping.wait(backoff):
+                    return
+                backoff = min(backoff * 2, config.backoff_max_s)
+                continue
             started = time.monotonic()
             process: subprocess.Popen | None
             tail: str | None
@@ -347,7 +367,10 @@ class Supervisor:
                 self._loading_since = None
             elif self._loading_since is None:
                 self._loading_since = checked_at
-            if state == "ready" and not was_ready and process is not None:  # ready implies running
+            if state == "ready" and process is not None and process.poll() is not None:
+                state = "not_running"  # it exited during the probe: the answer came from another process
+                self._last_probe = (process, state)
+            if state == "ready" and not was_ready and process is not None:
                 self._on_ready(process)
             was_ready = was_ready or state == "ready"
             # before it was ever ready, silence is a server still starting up, not a hang
@@ -380,8 +403,32 @@ class Supervisor:
 
             threading.Thread(target=call, name="engine-ready", daemon=True).start()
 
+    def _claim_engine_port(self) -> bool:
+        """Whether the engine's port is free for a new engine, after stopping an orphaned
+        engine that held it; otherwise `port_conflict` says who holds it."""
+        address = self.config.engine_address
+        if address is None:
+            return True
+        host, port = address
+        holder = port_holder(host, port)
+        if holder is not None and holder.is_orphaned_engine and holder.pid is not None:
+            log.warning("engine port %s:%d is held by %s: stopping it", host, port, holder.describe())
+            stop_process(holder.pid, self.config.stop_timeout_s)
+            self.orphan_stopped = f"stopped orphaned engine {holder.describe()}"
+            log.warning("%s; starting a supervised engine", self.orphan_stopped)
+            holder = port_holder(host, port)
+        if holder is None:
+            self.port_conflict = None
+            return True
+        conflict = f"engine port {host}:{port} is held by {holder.describe()}; no engine started until it is free"
+        if conflict != self.port_conflict:
+            log.error("%s", conflict)
+        self.port_conflict = conflict
+        return False
+
     def _spawn(self) -> subprocess.Popen:
         env = dict(os.environ if self.config.env is None else self.config.env)
+        env[AGENT_PID_ENV] = str(os.getpid())  # the engine dies with this process
         # the launcher runs as `python -m inferd.agent.supervisor`; make sure it is importable
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(IMPORT_ROOT), env.get("PYTHONPATH", "")) if p)
         self._stderr_tail.clear()

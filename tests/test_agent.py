@@ -395,3 +395,90 @@ def test_build_entries_in_phases_and_a_disabled_name_is_never_added(tmp_path):
     collectors.add(Named("off"))  # a module adding a disabled collector itself
     assert [b.collector.name for b in build_entries(entries, context, late=True)] == ["late"]
     assert collectors.names == ["early", "late"]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc/PID/stat parent ids."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@pytest.mark.slow
+def test_sigkilled_agent_takes_its_engine_and_engine_core_with_it(tiny_model):
+    from inferd.agent.engine_port import is_running
+
+    engine_port = free_port()
+    agent = Agent("--model", tiny_model, "--engine-port", str(engine_port), "--gpu-backend", f"replay:{EIGHT_GPUS}")
+
+    def engine_answers():
+        try:
+            return get(f"http://127.0.0.1:{engine_port}/ready", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    try:
+        agent.wait_ready()
+        assert wait_for(engine_answers, timeout=180), "inferd serve did not come up"
+        engine = agent.health()["engine"]["pid"]
+        below = descendants(engine)
+        assert below, "the engine core process was not found"
+    finally:
+        agent.stop(signal.SIGKILL)
+    processes = [engine, *below]
+    assert wait_for(lambda: not any(is_running(pid) for pid in processes), timeout=60), [
+        pid for pid in processes if is_running(pid)
+    ]
+
+
+def test_agent_leaves_an_engine_port_held_by_another_process_alone_and_says_so(tiny_model):
+    engine_port = free_port()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])));"
+            " s.listen(); print('listening', flush=True); time.sleep(600)",
+            str(engine_port),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    agent = None
+    try:
+        assert holder.stdout.readline().strip() == "listening"
+        agent = Agent("--model", tiny_model, "--engine-port", str(engine_port), "--gpu-backend", f"replay:{EIGHT_GPUS}")
+        agent.wait_ready()
+        health = wait_for(lambda: (h := agent.health())["engine"]["error"] and h, timeout=30)
+        assert health, "the agent did not say who holds the engine port"
+        assert f"engine port 127.0.0.1:{engine_port} is held by pid {holder.pid}" in health["engine"]["error"]
+        assert health["status"] == "degraded" and health["engine"]["pid"] is None
+        assert health["engine"]["restarts"] == 0 and health["engine"]["orphan_stopped"] is None
+        assert holder.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
+        if agent is not None:
+            assert agent.stop() == 0
+
+
+@pytest.mark.parametrize("engine_args", [["--load-format=dummy"], ["--load-format", "dummy"]])
+def test_a_weightless_checkpoint_is_a_model_with_load_format_dummy(tmp_path, engine_args):
+    from inferd.agent.main import engine_load_format, model_dir_problem
+
+    (tmp_path / "config.json").write_text("{}")
+    assert model_dir_problem(tmp_path, engine_load_format(engine_args)) is None
+    assert (
+        model_dir_problem(tmp_path, engine_load_format(["--max-num-seqs", "8"]))
+        == f"{tmp_path} has no *.safetensors weights"
+    )

@@ -427,8 +427,9 @@ def test_engine_client_errors_name_the_problem(engine):
 
 
 class StubSupervisor:
-    def __init__(self, pid=None, error=None, mem_node=None, cpus=None, restarts=2, starting=False):
+    def __init__(self, pid=None, error=None, mem_node=None, cpus=None, restarts=2, starting=False, port_conflict=None):
         self.pid, self.error, self.restarts = pid, error, restarts
+        self.port_conflict = port_conflict
         self.config = type("C", (), {"mem_node": mem_node, "cpus": cpus})()
         self.starting = starting
         self.restart_reasons = []
@@ -459,6 +460,8 @@ def test_supervisor_host_reports_the_restart_state():
         SupervisorHost(StubSupervisor(pid=42, starting=True)).restart_engine()
     with pytest.raises(RuntimeError, match="in a crash loop: bad model path"):
         SupervisorHost(StubSupervisor(error="bad model path")).restart_engine()
+    with pytest.raises(RuntimeError, match="engine port 127.0.0.1:8000 is held by pid 7"):
+        SupervisorHost(StubSupervisor(port_conflict="engine port 127.0.0.1:8000 is held by pid 7")).restart_engine()
     with pytest.raises(RuntimeError, match="no NUMA node"):
         SupervisorHost(StubSupervisor(pid=42)).rebind_engine()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -181,6 +182,7 @@ def test_launcher_requires_a_command():
         ({"probe_interval_s": 0}, "probe_interval_s must be > 0"),
         ({"probe_timeout_s": -1}, "probe_timeout_s must be > 0"),
         ({"stall_restart_after_s": 0}, "stall_restart_after_s must be > 0"),
+        ({"engine_address": ("127.0.0.1", 0)}, "engine_address must be"),
     ],
 )
 def test_bad_config_is_refused(overrides, message):
@@ -446,5 +448,95 @@ def test_loading_seconds_count_while_the_engine_loads_and_reset_when_it_is_ready
         engine.set("ready")
         assert wait_for(lambda: supervisor.is_ready)
         assert supervisor.loading_seconds == 0.0
+    finally:
+        supervisor.stop()
+
+
+LISTENER = """
+import socket, sys, time
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+sock.listen()
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+# an "agent" that starts a listener as its engine (in a session of its own, with its pid in
+# INFERD_AGENT_PID, as the supervisor does) and prints the listener's pid
+ORPHANING_AGENT = """
+import os, subprocess, sys, time
+env = dict(os.environ, INFERD_AGENT_PID=str(os.getpid()))
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env, start_new_session=True,
+                         stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_engine_port_held_by_another_process_starts_no_engine_until_it_is_free():
+    port = _free_port()
+    holder = subprocess.Popen([sys.executable, "-c", LISTENER, str(port)], stdout=subprocess.PIPE, text=True)
+    supervisor = None
+    try:
+        assert holder.stdout.readline().strip() == "listening"
+        supervisor = Supervisor(fast_config(SLEEPER, engine_address=("127.0.0.1", port)))
+        supervisor.start()
+        assert wait_for(lambda: supervisor.port_conflict is not None)
+        assert f"engine port 127.0.0.1:{port} is held by pid {holder.pid}" in supervisor.port_conflict
+        time.sleep(0.3)  # several retries: none of them starts an engine beside the holder
+        assert supervisor.generation == 0 and not supervisor.is_up and not supervisor.crash_looping
+        assert _alive(holder.pid) and supervisor.orphan_stopped is None  # not the agent's to stop
+        holder.kill()
+        holder.wait()
+        assert wait_for(lambda: supervisor.is_up)
+        assert supervisor.port_conflict is None and supervisor.generation == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        if supervisor is not None:
+            supervisor.stop()
+
+
+def test_orphaned_engine_holding_the_port_is_stopped_and_replaced():
+    port = _free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-c", ORPHANING_AGENT, LISTENER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    orphan = int(agent.stdout.readline())
+    supervisor = None
+    try:
+        agent.kill()  # SIGKILL: the listener lives on, its agent gone
+        agent.wait()
+        assert _alive(orphan)
+        supervisor = Supervisor(fast_config(SLEEPER, engine_address=("127.0.0.1", port)))
+        supervisor.start()
+        assert wait_for(lambda: supervisor.is_up)
+        assert not _alive(orphan)
+        assert f"stopped orphaned engine pid {orphan}" in supervisor.orphan_stopped
+        assert f"whose agent (pid {agent.pid}) is gone" in supervisor.orphan_stopped
+        assert supervisor.port_conflict is None
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+        if supervisor is not None:
+            supervisor.stop()
+
+
+def test_engine_is_told_which_agent_it_dies_with(tmp_path):
+    out = tmp_path / "env"
+    command = [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ['INFERD_AGENT_PID'])"]
+    supervisor = Supervisor(fast_config(command))
+    supervisor.start()
+    try:
+        assert wait_for(lambda: out.exists() and out.read_text())
+        assert out.read_text() == str(os.getpid())
     finally:
         supervisor.stop()

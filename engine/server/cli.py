@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from .http_limits import (
     DEFAULT_MAX_HEADER_BYTES,
     HttpLimits,
 )
+from .parent_death import follow_agent
 from .tool_parsers.registry import TOOL_PARSERS
 
 log = logging.getLogger(__name__)
@@ -228,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
     from .app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from .core_client import EngineCoreClient
 
+    orphaned = follow_agent(os.environ, signal.SIGTERM)  # SIGTERM drains
+    if orphaned:
+        log.error("%s; not starting", orphaned)
+        return 1
     if not 0 < args.port < 65536:
         log.error("--port must be in [1, 65535], got %s", args.port)
         return 2

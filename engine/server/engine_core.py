@@ -48,6 +48,7 @@ from .core_messages import (
     encoder,
     to_core_decoder,
 )
+from .parent_death import follow_parent
 from .snapshot import take_snapshot
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ def run_engine_core(options: CoreOptions) -> None:
     )
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the loop below notices a vanished server within a heartbeat; loading the model may
+    # take minutes first
+    if not follow_parent(options.parent_pid, signal.SIGKILL):
+        log.warning("engine core: the API server process is gone; exiting")
+        os._exit(0)
     ctx = zmq.Context()
     commands = ctx.socket(zmq.PULL)
     commands.connect(options.input_address)
