@@ -98,6 +98,22 @@ class EngineConfig:
     """GPUs one model is split across [1, 8] (engine/parallel): cuda:N.. of `device`, one worker
     process per rank after the first; on CPU the ranks are gloo processes. Must divide the
     model's attention heads, KV heads, MLP inner size and vocabulary."""
+    grammar_compile_timeout_s: float = 10.0
+    """Longest a structured-output grammar may compile; past it the compile's worker process is
+    killed and its requests fail (engine/structured_outputs_compiler.py)."""
+    grammar_compile_workers: int = 2
+    """Worker processes compiling structured-output grammars [1, 64]."""
+    max_queued_grammars: int = 16
+    """Grammars that may wait for a compile worker; past it a request is refused with 503 and
+    Retry-After [0, 4096]."""
+    grammar_cache_bytes: int = 256 << 20
+    """Memory the compiled-grammar cache may hold; also the largest one compiled grammar may take."""
+    max_grammar_values: int = 1024
+    """Most enum/const values (JSON schema) or choices one structured-output constraint may list,
+    checked at the API (400 naming the field)."""
+    max_grammar_bytes: int = 128 << 10
+    """Largest structured-output constraint (JSON schema, regex, grammar or choices) in bytes,
+    checked at the API (400 naming the field)."""
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
@@ -126,6 +142,12 @@ class EngineConfig:
             raise ValueError(
                 "load_format=dummy needs tensor_parallel_size 1 (the ranks load their shards from the checkpoint)"
             )
+        check_range("grammar_compile_timeout_s", self.grammar_compile_timeout_s, 0.001)
+        check_range("grammar_compile_workers", self.grammar_compile_workers, 1, 64)
+        check_range("max_queued_grammars", self.max_queued_grammars, 0, 4096)
+        check_range("grammar_cache_bytes", self.grammar_cache_bytes, 1 << 20)
+        check_range("max_grammar_values", self.max_grammar_values, 1)
+        check_range("max_grammar_bytes", self.max_grammar_bytes, 1024)
         for name in TUNABLE_BOUNDS:
             validate_tunable(name, getattr(self, name))
 

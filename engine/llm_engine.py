@@ -174,8 +174,19 @@ class LLMEngine:
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
         self.validator = RequestValidator(self.tokenizer, self.request_limits)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.counters, self.max_model_len)
-        # Grammars compile on its worker thread; their requests wait there, not in the scheduler.
-        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size, self.device)
+        # Grammars compile in its worker processes; their requests wait there, not in the scheduler.
+        self.structured = StructuredOutputs(
+            self.tokenizer,
+            self.model_config.vocab_size,
+            self.device,
+            num_workers=config.grammar_compile_workers,
+            compile_timeout_s=config.grammar_compile_timeout_s,
+            max_queued=config.max_queued_grammars,
+            cache_bytes=config.grammar_cache_bytes,
+        )
+        # Requests this step finished because their grammar did not compile, with the reason:
+        # a client error the server reports instead of their aborted output.
+        self.rejected: dict[str, str] = {}
         if self.device.type == "cuda":  # CUDA loads each kernel's module on first use: the sampler's now
             try:
                 warm_up_sampler(self.device, self.model_config.vocab_size, list(self.model_config.eos_token_ids))
@@ -264,7 +275,11 @@ class LLMEngine:
             prompt_logprobs=[None] * len(ids) if params.prompt_logprobs is not None else None,
         )
         if params.structured_outputs is not None:
-            self.structured.hold(request_id, seqs, params.structured_outputs)
+            try:
+                self.structured.hold(request_id, seqs, params.structured_outputs)
+            except Exception:  # GrammarCompilerBusy: the request was never admitted
+                del self.requests[request_id]
+                raise
             return
         for seq in seqs:
             self.scheduler.add(seq)
@@ -295,6 +310,8 @@ class LLMEngine:
         decode step in flight (async scheduling), this launches the next one first and
         then processes the one in flight."""
         start = time.perf_counter()
+        if self.rejected:
+            self.rejected = {}
         failed = self._admit_constrained() if self.structured.num_held else []
         if failed:
             return failed
@@ -328,7 +345,8 @@ class LLMEngine:
         outputs = []
         now = time.time()
         for request_id, reason in failed.items():
-            log.error("request %s: its structured-outputs grammar did not compile: %s", request_id, reason)
+            log.warning("request %s: its structured-outputs grammar did not compile: %s", request_id, reason)
+            self.rejected[request_id] = reason
             req = self.requests.pop(request_id)
             for seq in req.seqs:
                 self.output_processor.finish(seq, "abort", now)

@@ -4,9 +4,11 @@ that says, per step, which tokens may come next (a bitmask the sampler applies t
 logits on their device) and advances with the token drawn.
 
 Compiling (tens of milliseconds to seconds for a large schema over a 128k vocabulary)
-runs on a worker thread, never in the step: a request whose grammar is not compiled yet
-waits outside the scheduler (`hold` / `take_ready`) while the others keep stepping.
-Compiled grammars are cached by their constraint, so repeated schemas compile once.
+runs in worker processes (structured_outputs_compiler.py: bounded in time and queue, and
+killed when the grammar's requests have all gone), never in the step: a request whose
+grammar is not compiled yet waits outside the scheduler (`hold` / `take_ready`) while the
+others keep stepping. Compiled grammars are cached by their constraint, so repeated
+schemas compile once; the cache is bounded in entries and in bytes.
 A grammar that terminates allows only the stop tokens, so the sequence ends through the
 ordinary EOS check (output_processor.py).
 """
@@ -17,7 +19,7 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .structured_outputs import StructuredOutputsParams
+from .structured_outputs_compiler import GrammarCompiler
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CACHED_GRAMMARS = 256
+DEFAULT_GRAMMAR_CACHE_BYTES = 256 << 20
 
 # xgrammar's errors start "[20:16:44] /project/cpp/regex_converter.cc:94: "; the reason follows.
 _XGR_PREFIX = re.compile(r"^(\[[^\]]*\]\s*)?\S+\.(cc|h):\d+:\s*")
@@ -142,40 +146,75 @@ class _Held:
 
 class StructuredOutputs:
     """The engine's grammars and matchers. Engine thread: hold, take_ready, fill, accept,
-    release. Worker thread: building the tokenizer info and compiling."""
+    release. The compiler's threads and processes: building the tokenizer info and compiling."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, device: torch.device, max_workers: int = 1):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        device: torch.device,
+        *,
+        num_workers: int = 2,
+        compile_timeout_s: float = 10.0,
+        max_queued: int = 16,
+        cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
+    ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.device = device
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar")
-        self._compiler: Any = None  # built on the worker at first use
-        # Least recently used first; a client sending a new schema per request cannot grow it past the bound.
+        self.cache_bytes = cache_bytes
+        self.compiler = GrammarCompiler(
+            build_grammar,
+            lambda: tokenizer_info(tokenizer, vocab_size),
+            num_workers=num_workers,
+            timeout_s=compile_timeout_s,
+            max_queued=max_queued,
+            max_grammar_bytes=cache_bytes,
+        )
+        # Least recently used first; a client sending a new schema per request cannot grow it past the bounds.
         self._cache: OrderedDict[tuple[str, str, str, str], Future[Any]] = OrderedDict()
+        self._sizes: dict[Future[Any], int] = {}  # compiled grammars' bytes, by the cache's futures
         self._held: dict[str, _Held] = {}
         self._matchers: dict[Sequence, Any] = {}
         self.num_compiled = 0
 
     # --- compiling -----------------------------------------------------------------
     def compile(self, params: StructuredOutputsParams) -> Future[Any]:
+        """The grammar's future, cached; GrammarCompilerBusy when too many wait to compile."""
         key = params.cache_key
         future = self._cache.get(key)
-        if future is None or (future.done() and future.exception() is not None):
-            future = self._pool.submit(self._compile, params)
+        if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
+            future = self.compiler.submit(params)
+            future.add_done_callback(self._count_compiled)
             self._cache[key] = future
-            if len(self._cache) > MAX_CACHED_GRAMMARS:
-                self._cache.popitem(last=False)
         self._cache.move_to_end(key)
+        self._evict()
         return future
 
-    def _compile(self, params: StructuredOutputsParams) -> Any:
-        import xgrammar as xgr
+    def _count_compiled(self, future: Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.num_compiled += 1
 
-        if self._compiler is None:
-            self._compiler = xgr.GrammarCompiler(tokenizer_info(self.tokenizer, self.vocab_size), max_threads=2)
-        compiled = self._compiler.compile_grammar(build_grammar(params))
-        self.num_compiled += 1
-        return compiled
+    @property
+    def num_cached_bytes(self) -> int:
+        return sum(self._size(f) for f in self._cache.values())
+
+    def _size(self, future: Future[Any]) -> int:
+        if not future.done() or future.cancelled() or future.exception() is not None:
+            return 0
+        size = self._sizes.get(future)
+        if size is None:
+            size = self._sizes[future] = int(future.result().memory_size_bytes)
+        return size
+
+    def _evict(self) -> None:
+        """Least recently used first, until both bounds hold (requests holding an evicted
+        grammar keep it; a grammar larger than the whole budget is never kept)."""
+        total = self.num_cached_bytes
+        while self._cache and (len(self._cache) > MAX_CACHED_GRAMMARS or total > self.cache_bytes):
+            _, future = self._cache.popitem(last=False)
+            total -= self._size(future)
+            self._sizes.pop(future, None)
 
     def hold(self, request_id: str, seqs: list[Sequence], params: StructuredOutputsParams) -> None:
         """Keep a request's sequences until its grammar is compiled (take_ready)."""
@@ -192,13 +231,19 @@ class StructuredOutputs:
             if not held.grammar.done():
                 continue
             del self._held[request_id]
-            exc = held.grammar.exception()
+            exc = (
+                CancelledError("the grammar compile was cancelled")
+                if held.grammar.cancelled()
+                else held.grammar.exception()
+            )
             if exc is not None:
                 failed[request_id] = str(exc)
                 continue
             for seq in held.seqs:
                 self._matchers[seq] = xgr.GrammarMatcher(held.grammar.result())
             ready += held.seqs
+        if ready or failed:
+            self._evict()
         return ready, failed
 
     @property
@@ -211,11 +256,18 @@ class StructuredOutputs:
             wait_futures([h.grammar for h in self._held.values()], timeout, return_when="FIRST_COMPLETED")
 
     def drop(self, request_id: str) -> None:
-        """An aborted request: forget it whether held or running."""
+        """An aborted request: forget it whether held or running. A grammar still compiling
+        that no other request waits for is abandoned (its worker is stopped)."""
         held = self._held.pop(request_id, None)
         if held is None:
             for seq in [s for s in self._matchers if s.request_id == request_id]:
                 del self._matchers[seq]
+            return
+        future = held.grammar
+        if not future.done() and all(h.grammar is not future for h in self._held.values()):
+            for key in [k for k, f in self._cache.items() if f is future]:
+                del self._cache[key]
+            self.compiler.abandon(future)
 
     # --- per step --------------------------------------------------------------------
     def fill(self, seqs: list[Sequence]) -> TokenMask | None:
@@ -248,4 +300,4 @@ class StructuredOutputs:
                 self._matchers.pop(seq, None)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.compiler.close()

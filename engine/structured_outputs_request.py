@@ -9,15 +9,19 @@ turned into one StructuredOutputsParams:
 
 At most one of them may constrain a request. The grammar is built here too (xgrammar
 parses it without the tokenizer), so an invalid schema, regex or grammar is refused
-before it reaches the engine, naming the request field it came in.
+before it reaches the engine, naming the request field it came in; so is one over the
+size limits (structured_outputs_limits.py), and a schema whose `$ref` points outside
+itself (a URL or file is never fetched: it would compile unconstrained).
 """
 
 from __future__ import annotations
 
+import json as _json
 from typing import Any
 
 from .structured_outputs import StructuredOutputsParams
 from .structured_outputs_grammar import build_grammar
+from .structured_outputs_limits import StructuredOutputsLimits, remote_ref
 
 
 class StructuredOutputsRequestError(ValueError):
@@ -40,7 +44,11 @@ _STRUCTURED_IGNORED = (
 def _from_response_format(value: Any) -> tuple[dict[str, Any], str] | None:
     if not isinstance(value, dict):
         raise StructuredOutputsRequestError("response_format must be an object with a type", "response_format")
-    kind = value.get("type", "text")
+    if "type" not in value:
+        raise StructuredOutputsRequestError(
+            "response_format.type is required: text, json_object or json_schema", "response_format.type"
+        )
+    kind = value["type"]
     if kind == "text":
         return None
     if kind == "json_object":
@@ -83,9 +91,10 @@ def _from_structured(value: Any) -> tuple[dict[str, Any], str]:
 def structured_outputs_from_request(
     response_format: Any = None,
     structured_outputs: Any = None,
+    limits: StructuredOutputsLimits | None = None,
     **guided: Any,
 ) -> StructuredOutputsParams | None:
-    """The constraint the request asks for, checked (grammar included), or None;
+    """The constraint the request asks for, checked (limits and grammar included), or None;
     StructuredOutputsRequestError naming the field otherwise. `guided`: the guided_* fields."""
     found: list[tuple[dict[str, Any], str]] = []
     if response_format is not None:
@@ -109,14 +118,29 @@ def structured_outputs_from_request(
     fields, param = found[0]
     try:
         params = StructuredOutputsParams(**fields)
-        build_grammar(params)
+        check_constraint(params, limits or StructuredOutputsLimits())
     except ValueError as exc:
-        message = str(exc)
-        for prefix in (f"structured_outputs.{k}" for k in sorted(_STRUCTURED_KEYS, key=len, reverse=True)):
-            if message.startswith(prefix):
-                message = param + message[len(prefix) :]
-                break
-        else:
-            message = f"{param}: {message}"
-        raise StructuredOutputsRequestError(message, param) from None
+        raise StructuredOutputsRequestError(_renamed(str(exc), param), param) from None
     return params
+
+
+def check_constraint(params: StructuredOutputsParams, limits: StructuredOutputsLimits) -> None:
+    """A ValueError starting with the constraint's field (structured_outputs.json, ...)
+    when `params` is over a limit, refers outside itself, or does not build a grammar."""
+    limits.check(params)
+    if params.json is not None:
+        ref = remote_ref(_json.loads(params.schema_text or "{}"))
+        if ref is not None:
+            raise ValueError(
+                f"structured_outputs.json has $ref {ref!r}: only references into the schema itself "
+                "(#/$defs/...) are supported"
+            )
+    build_grammar(params)
+
+
+def _renamed(message: str, param: str) -> str:
+    """`message` about structured_outputs.<kind>, told in terms of the request's `param`."""
+    for prefix in (f"structured_outputs.{k}" for k in sorted(_STRUCTURED_KEYS, key=len, reverse=True)):
+        if message.startswith(prefix):
+            return param + message[len(prefix) :]
+    return f"{param}: {message}"

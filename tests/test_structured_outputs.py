@@ -32,6 +32,7 @@ from inferd.engine.fast_path.gpu_sampling import plain_greedy
 from inferd.engine.sampler import sample
 from inferd.engine.sequence import Sequence
 from inferd.engine.structured_outputs import StructuredOutputsParams, check_logit_bias
+from inferd.engine.structured_outputs_compiler import GrammarCompiler
 from inferd.engine.structured_outputs_grammar import StructuredOutputs, TokenMask, build_grammar
 from inferd.engine.tokenizer import Tokenizer
 
@@ -222,13 +223,13 @@ def test_request_waits_for_its_grammar_while_others_run(model_dir, monkeypatch):
     llm = LLM(model_dir, device="cpu")
     engine = llm.engine
     release = threading.Event()
-    compile_real = StructuredOutputs._compile
+    compile_real = GrammarCompiler._compile_on
 
-    def slow_compile(self, params):
+    def slow_compile(self, worker, job):
         assert release.wait(60)
-        return compile_real(self, params)
+        return compile_real(self, worker, job)
 
-    monkeypatch.setattr(StructuredOutputs, "_compile", slow_compile)
+    monkeypatch.setattr(GrammarCompiler, "_compile_on", slow_compile)
     engine.add_request("free", "hello", SamplingParams(max_tokens=4, temperature=0.0))
     engine.add_request(
         "json", "hello", SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=StructuredOutputsParams(json=PERSON))
@@ -472,3 +473,176 @@ def test_bad_json_schema_in_response_format(client):
     with pytest.raises(openai.BadRequestError) as info:
         _chat(client, response_format={"type": "xml"})
     assert info.value.body["param"] == "response_format.type"
+
+
+# --- bounds on compiling: time, queue, abandoned requests, cache bytes, sizes at the API ---------
+
+
+class _BusyWorker:
+    """Unpickles, in the worker process, into a 60 s sleep: a compile that does not end."""
+
+    def __reduce__(self):
+        import time
+
+        return (time.sleep, (60,))
+
+
+def _compiler(model_dir, **options) -> GrammarCompiler:
+    from inferd.engine.structured_outputs_grammar import tokenizer_info
+
+    return GrammarCompiler(build_grammar, lambda: tokenizer_info(Tokenizer(model_dir), 512), **options)
+
+
+def _worker_pids(compiler: GrammarCompiler) -> set[int]:
+    return {w.process.pid for w in compiler._workers}
+
+
+def test_compile_past_its_timeout_kills_its_worker(model_dir):
+    from inferd.engine.structured_outputs_compiler import GrammarCompileFailed
+
+    compiler = _compiler(model_dir, num_workers=1, timeout_s=0.2)
+    try:
+        stuck = compiler.submit(_BusyWorker())  # type: ignore[arg-type]
+        with pytest.raises(GrammarCompileFailed, match="did not compile within 0.2 s"):
+            stuck.result(timeout=120)
+        assert compiler.num_killed == 1 and not compiler._workers  # the process is gone, not left computing
+        assert compiler.submit(StructuredOutputsParams(regex="[ab]+")).result(timeout=120) is not None  # a fresh one
+    finally:
+        compiler.close()
+
+
+def test_abandoned_compile_stops_its_worker(model_dir):
+    from inferd.engine.structured_outputs_grammar import _Held
+
+    so = StructuredOutputs(Tokenizer(model_dir), 512, torch.device("cpu"), num_workers=1, compile_timeout_s=600)
+    try:
+        stuck = so.compiler.submit(_BusyWorker())  # type: ignore[arg-type]
+        so._held["gone"] = _Held([], stuck)
+        for _ in range(1200):  # the worker has the job
+            if so.compiler._workers:
+                break
+            threading.Event().wait(0.1)
+        pids = _worker_pids(so.compiler)
+        so.drop("gone")  # the client disconnected
+        with pytest.raises(Exception, match="requests have all gone"):
+            stuck.result(timeout=120)
+        assert pids and so.compiler.num_killed == 1 and not _worker_pids(so.compiler) & pids
+    finally:
+        so.close()
+
+
+def test_a_full_compile_queue_refuses_with_busy(model_dir):
+    from inferd.engine.structured_outputs_compiler import GrammarCompilerBusy
+
+    compiler = _compiler(model_dir, num_workers=1, timeout_s=600, max_queued=1)
+    try:
+        compiler.submit(_BusyWorker())  # type: ignore[arg-type]
+        compiler.submit(StructuredOutputsParams(regex="a"))
+        with pytest.raises(GrammarCompilerBusy):
+            for regex in ("b", "c"):
+                compiler.submit(StructuredOutputsParams(regex=regex))
+    finally:
+        compiler.close()
+
+
+def test_busy_compiler_leaves_no_request_behind(model_dir):
+    from inferd.engine.structured_outputs_compiler import GrammarCompilerBusy
+
+    engine = LLM(model_dir, device="cpu", max_queued_grammars=0, grammar_compile_workers=1).engine
+    try:
+        engine.structured.compiler.submit(_BusyWorker())  # type: ignore[arg-type]
+        with pytest.raises(GrammarCompilerBusy):
+            for i in range(2):
+                params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex=f"x{i}"))
+                engine.add_request(f"r{i}", "hello", params)
+        assert len(engine.requests) < 2 and engine.structured.num_held == len(engine.requests)
+    finally:
+        engine.structured.close()
+
+
+def test_grammar_cache_is_bounded_in_bytes(model_dir):
+    so = StructuredOutputs(Tokenizer(model_dir), 512, torch.device("cpu"))
+    try:
+        first = so.compile(StructuredOutputsParams(regex="[a-z]+"))
+        size = first.result(timeout=120).memory_size_bytes
+        so.cache_bytes = size + size // 2  # room for one such grammar, not two
+        so.compile(StructuredOutputsParams(regex="[0-9]+")).result(timeout=120)
+        so.compile(StructuredOutputsParams(regex="[0-9]+"))  # evicts by bytes now that its size is known
+        assert 0 < so.num_cached_bytes <= so.cache_bytes
+        assert so.compile(StructuredOutputsParams(regex="[a-z]+")) is not first
+    finally:
+        so.close()
+
+
+def test_limits_refuse_oversized_constraints():
+    from inferd.engine.structured_outputs_limits import StructuredOutputsLimits
+
+    limits = StructuredOutputsLimits(max_values=3, max_bytes=128)
+    limits.check(StructuredOutputsParams(choice=["a", "b", "c"]))
+    with pytest.raises(ValueError, match="structured_outputs.choice has too many choices: 4"):
+        limits.check(StructuredOutputsParams(choice=["a", "b", "c", "d"]))
+    nested = {"type": "object", "properties": {"a": {"enum": [1, 2]}, "b": {"items": {"enum": [3], "const": 3}}}}
+    with pytest.raises(ValueError, match="too many enum and const values: 4"):
+        limits.check(StructuredOutputsParams(json=nested))
+    with pytest.raises(ValueError, match="structured_outputs.regex is too large"):
+        limits.check(StructuredOutputsParams(regex="a" * 129))
+
+
+OVER_LIMIT = 1025  # the default max_grammar_values is 1024
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"guided_choice": [f"c{i}" for i in range(OVER_LIMIT)]}, "guided_choice"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "big", "schema": {"enum": list(range(OVER_LIMIT))}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"guided_regex": "a" * (129 << 10)}, "guided_regex"),
+        ({"response_format": {"json_schema": {"name": "x", "schema": {"type": "object"}}}}, "response_format.type"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"$ref": "https://example.com/schema.json"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"guided_json": {"properties": {"a": {"$ref": "file:///etc/passwd"}}}}, "guided_json"),
+    ],
+)
+def test_oversized_or_remote_constraints_are_400_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=3, extra_body=extra)
+    assert info.value.status_code == 400
+    assert info.value.body["param"] == param, info.value.body
+
+
+def test_local_refs_still_compile(client):
+    schema = {"$defs": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "$ref": "#/$defs/n"}
+    out = client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=8, extra_body={"guided_json": schema})
+    assert 0 <= int(out.choices[0].text) <= 9
+
+
+def test_a_grammar_that_does_not_compile_is_rejected_with_its_reason(model_dir):
+    """The engine core turns `rejected` into a client error (400), not an empty 200 ending in abort."""
+    engine = LLM(model_dir, device="cpu").engine
+    try:
+        bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a("))  # past the API
+        engine.add_request("bad", "hello", bad)
+        rejected: dict[str, str] = {}
+        for _ in range(600):
+            if not engine.has_unfinished():
+                break
+            engine.step()
+            rejected |= engine.rejected
+        assert "regex" in rejected.get("bad", ""), rejected
+    finally:
+        engine.structured.close()

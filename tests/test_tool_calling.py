@@ -326,7 +326,15 @@ def test_named_function_is_called(random_family_server):
 
 # --- client mistakes: 400 naming the field --------------------------------------------------
 
+# Its parameters do not compile into a grammar: a forced call under it would end empty.
+BROKEN_PARAMETERS = {"type": "function", "function": {"name": "broken", "parameters": {"type": "nope"}}}
+
 BAD_REQUESTS = [
+    ({"tools": [BROKEN_PARAMETERS], "tool_choice": "required"}, "tools[0].function.parameters"),
+    (
+        {"tools": [WEATHER, BROKEN_PARAMETERS], "tool_choice": {"type": "function", "function": {"name": "broken"}}},
+        "tools[1].function.parameters",
+    ),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),

@@ -45,10 +45,10 @@ from pydantic import (
 
 from ..sampling_params import SamplingParams
 from ..structured_outputs import StructuredOutputsParams, check_logit_bias
+from ..structured_outputs_limits import StructuredOutputsLimits
 from ..structured_outputs_request import StructuredOutputsRequestError, structured_outputs_from_request
 from .errors import bad_request
 from .unknown_fields import check_unknown_fields
-
 
 # The engine core's channel (msgspec) carries signed 64-bit integers; the engine needs no more.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -178,7 +178,11 @@ class SamplingFields(_Lenient):
             raise bad_request(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}", "prompt_logprobs")
 
     def sampling_params(
-        self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        structured_limits: StructuredOutputsLimits | None = None,
     ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         temperature = 1.0 if self.temperature is None else self.temperature
@@ -211,7 +215,7 @@ class SamplingFields(_Lenient):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
-            structured_outputs=self.structured_outputs_params(),
+            structured_outputs=self.structured_outputs_params(structured_limits),
             logit_bias=self.logit_bias or None,
         )
         try:
@@ -221,11 +225,14 @@ class SamplingFields(_Lenient):
             param = message.split()[0] if message else None
             raise bad_request(message, param) from None
 
-    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+    def structured_outputs_params(
+        self, limits: StructuredOutputsLimits | None = None
+    ) -> StructuredOutputsParams | None:
         try:
             return structured_outputs_from_request(
                 self.response_format,
                 self.structured_outputs,
+                limits,
                 guided_json=self.guided_json,
                 guided_regex=self.guided_regex,
                 guided_choice=self.guided_choice,

@@ -438,7 +438,12 @@ class EngineCoreClient:
         for err in msg.errors:
             live = self._live.get(err.request_id)
             if live is not None:
-                live.error = RequestRejected(err.message) if err.is_client_error else RequestFailed(err.message)
+                if err.unavailable_reason is not None:
+                    live.error = EngineUnavailable(err.unavailable_reason, err.message)
+                elif err.is_client_error:
+                    live.error = RequestRejected(err.message)
+                else:
+                    live.error = RequestFailed(err.message)
                 live.changed.set()
         if msg.snapshot is not None:
             self._snapshot = msg.snapshot

@@ -88,6 +88,7 @@ class RequestError(msgspec.Struct, array_like=True):
     request_id: str
     message: str
     is_client_error: bool  # the add was refused for a reason the client can fix (a 4xx)
+    unavailable_reason: str | None = None  # refused for now (a 503 with Retry-After), e.g. grammar_compiler_busy
 
 
 class StepOutputs(msgspec.Struct, tag="outputs", array_like=True):

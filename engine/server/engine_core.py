@@ -32,6 +32,7 @@ import zmq
 
 from ..config import EngineConfig
 from ..outputs import RequestOutput
+from ..structured_outputs_compiler import GrammarCompilerBusy
 from .core_messages import (
     AbortRequests,
     AddRequest,
@@ -239,6 +240,9 @@ class EngineCore:
         except ValueError as exc:
             self._errors.append(RequestError(msg.request_id, str(exc), True))
             return
+        except GrammarCompilerBusy as exc:
+            self._errors.append(RequestError(msg.request_id, str(exc), False, exc.reason))
+            return
         self._sent[msg.request_id] = [_Sent() for _ in range(msg.params.n)]
         if msg.final_only:
             self._final_only.add(msg.request_id)
@@ -297,7 +301,18 @@ class EngineCore:
         if self.tracer is not None:
             self.tracer.after_step(engine.requests)
         final_only = self._final_only
-        deltas = [self._delta(out) for out in outputs if out.finished or out.request_id not in final_only]
+        rejected = getattr(engine, "rejected", None) or {}
+        for request_id, reason in rejected.items():  # the client's grammar did not compile: a 400
+            self._sent.pop(request_id, None)
+            final_only.discard(request_id)
+            if self.tracer is not None:
+                self.tracer.finished(request_id, "abort", 0, error=reason)
+            self._errors.append(RequestError(request_id, reason, True))
+        deltas = [
+            self._delta(out)
+            for out in outputs
+            if out.request_id not in rejected and (out.finished or out.request_id not in final_only)
+        ]
         if not engine.has_unfinished():
             self._snapshot_due = True
         self._send(StepOutputs(deltas, self._take_errors(), engine.last_step, self._maybe_snapshot()))

@@ -24,9 +24,11 @@ from starlette.responses import JSONResponse, Response
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from ..structured_outputs import StructuredOutputsParams
+from ..structured_outputs_limits import StructuredOutputsLimits
+from ..structured_outputs_request import check_constraint
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .chat import ChatTemplateError, render_chat, template_messages
-from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed
+from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
 from .errors import ApiError, bad_request, error_body
 from .logprobs import (
     chat_logprobs,
@@ -38,7 +40,7 @@ from .logprobs import (
 )
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
 from .tool_parsers import TOOL_PARSERS, ToolCallStream, ToolParser, detect_tool_parser, make_tool_parser
-from .tool_parsers.tool_choice import ToolRequest, forced_call_constraint, tool_request
+from .tool_parsers.tool_choice import ToolRequest, check_forced_schemas, forced_call_constraint, tool_request
 from .tracing import TRACE_HEADERS
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -117,6 +119,11 @@ class OpenAIServing:
         return self.tool_call_parser_option or detect_tool_parser(self.tokenizer.chat_template)
 
     @property
+    def structured_limits(self) -> StructuredOutputsLimits:
+        config = getattr(self.engine, "config", None)
+        return StructuredOutputsLimits.from_config(config) if config is not None else StructuredOutputsLimits()
+
+    @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len  # set from the engine core's limits once it is ready
 
@@ -166,7 +173,7 @@ class OpenAIServing:
     ) -> SamplingParams:
         if isinstance(max_tokens, int) and max_tokens < 1:
             raise bad_request(f"{param} must be an integer >= 1, got {max_tokens}", param)
-        return body.sampling_params(max_tokens, logprobs, prompt_logprobs)
+        return body.sampling_params(max_tokens, logprobs, prompt_logprobs, self.structured_limits)
 
     def _job(
         self,
@@ -274,7 +281,7 @@ class OpenAIServing:
             params = probe
         self._check_length(len(ids), params.max_tokens, param)
         if parser is not None and tools is not None:
-            params = self._tool_params(params, tools, parser)
+            params = self._tool_params(params, tools, parser, self.structured_limits)
         job = self._job(body, [_Prompt(ids, ids)], params, chat=True, top_logprobs=body.top_logprobs)
         job.tools, job.tool_parser = tools, parser
         return await self._respond(job, request)
@@ -293,7 +300,9 @@ class OpenAIServing:
         return make_tool_parser(self.tool_call_parser, self.tokenizer.eos_token)
 
     @staticmethod
-    def _tool_params(params: SamplingParams, tools: ToolRequest, parser: ToolParser) -> SamplingParams:
+    def _tool_params(
+        params: SamplingParams, tools: ToolRequest, parser: ToolParser, limits: StructuredOutputsLimits
+    ) -> SamplingParams:
         changes: dict[str, Any] = {}
         if parser.keeps_special_tokens:
             changes["skip_special_tokens"] = False  # the format's marker is a special token
@@ -304,7 +313,14 @@ class OpenAIServing:
                     "response_format or another structured output",
                     "tool_choice",
                 )
-            changes["structured_outputs"] = StructuredOutputsParams(**forced_call_constraint(parser, tools))
+            check_forced_schemas(tools, limits)
+            constraint = StructuredOutputsParams(**forced_call_constraint(parser, tools))
+            try:
+                check_constraint(constraint, limits)
+            except ValueError as exc:  # each schema compiles, but not all of them as one call
+                message = str(exc).removeprefix("structured_outputs.json").lstrip(": ")
+                raise bad_request(f"tools cannot constrain a forced call: {message}", "tools") from None
+            changes["structured_outputs"] = constraint
         return dataclasses.replace(params, **changes) if changes else params
 
     def _chat_message(self, job: _Job, o: CompletionOutput) -> tuple[dict[str, Any], str | None]:
@@ -531,6 +547,8 @@ class OpenAIServing:
                 yield sse(base | {"choices": [], "usage": self._usage(job, latest)})
         except RequestFailed as exc:
             yield sse(error_body(500, str(exc), None, "engine_error"))
+        except RequestRejected as exc:  # e.g. a grammar that did not compile in time
+            yield sse(error_body(400, str(exc), None, "invalid_value"))
         except EngineUnavailable as exc:
             yield sse(error_body(503, str(exc), None, exc.reason))
         finally:

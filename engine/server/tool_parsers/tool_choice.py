@@ -14,6 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...structured_outputs import StructuredOutputsParams
+from ...structured_outputs_limits import StructuredOutputsLimits
+from ...structured_outputs_request import check_constraint
 from ..errors import bad_request
 from .base import ToolParser
 
@@ -104,6 +107,22 @@ def tool_request(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls:
         f"got {tool_choice!r}",
         "tool_choice",
     )
+
+
+def check_forced_schemas(request: ToolRequest, limits: StructuredOutputsLimits) -> None:
+    """A forced call is generated under its tools' parameters schemas: each must compile
+    (within the limits), or the request is a 400 naming the tool's parameters."""
+    for i, tool in enumerate(request.tools):
+        function = tool["function"]
+        parameters = function.get("parameters")
+        if parameters is None or (request.named is not None and function["name"] != request.named):
+            continue
+        try:
+            check_constraint(StructuredOutputsParams(json=parameters), limits)
+        except ValueError as exc:
+            where = f"tools[{i}].function.parameters"
+            message = str(exc).removeprefix("structured_outputs.json").lstrip(": ")
+            raise bad_request(f"{where} cannot constrain a forced call: {message}", where) from None
 
 
 def forced_call_constraint(parser: ToolParser, request: ToolRequest) -> dict[str, Any]:
