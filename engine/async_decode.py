@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
-from .fast_path.gpu_sampling import plain_greedy
+from .sampling.greedy import plain_greedy
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .stats import StepStats, kv_tokens_read

@@ -45,7 +45,7 @@ from .outputs import RequestOutput
 from .prompt_logprobs import record as record_prompt_logprobs
 from .request_validator import RequestLimits, RequestValidator
 from .runner_protocol import ModelRunnerProtocol
-from .sampler import NonFiniteLogits, sample
+from .sampler import NonFiniteLogits, Sampler
 from .sampler import warm_up as warm_up_sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
@@ -155,9 +155,9 @@ class LLMEngine:
                 )
             self.runner = runner
         self.runner.on_fastpath_failure = self._on_fastpath_failure
-        self.generator = torch.Generator(device=self.device).manual_seed(
-            config.seed
-        )  # unseeded draws, on the logits' device
+        self.runner.on_fastpath_bug = self._on_fastpath_bug
+        # Keyed by config.seed for unseeded rows; seeded rows depend on their own seed only.
+        self.sampler = Sampler(self.device, self.model_config.vocab_size, list(mc.eos_token_ids), config.seed)
         self.requests: dict[str, Request] = {}
         self._token_texts: dict[int, str] = {}  # single-token decodes, for prompt logprobs
         self.counters = EngineCounters()
@@ -411,12 +411,7 @@ class LLMEngine:
         for item in rows:  # the engine counted these tokens already; the rerun computes them again
             item.seq.num_computed_tokens -= item.num_tokens
         try:
-            tokens, _ = sample(
-                self.runner.execute(rows).logits,
-                [item.seq for item in rows],
-                self.tokenizer.eos_token_ids,
-                self.generator,
-            )
+            tokens, _ = self.sampler.sample(self.runner.execute(rows).logits, [item.seq for item in rows])
         finally:
             for item in rows:
                 item.seq.num_computed_tokens += item.num_tokens
@@ -445,7 +440,7 @@ class LLMEngine:
         """Run the step, record the prompt tokens it scored (RunnerOutput.prompt_logprobs)
         and choose its tokens. On the fast decode path the non-finite check comes back
         with the tokens (one host sync); if it fails, the step runs again on the portable
-        path, with the seeded generators rewound."""
+        path (a seeded row's noise depends on its seed and position only: it draws the same)."""
         output = self.runner.execute(batch)
         self._record_prompt_logprobs(batch, output.prompt_logprobs)
         if not sampling:
@@ -456,19 +451,13 @@ class LLMEngine:
         # After execute: on the decode graphs the runner returns before the device has the
         # logits (their finiteness check is deferred), so the fill overlaps the device's work.
         mask = self.structured.fill(sampling)
-        flag = output.finite
-        generators = [self.generator] + [s.generator for s in sampling if s.generator] if flag is not None else []
-        rewind = [(g, g.get_state()) for g in generators]
-        eos = self.tokenizer.eos_token_ids
         try:
-            result = sample(output.logits, sampling, eos, self.generator, finite=flag, mask=mask)
+            result = self.sampler.sample(output.logits, sampling, finite=output.finite, mask=mask)
         except NonFiniteLogits:
-            for generator, state in rewind:
-                generator.set_state(state)
             self.runner.non_finite_after_all()
             rerun = self.runner.execute(batch)
             self._record_prompt_logprobs(batch, rerun.prompt_logprobs)
-            result = sample(rerun.logits, sampling, eos, self.generator, mask=mask)
+            result = self.sampler.sample(rerun.logits, sampling, mask=mask)
         if mask is not None:
             self.structured.accept(sampling, result[0])
         return result
@@ -567,6 +556,10 @@ class LLMEngine:
         self.counters.fastpath_failures[reason] += 1
         self.config = self.config.replace(mode="fallback")
         self.scheduler.config = self.config
+
+    def _on_fastpath_bug(self, reason: str) -> None:
+        """A step met a bug in the fast path's launch code: counted; the mode stays."""
+        self.counters.fastpath_launch_errors[reason] += 1
 
     # --- observation ----------------------------------------------------------------
     def kv_snapshot(self) -> KVSnapshot:

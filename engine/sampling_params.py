@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from .config import check_range
 from .structured_outputs import StructuredOutputsParams, check_logit_bias
 
+GREEDY_BELOW_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy, everywhere (vLLM's threshold): dividing by them
+would overflow the logits. engine/sampling/greedy.py says when a row may skip the sampler."""
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -75,4 +79,4 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE

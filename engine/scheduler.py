@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .block_pool import BlockCopy
 from .config import EngineConfig
+from .sampling.slot_table import SlotTable
 from .sequence import Sequence, SequenceStatus
 
 
@@ -67,6 +68,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
+        self.slots = SlotTable()  # a running sequence's row in the sampler's tables
         self.step_count = 0
         self.num_preemptions = 0
 
@@ -83,6 +85,7 @@ class Scheduler:
             self.block_manager.free(seq)
         if seq.host_block_table:
             self.block_manager.release_host(seq)
+        self.slots.release(seq)
 
     @property
     def num_unfinished(self) -> int:
@@ -149,6 +152,7 @@ class Scheduler:
             out.swap_in += bm.swap_in(seq)
             self.swapped.remove(seq)
             seq.status = SequenceStatus.RUNNING
+            self.slots.acquire(seq)
             self.running.append(seq)
             out.num_swapped_in += 1
             num = min(seq.num_uncomputed_tokens, token_budget)
@@ -178,6 +182,7 @@ class Scheduler:
             bm.append_slots(seq, seq.num_computed_tokens + num)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
+            self.slots.acquire(seq)
             self.running.append(seq)
             if seq.times.first_scheduled is None:  # now, not after the step: its prefill is not queue time
                 seq.times.first_scheduled = time.time()
@@ -201,6 +206,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         seq.num_preemptions += 1
+        self.slots.release(seq)
         out.preempted.append(seq)
         use_swap = self.config.preemption_mode == "swap" and self.config.swap_space_bytes > 0 and bm.can_swap_out(seq)
         if use_swap:

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-import torch
-
 from .detokenizer import IncrementalDetokenizer
 from .prompt_logprobs import PromptLogprobs
 from .sampling_params import SamplingParams
@@ -77,10 +75,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.times = SequenceTimes(arrival=arrival_time)
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            # Each completion of an n>1 request gets its own stream, deterministically.
-            self.generator = torch.Generator().manual_seed(params.seed + index)
+        # Its row in the sampler's per-slot tables while it runs (the scheduler's SlotTable).
+        self.slot: int | None = None
         self.token_counts: dict[int, int] = {}  # output token -> occurrences, for penalties
         self._prompt_id_set: frozenset[int] | None = None  # built on first use by the repetition penalty
 

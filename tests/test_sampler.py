@@ -1,10 +1,10 @@
-"""The batched sampler against the per-row reference it replaced.
+"""The device sampler against the per-row reference it replaced.
 
-`reference_sample` is the engine's former sampler, row by row on the host. Seeded
-rows draw from their own generator from the same probabilities, so there the two
-must agree token for token; greedy rows and logprobs must agree exactly too.
-Unseeded rows share one generator and consume it differently, so they are compared
-by distribution.
+`reference_sample` is the engine's former sampler, row by row on the host, with a full
+sort for top-k and top-p. Greedy rows and logprobs must agree with it exactly; a sampled
+row must be the exponential-noise argmax of the reference's probabilities with the
+sampler's own noise (so the filters agree token for token), and its frequencies must
+match the exact filtered softmax (chi-square tests in tests/test_sampling_distribution.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from inferd.engine.sampler import GREEDY_BELOW_TEMPERATURE, sample
+from inferd.engine.sampler import GREEDY_BELOW_TEMPERATURE, Sampler, sample
+from inferd.engine.sampling import noise
 from inferd.engine.sampling_params import SamplingParams
 from inferd.engine.sequence import Sequence
 
@@ -64,13 +65,19 @@ def _ref_prepare(row, seq, eos_token_ids):
     return _ref_penalties(row, seq)
 
 
+def reference_stream(seq):
+    """A seeded row's noise stream: (seed + completion index, output position)."""
+    key = torch.tensor([seq.params.seed + seq.index])
+    return noise.row_streams(key, torch.tensor([seq.num_output_tokens]))
+
+
 def reference_probs(row, seq, eos_token_ids=EOS):
     """The distribution the reference draws a non-greedy row from."""
     row = _ref_filter(_ref_prepare(row.float(), seq, eos_token_ids) / seq.params.temperature, seq)
     return torch.softmax(row, dim=-1)
 
 
-def reference_sample(logits, seqs, eos_token_ids, generator):
+def reference_sample(logits, seqs, eos_token_ids):
     logits = logits.float().cpu()
     tokens, logprobs = [], []
     for raw, seq in zip(logits, seqs):
@@ -79,12 +86,11 @@ def reference_sample(logits, seqs, eos_token_ids, generator):
         if p.temperature < GREEDY_BELOW_TEMPERATURE:
             token = int(row.argmax())
         else:
-            row = _ref_filter(row / p.temperature, seq)
-            probs = torch.softmax(row, dim=-1)
+            probs = torch.softmax(_ref_filter(row / p.temperature, seq), dim=-1)
             if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
                 token = int(torch.nan_to_num(row, nan=float("-inf")).argmax())
             else:
-                token = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
+                token = int((probs / noise.exponential(reference_stream(seq), VOCAB)[0]).argmax())
         tokens.append(token)
         if p.logprobs is not None:
             lp = torch.log_softmax(raw, dim=-1)
@@ -136,46 +142,70 @@ def random_logits(num_rows: int, rng: torch.Generator) -> torch.Tensor:
 # --- exact agreement ----------------------------------------------------------------------
 @pytest.mark.parametrize("trial", range(6))
 def test_seeded_and_greedy_rows_match_the_reference_exactly(trial):
+    """Every row seeded: the reference draws argmax(probs / E) with the sampler's noise
+    from its sorted filters, so each token, greedy or sampled, and each logprob agree."""
     rng = torch.Generator().manual_seed(trial)
     specs = [PARAM_GRID[int(i)] for i in torch.randint(0, len(PARAM_GRID), (24,), generator=rng)]
-    logits = random_logits(len(specs), rng)
-    # Same sequences twice: each set's generators start from the same seeds.
+    logits = random_logits(24, rng)
     ours = make_seqs(specs, torch.Generator().manual_seed(trial))
     theirs = make_seqs(specs, torch.Generator().manual_seed(trial))
-    for _ in range(5):  # several steps, so each generator's stream advances the same way
-        got = sample(logits, ours, EOS, torch.Generator().manual_seed(0))
-        want = reference_sample(logits, theirs, EOS, torch.Generator().manual_seed(0))
-        assert got[0] == want[0]
-        assert got[1] == want[1]
-        for seqs, tokens in ((ours, got[0]), (theirs, want[0])):
-            for seq, token in zip(seqs, tokens):
+    sampler = Sampler(logits.device, VOCAB, EOS, seed=trial)
+    for _ in range(5):  # several steps: the penalty counts advance on the device
+        got = sampler.sample(logits, ours, slots=list(range(len(ours))))
+        want = reference_sample(logits, theirs, EOS)
+        assert got == want
+        for seqs in (ours, theirs):
+            for seq, token in zip(seqs, got[0]):
                 seq.append_token(token)
-        logits = random_logits(len(specs), rng)
 
 
 def test_plain_greedy_batch_is_the_argmax():
     rng = torch.Generator().manual_seed(1)
     logits = random_logits(16, rng)
     seqs = make_seqs([dict(temperature=0.0)] * 16, rng, seed_base=None)
-    tokens, logprobs = sample(logits, seqs, EOS, torch.Generator())
-    assert tokens == logits.argmax(dim=-1).tolist()
-    assert logprobs == [None] * 16
+    tokens, logprobs = sample(logits, seqs, EOS)
+    assert tokens == logits.argmax(dim=-1).tolist() and logprobs == [None] * 16
+
+
+def test_one_threshold_decides_greedy_everywhere():
+    """Below 1e-5 a row is greedy for the sampler, the greedy head and launch-ahead alike;
+    at 1e-5 it samples, dividing by its temperature (no clamp to 0.01 on the way)."""
+    from inferd.engine.fast_path.gpu_sampling import plain_greedy as fast_path_greedy
+    from inferd.engine.sampling.greedy import plain_greedy
+
+    assert fast_path_greedy is plain_greedy
+    tiny, small = make_seqs([dict(temperature=9e-6), dict(temperature=GREEDY_BELOW_TEMPERATURE)], torch.Generator())
+    assert tiny.params.is_greedy and plain_greedy(tiny)
+    assert not small.params.is_greedy and not plain_greedy(small)
 
 
 def test_a_seeded_row_does_not_depend_on_its_batch():
     rng = torch.Generator().manual_seed(2)
-    spec = dict(temperature=1.0, top_p=0.9, repetition_penalty=1.1)
-    row = random_logits(1, rng)
+    spec = dict(temperature=1.0, top_p=0.9)
     alone = make_seqs([spec], torch.Generator().manual_seed(5))
     batched = make_seqs([spec], torch.Generator().manual_seed(5))
-    others = make_seqs([dict(temperature=1.0)] * 7 + [dict(temperature=0.0)], rng, seed_base=None)
-    for _ in range(8):
-        token_alone = sample(row, alone, EOS, torch.Generator().manual_seed(0))[0][0]
+    others = make_seqs([dict(temperature=1.0)] * 7 + [dict(temperature=0.0, logprobs=1)], rng, seed_base=None)
+    solo, mixed = Sampler(torch.device("cpu"), VOCAB, EOS, seed=0), Sampler(torch.device("cpu"), VOCAB, EOS, seed=9)
+    drawn = []
+    for _ in range(30):
+        row = random_logits(1, rng)
         batch = torch.cat([random_logits(4, rng), row, random_logits(4, rng)])
-        tokens = sample(batch, others[:4] + batched + others[4:], EOS, torch.Generator().manual_seed(9))[0]
+        token_alone = solo.sample(row, alone, slots=[3])[0][0]
+        tokens = mixed.sample(batch, others[:4] + batched + others[4:], slots=[8, 1, 2, 0, 5, 4, 6, 7, 3])[0]
         assert tokens[4] == token_alone
+        drawn.append(token_alone)
         alone[0].append_token(token_alone)
         batched[0].append_token(token_alone)
+    assert len(set(drawn)) > 5  # it does sample
+
+
+def test_unseeded_rows_differ_between_draws_and_rows():
+    logits = torch.zeros(8, VOCAB)
+    seqs = make_seqs([dict(temperature=1.0)] * 8, torch.Generator(), seed_base=None)
+    sampler = Sampler(torch.device("cpu"), VOCAB, EOS, seed=0)
+    first = sampler.sample(logits, seqs, slots=list(range(8)))[0]
+    second = sampler.sample(logits, seqs, slots=list(range(8)))[0]
+    assert len(set(first)) > 4 and first != second
 
 
 def test_an_overflowing_row_degrades_to_greedy_alone():
@@ -184,10 +214,8 @@ def test_an_overflowing_row_degrades_to_greedy_alone():
     logits[1] = float("-inf")  # every token banned: no distribution to draw from
     logits[1, 42] = float("nan")
     seqs = make_seqs([dict(temperature=1.0)] * 3, rng)
-    want = reference_sample(
-        logits, make_seqs([dict(temperature=1.0)] * 3, torch.Generator().manual_seed(3)), EOS, torch.Generator()
-    )
-    got = sample(logits, seqs, EOS, torch.Generator())
+    want = reference_sample(logits, make_seqs([dict(temperature=1.0)] * 3, torch.Generator().manual_seed(3)), EOS)
+    got = sample(logits, seqs, EOS)
     assert got[0][1] == want[0][1] == 0
     assert all(0 <= t < VOCAB for t in got[0])
 
@@ -198,7 +226,7 @@ def test_min_tokens_bans_stop_and_eos_until_reached():
     logits[:, EOS[0]] = 9.0
     seqs = make_seqs([dict(temperature=0.0, min_tokens=50, stop_token_ids=[7])] * 2, torch.Generator())
     seqs[1].params = SamplingParams(temperature=0.0, max_tokens=64, min_tokens=0, stop_token_ids=[7])
-    tokens, _ = sample(logits, seqs, EOS, torch.Generator())
+    tokens, _ = sample(logits, seqs, EOS)
     assert tokens[0] not in (7, EOS[0]) and tokens[1] == 7
 
 
@@ -214,7 +242,7 @@ def test_unseeded_rows_follow_the_reference_distribution(spec):
     seq = make_seqs([spec], rng, seed_base=None)[0]
     expected = reference_probs(row[0], seq)
     seqs = [seq] * num_rows
-    tokens, _ = sample(row.expand(num_rows, VOCAB), seqs, EOS, torch.Generator().manual_seed(11))
+    tokens, _ = sample(row.expand(num_rows, VOCAB), seqs, EOS, seed=11)
     counts = torch.bincount(torch.tensor(tokens), minlength=VOCAB).double() / num_rows
     assert float(counts[expected == 0].sum()) == 0.0, "drew a token the filters removed"
     stderr = torch.sqrt(expected.double() * (1 - expected.double()) / num_rows)
@@ -223,17 +251,34 @@ def test_unseeded_rows_follow_the_reference_distribution(spec):
     assert math.isclose(float(counts.sum()), 1.0)
 
 
-def test_sampler_warm_up_takes_every_branch_without_touching_other_draws(monkeypatch):
+def test_sampler_warm_up_takes_every_branch(monkeypatch):
     """The start-up warm-up (run on CUDA, where kernels load on first launch) goes through
-    the filters, penalties, bias, EOS ban, draws and logprobs, and leaves the default
-    generator where it was."""
+    the filters, penalties, bias, EOS ban, draw and logprobs."""
     import inferd.engine.sampler as sampler
+    from inferd.engine.sampling import draw, filters
 
     taken = []
-    for name in ("_filter", "_apply_penalties", "_apply_logit_bias", "_ban", "_draw", "_logprobs"):
-        original = getattr(sampler, name)
-        monkeypatch.setattr(sampler, name, lambda *a, _n=name, _f=original: (taken.append(_n), _f(*a))[1])
-    before = torch.get_rng_state()
+    for module, name in [
+        (filters, "top_k_keep"),
+        (filters, "top_p_keep"),
+        (filters, "min_p_keep"),
+        (sampler, "apply_penalties"),
+        (sampler, "add_logit_bias"),
+        (sampler, "ban_until_min_tokens"),
+        (sampler, "draw"),
+        (sampler, "_logprob_tensors"),
+    ]:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _f=original: (taken.append(_n), _f(*a))[1])
+    assert draw.filters is filters
     sampler.warm_up(torch.device("cpu"), 64, [2])
-    assert set(taken) == {"_filter", "_apply_penalties", "_apply_logit_bias", "_ban", "_draw", "_logprobs"}
-    assert torch.equal(torch.get_rng_state(), before)
+    assert set(taken) == {
+        "top_k_keep",
+        "top_p_keep",
+        "min_p_keep",
+        "apply_penalties",
+        "add_logit_bias",
+        "ban_until_min_tokens",
+        "draw",
+        "_logprob_tensors",
+    }

@@ -295,3 +295,14 @@ def test_long_text_prompts_are_tokenized_off_the_event_loop():
     short, long, loop_thread = asyncio.run(main())
     assert short == long == [1, 2, 3]
     assert threads[10] is loop_thread and threads[TOKENIZE_IN_THREAD_CHARS] is not loop_thread
+
+
+def test_a_small_temperature_reaches_the_engine_unclamped():
+    """One greedy threshold (1e-5, SamplingParams.is_greedy): the API no longer raises
+    temperatures below 0.01 to 0.01, so 0.005 samples at 0.005 and 5e-6 is greedy."""
+    from inferd.engine.server.api_models import CompletionRequest
+
+    small = CompletionRequest(prompt="x", temperature=0.005).sampling_params(16, None)
+    tiny = CompletionRequest(prompt="x", temperature=5e-6).sampling_params(16, None)
+    assert small.temperature == 0.005 and not small.is_greedy
+    assert tiny.is_greedy

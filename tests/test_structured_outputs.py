@@ -161,10 +161,10 @@ def test_mask_applies_to_its_rows_only(model_dir):
     logits = torch.randn(3, 512, generator=gen) * 4
     logits[1] = 0.0  # uniform: the draw is over exactly the allowed tokens
     drawn = set()
-    for _ in range(30):
+    for step in range(30):
         mask = so.fill(seqs)
         assert isinstance(mask, TokenMask) and mask.rows == [1]
-        tokens, _ = sample(logits.clone(), seqs, [1], gen, mask=mask)
+        tokens, _ = sample(logits.clone(), seqs, [1], step, mask=mask)
         assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
         assert tokens[1] in allowed, texts[tokens[1]]
         drawn.add(tokens[1])
@@ -196,7 +196,6 @@ def test_choice_generation_ends_with_the_grammar(model_dir):
 
 def test_logit_bias_forces_and_bans():
     logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
-    gen = torch.Generator().manual_seed(0)
     forced = (int(logits[0].argmax()) + 5) % 64
     first, second = logits[1].topk(2).indices.tolist()
     seqs = _seqs(
@@ -205,8 +204,8 @@ def test_logit_bias_forces_and_bans():
             SamplingParams(temperature=0.0, logit_bias={first: -100.0}),
         ]
     )
-    for _ in range(20):
-        tokens, _ = sample(logits.clone(), seqs, [1], gen)
+    for step in range(20):
+        tokens, _ = sample(logits.clone(), seqs, [1], step)
         assert tokens == [forced, second]
 
 

@@ -77,7 +77,6 @@ def _within_int64(value: int, info: ValidationInfo) -> int:
 JsonInt = Annotated[StrictInt, BeforeValidator(_whole_float_to_int), AfterValidator(_within_int64)]
 
 
-MIN_TEMPERATURE = 0.01
 # Dividing logits by a tiny penalty overflows them to inf, which breaks the whole batch's draw.
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
@@ -185,10 +184,8 @@ class SamplingFields(_Lenient):
         structured_limits: StructuredOutputsLimits | None = None,
     ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        # Below GREEDY_BELOW_TEMPERATURE (engine/sampling_params.py) a request is greedy.
         temperature = 1.0 if self.temperature is None else self.temperature
-        if 0.0 < temperature < MIN_TEMPERATURE:
-            # As vLLM does: logits / 1e-300 overflow to inf and the draw fails for the whole batch.
-            temperature = MIN_TEMPERATURE
         if self.repetition_penalty is not None and not (
             MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY
         ):
