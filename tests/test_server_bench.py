@@ -173,3 +173,47 @@ def test_burst_config_rejects_bad_values():
         BurstConfig(output_len=0)
     with pytest.raises(ValueError, match="stream"):
         BurstConfig(stream="sometimes")
+
+
+def test_bench_burst_sampled_phases_against_greedy_in_the_same_run(tmp_path):
+    """With sampling flags each side runs a greedy and a sampled burst; the sampled
+    phases carry their ratio to the same side's greedy phase."""
+    out = tmp_path / "burst.json"
+    args = ["bench", "burst", "--preset", "tiny", "--num-requests", "6", "--prompt-len", "16", "--output-len", "6"]
+    args += ["--warmup-requests", "1", "--max-num-seqs", "8", "--block-size", "8", "--stream", "no"]
+    args += ["--temperature", "0.7", "--top-p", "0.9", "--top-k", "50", "--min-p", "0.05"]
+    args += ["--seed-share", "0.5", "--mix", "0.5", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    phases = _phases(report)
+    assert list(phases) == ["offline", "offline sampled", "server non-stream", "server non-stream sampled"]
+    assert report["options"]["sampling"]["mix"] == 0.5
+    for ph in phases.values():
+        assert ph["num_ok"] == 6 and ph["tokens"] == [6] * 6
+    for name in ("offline", "server non-stream"):
+        assert phases[name]["ratio_to_greedy"] is None
+        sampled = phases[name + " sampled"]
+        assert sampled["ratio_to_greedy"] == pytest.approx(sampled["output_tok_s"] / phases[name]["output_tok_s"])
+
+
+def test_burst_sampling_mix_spreads_sampled_and_seeded_requests():
+    from inferd.engine.bench.burst_client import completion_body
+    from inferd.engine.bench.burst_sampling import SamplingMix
+
+    params = SamplingMix(temperature=0.7, top_p=0.9, top_k=50, seed_share=0.5, mix=0.5).request_params(8)
+    sampled = [p for p in params if p["temperature"] > 0]
+    assert len(sampled) == 4 and sum("seed" in p for p in sampled) == 2
+    assert all(p == {"temperature": 0.0} for p in params if p not in sampled)
+    assert {k: v for k, v in sampled[0].items() if k != "seed"} == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 50,
+        "min_p": 0.0,
+    }
+    assert SamplingMix(top_p=0.9).request_params(2)[0]["temperature"] == 1.0  # sampling without a temperature
+    assert not SamplingMix().is_sampled and SamplingMix(mix=0.5).is_sampled
+    body = json.loads(completion_body("m", [5, 6], 4, False, sampled[0]))
+    assert body["temperature"] == 0.7 and body["top_k"] == 50 and body["ignore_eos"] is True
+    for bad in (dict(top_p=0.0), dict(mix=1.5), dict(seed_share=-0.1), dict(temperature=-1.0), dict(top_k=-2)):
+        with pytest.raises(ValueError):
+            SamplingMix(**bad)

@@ -15,6 +15,10 @@ every request had its first token, end-to-end p50/p99, errors and requests whose
 count is not O, and the client's own CPU time. A small warm-up burst (other prompts,
 a few output tokens) runs first on each side and is not counted.
 
+Sampling (burst_sampling.py): with --temperature, --top-p, --top-k, --min-p, --seed-share
+or --mix, each side also runs the burst with that sampling mix after its greedy burst,
+and reports it against greedy ("x greedy": tok/s over the same side's greedy tok/s).
+
 Prompts: one set drawn from --prompt-seed. The server runs its modes one after the
 other, and its prefix cache would hand the second mode the first mode's prompt blocks;
 so each phase's prompts differ in their first token (same lengths, same work, no shared
@@ -40,6 +44,7 @@ from pathlib import Path
 from ..config import EngineConfig
 from .burst_client import BurstResult, completion_body, send_burst
 from .burst_figures import PhaseFigures, offline_figures, print_table, server_figures
+from .burst_sampling import SamplingMix, greedy_params
 from .serve import start_server, stop_server
 
 log = logging.getLogger(__name__)
@@ -141,25 +146,36 @@ def _checkpoint_dtype(options: dict, device: str) -> str:
 
 
 def _server_bursts(
-    url: str, cfg: BurstConfig, prompts: dict[bool, list[list[int]]], warmup: list[list[int]]
-) -> dict[bool, BurstResult]:
+    url: str,
+    cfg: BurstConfig,
+    prompts: dict[tuple[bool, bool], list[list[int]]],
+    warmup: list[list[int]],
+    mix: SamplingMix,
+) -> dict[tuple[bool, bool], BurstResult]:
+    """Results by (stream, sampled)."""
     import httpx
 
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-    for stream in cfg.stream_modes:  # warm-up: both paths the burst takes
-        if warmup:
-            send_burst(
-                url,
-                [completion_body(model, p, cfg.warmup_output_len, stream) for p in warmup],
-                stream,
-                cfg.request_timeout_s,
-            )
+    kinds = (False, True) if mix.is_sampled else (False,)
+    for stream in cfg.stream_modes:  # warm-up: every path the burst takes
+        for sampled in kinds:
+            if warmup:
+                params = (mix.request_params if sampled else greedy_params)(len(warmup))
+                bodies = [completion_body(model, p, cfg.warmup_output_len, stream, q) for p, q in zip(warmup, params)]
+                send_burst(url, bodies, stream, cfg.request_timeout_s)
     results = {}
     for stream in cfg.stream_modes:
-        payloads = [completion_body(model, p, cfg.output_len, stream) for p in prompts[stream]]
-        results[stream] = send_burst(url, payloads, stream, cfg.request_timeout_s)
-        log.info("server %s burst: %.1f s", "stream" if stream else "non-stream", results[stream].wall_s)
+        for sampled in kinds:
+            phase = prompts[stream, sampled]
+            params = (mix.request_params if sampled else greedy_params)(len(phase))
+            payloads = [completion_body(model, p, cfg.output_len, stream, q) for p, q in zip(phase, params)]
+            results[stream, sampled] = result = send_burst(url, payloads, stream, cfg.request_timeout_s)
+            log.info("server %s%s burst: %.1f s", "stream" if stream else "non-stream", _label(sampled), result.wall_s)
     return results
+
+
+def _label(sampled: bool) -> str:
+    return " sampled" if sampled else ""
 
 
 def _git_commit() -> str | None:
@@ -223,6 +239,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup-requests", type=int, default=8, help="requests in each side's warm-up burst (default 8; 0: none)"
     )
     parser.add_argument("--warmup-output-len", type=int, default=4, help="output tokens per warm-up request")
+    sampling = parser.add_argument_group(
+        "sampling", "any of these adds a sampled burst on each side, reported against its greedy burst"
+    )
+    sampling.add_argument("--temperature", type=float, help="of the sampling requests (default 1.0)")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="of the sampling requests (default 1.0: off)")
+    sampling.add_argument("--top-k", type=int, default=0, help="of the sampling requests (default 0: off)")
+    sampling.add_argument("--min-p", type=float, default=0.0, help="of the sampling requests (default 0: off)")
+    sampling.add_argument(
+        "--seed-share", type=float, default=0.0, help="share of the sampling requests with a seed (default 0)"
+    )
+    sampling.add_argument(
+        "--mix", type=float, default=1.0, help="share of the burst's requests that sample, the rest greedy (default 1)"
+    )
     parser.add_argument("--model", help="checkpoint directory for both sides")
     parser.add_argument(
         "--preset",
@@ -275,6 +304,14 @@ def run(args: argparse.Namespace) -> int:
             warmup_output_len=args.warmup_output_len,
             request_timeout_s=args.request_timeout,
         )
+        mix = SamplingMix(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed_share=args.seed_share,
+            mix=args.mix,
+        )
         options = engine_options(args)
         EngineConfig.from_dict({"model": "", **options})  # a bad value fails here, before any checkpoint is written
         if args.model and args.preset:
@@ -308,21 +345,35 @@ def run(args: argparse.Namespace) -> int:
         if model_dir and not args.skip_offline:
             from .burst_offline import run_offline
 
-            result = run_offline(
-                model_dir, options, for_phase(base, 0, vocab), cfg.output_len, warmup, cfg.warmup_output_len
+            sampled = (for_phase(base, 3, vocab), mix.request_params(cfg.num_requests)) if mix.is_sampled else None
+            greedy, sampled_result = run_offline(
+                model_dir, options, for_phase(base, 0, vocab), cfg.output_len, warmup, cfg.warmup_output_len, sampled
             )
-            phases.append(offline_figures(result, cfg.output_len))
+            phases.append(offline_figures(greedy, cfg.output_len))
+            if sampled_result is not None:
+                phases.append(offline_figures(sampled_result, cfg.output_len, phases[0].output_tok_s, " sampled"))
         offline_tok_s = phases[0].output_tok_s if phases else None
-        prompts = {stream: for_phase(base, 1 + stream, vocab) for stream in (False, True)}
+        # Phases 1, 2: greedy non-stream, stream; 4, 5: sampled (3: the offline sampled burst).
+        prompts = {
+            (stream, sampled): for_phase(base, 1 + stream + 3 * sampled, vocab)
+            for stream in (False, True)
+            for sampled in (False, True)
+        }
         proc, url = None, args.url
         if url is None:
             proc, url = start_server(model_dir, [*server_flags(options), *args.server_arg], args.startup_timeout)
         try:
-            bursts = _server_bursts(url.rstrip("/"), cfg, prompts, warmup)
+            bursts = _server_bursts(url.rstrip("/"), cfg, prompts, warmup, mix)
         finally:
             if proc is not None:
                 stop_server(proc)
-        phases += [server_figures(b, stream, cfg.output_len, offline_tok_s) for stream, b in bursts.items()]
+        for (stream, sampled), b in bursts.items():
+            greedy_tok_s = server_figures(bursts[stream, False], stream, cfg.output_len, None).output_tok_s
+            phases.append(
+                server_figures(
+                    b, stream, cfg.output_len, offline_tok_s, greedy_tok_s if sampled else None, _label(sampled)
+                )
+            )
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -333,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
         "versions": versions,
         "options": {
             "burst": asdict(cfg),
+            "sampling": asdict(mix) if mix.is_sampled else None,
             "engine": options,
             "model": args.model,
             "preset": preset,

@@ -35,12 +35,16 @@ class BurstResult:
     client_cpu_s: float  # this process's CPU time over the same span
 
 
-def completion_body(model: str, prompt: list[int], max_tokens: int, stream: bool) -> bytes:
+def completion_body(
+    model: str, prompt: list[int], max_tokens: int, stream: bool, sampling: dict | None = None
+) -> bytes:
+    """`sampling`: the request's sampling fields (default greedy)."""
     body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
+        **(sampling or {}),
         "ignore_eos": True,
         "stream": stream,
     }

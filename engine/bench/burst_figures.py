@@ -24,7 +24,8 @@ class PhaseFigures:
     wall_s: float
     output_tokens: int
     output_tok_s: float
-    ratio_to_offline: float | None
+    ratio_to_offline: float | None  # to the offline greedy phase
+    ratio_to_greedy: float | None  # a sampled phase: to the greedy phase of its own side and mode
     ttft_p50: float | None  # offline: first token; streaming: first chunk with text; None non-streaming
     ttft_p99: float | None
     prefill_s: float | None  # until every request had its first token (chunk), from submission
@@ -45,12 +46,15 @@ def _or_none(x: float) -> float | None:
     return None if x is None or math.isnan(x) else x
 
 
-def offline_figures(result: OfflineResult, output_len: int) -> PhaseFigures:
+def offline_figures(
+    result: OfflineResult, output_len: int, greedy_tok_s: float | None = None, label: str = ""
+) -> PhaseFigures:
+    """`greedy_tok_s`: the offline greedy phase's, for a sampled phase (`label` names it)."""
     tokens = result.num_tokens
     wrong = sum(t != output_len for t in tokens)
     first = _finite(result.first_token)
     return PhaseFigures(
-        phase="offline",
+        phase="offline" + label,
         num_requests=len(tokens),
         num_ok=len(tokens) - wrong,
         num_errors=0,
@@ -58,7 +62,8 @@ def offline_figures(result: OfflineResult, output_len: int) -> PhaseFigures:
         wall_s=result.wall_s,
         output_tokens=sum(tokens),
         output_tok_s=sum(tokens) / result.wall_s,
-        ratio_to_offline=1.0,
+        ratio_to_offline=sum(tokens) / result.wall_s / greedy_tok_s if greedy_tok_s else 1.0,
+        ratio_to_greedy=sum(tokens) / result.wall_s / greedy_tok_s if greedy_tok_s else None,
         ttft_p50=_or_none(percentile(first, 50)),
         ttft_p99=_or_none(percentile(first, 99)),
         prefill_s=max(first) if len(first) == len(tokens) else None,
@@ -73,7 +78,15 @@ def offline_figures(result: OfflineResult, output_len: int) -> PhaseFigures:
     )
 
 
-def server_figures(burst: BurstResult, stream: bool, output_len: int, offline_tok_s: float | None) -> PhaseFigures:
+def server_figures(
+    burst: BurstResult,
+    stream: bool,
+    output_len: int,
+    offline_tok_s: float | None,
+    greedy_tok_s: float | None = None,
+    label: str = "",
+) -> PhaseFigures:
+    """`greedy_tok_s`: the server's greedy phase of the same mode, for a sampled phase."""
     reqs = burst.requests
     errors = [r for r in reqs if r.error]
     wrong = [r for r in reqs if not r.error and r.num_tokens != output_len]
@@ -82,7 +95,7 @@ def server_figures(burst: BurstResult, stream: bool, output_len: int, offline_to
     ttfts = _finite([r.ttft for r in reqs if not r.error]) if stream else []
     e2e = [r.e2e for r in reqs if not r.error]
     return PhaseFigures(
-        phase="server stream" if stream else "server non-stream",
+        phase=("server stream" if stream else "server non-stream") + label,
         num_requests=len(reqs),
         num_ok=len(reqs) - len(errors) - len(wrong),
         num_errors=len(errors),
@@ -91,6 +104,7 @@ def server_figures(burst: BurstResult, stream: bool, output_len: int, offline_to
         output_tokens=sum(tokens),
         output_tok_s=tok_s,
         ratio_to_offline=tok_s / offline_tok_s if offline_tok_s else None,
+        ratio_to_greedy=tok_s / greedy_tok_s if greedy_tok_s else None,
         ttft_p50=_or_none(percentile(ttfts, 50)) if stream else None,
         ttft_p99=_or_none(percentile(ttfts, 99)) if stream else None,
         prefill_s=max(ttfts) if stream and len(ttfts) == len(reqs) else None,
@@ -110,15 +124,15 @@ def _fmt(x: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
 
 def print_table(phases: list[PhaseFigures]) -> None:
     print(
-        f"{'phase':<18} {'ok/N':>9} {'out tok/s':>10} {'x offline':>9} {'TTFT p50/p99 ms':>17} "
+        f"{'phase':<26} {'ok/N':>9} {'out tok/s':>10} {'x offline':>9} {'x greedy':>8} {'TTFT p50/p99 ms':>17} "
         f"{'prefill s':>9} {'e2e p50/p99 s':>15} {'client CPU s':>12}"
     )
     for ph in phases:
         ttft = f"{_fmt(ph.ttft_p50, 1e3)}/{_fmt(ph.ttft_p99, 1e3)}"
         e2e = f"{_fmt(ph.e2e_p50, 1, '.2f')}/{_fmt(ph.e2e_p99, 1, '.2f')}"
         print(
-            f"{ph.phase:<18} {f'{ph.num_ok}/{ph.num_requests}':>9} {ph.output_tok_s:10.1f} "
-            f"{_fmt(ph.ratio_to_offline, 1, '.3f'):>9} {ttft:>17} {_fmt(ph.prefill_s, 1, '.2f'):>9} "
+            f"{ph.phase:<26} {f'{ph.num_ok}/{ph.num_requests}':>9} {ph.output_tok_s:10.1f} "
+            f"{_fmt(ph.ratio_to_offline, 1, '.3f'):>9} {_fmt(ph.ratio_to_greedy, 1, '.3f'):>8} {ttft:>17} {_fmt(ph.prefill_s, 1, '.2f'):>9} "
             f"{e2e:>15} {_fmt(ph.client_cpu_s, 1, '.2f'):>12}"
         )
         for err in ph.errors:

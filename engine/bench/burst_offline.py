@@ -25,9 +25,11 @@ def run_offline(
     output_len: int,
     warmup_prompts: list[list[int]],
     warmup_output_len: int,
-) -> OfflineResult:
-    """Warm up, then the burst; the engine is freed (GPU memory included) on return, so
-    a server started next can have the memory."""
+    sampled: tuple[list[list[int]], list[dict]] | None = None,
+) -> tuple[OfflineResult, OfflineResult | None]:
+    """Warm up, then the greedy burst and, with `sampled` (its prompts and per-request
+    sampling fields), the sampled one on the same engine; the engine is freed (GPU memory
+    included) on return, so a server started next can have the memory."""
     from .. import LLM, SamplingParams
 
     llm = LLM(model_dir, **engine_options)
@@ -36,7 +38,8 @@ def run_offline(
             llm.generate(warmup_prompts, SamplingParams(temperature=0.0, max_tokens=warmup_output_len, ignore_eos=True))
         gc.collect()
         gc.freeze()  # as the server does after start-up: no full collections over the engine's objects
-        return _burst(llm.engine, prompts, output_len)
+        greedy = _burst(llm.engine, prompts, output_len, [{"temperature": 0.0}] * len(prompts))
+        return greedy, _burst(llm.engine, sampled[0], output_len, sampled[1]) if sampled else None
     finally:
         del llm
         gc.unfreeze()
@@ -45,10 +48,9 @@ def run_offline(
             torch.cuda.empty_cache()
 
 
-def _burst(engine, prompts: list[list[int]], output_len: int) -> OfflineResult:
+def _burst(engine, prompts: list[list[int]], output_len: int, sampling: list[dict]) -> OfflineResult:
     from .. import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     n = len(prompts)
     first_token, first_text, num_tokens = [float("nan")] * n, [float("nan")] * n, [0] * n
     index: dict[str, int] = {}
@@ -56,7 +58,7 @@ def _burst(engine, prompts: list[list[int]], output_len: int) -> OfflineResult:
     for i, prompt in enumerate(prompts):
         rid = f"burst-{i}"
         index[rid] = i
-        engine.add_request(rid, prompt, params)
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True, **sampling[i]))
     while engine.has_unfinished():
         outputs = engine.step()
         now = time.perf_counter() - start
