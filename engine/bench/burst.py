@@ -345,9 +345,17 @@ def run(args: argparse.Namespace) -> int:
         if model_dir and not args.skip_offline:
             from .burst_offline import run_offline
 
-            sampled = (for_phase(base, 3, vocab), mix.request_params(cfg.num_requests)) if mix.is_sampled else None
+            sampled_burst = (
+                (for_phase(base, 3, vocab), mix.request_params(cfg.num_requests)) if mix.is_sampled else None
+            )
             greedy, sampled_result = run_offline(
-                model_dir, options, for_phase(base, 0, vocab), cfg.output_len, warmup, cfg.warmup_output_len, sampled
+                model_dir,
+                options,
+                for_phase(base, 0, vocab),
+                cfg.output_len,
+                warmup,
+                cfg.warmup_output_len,
+                sampled_burst,
             )
             phases.append(offline_figures(greedy, cfg.output_len))
             if sampled_result is not None:
