@@ -2,14 +2,20 @@
 
 A synchronous decode step leaves the GPU idle while the host turns the step's tokens
 into outputs (append, detokenize, stop checks) and schedules the next step. Here,
-once a pure greedy decode step is running on the decode graphs, the engine launches
+once a decode step is running on the decode graphs, the engine launches
 the step after it before it reads the first one's tokens: the next step's input ids
 are the first step's tokens on the device, so nothing waits for the host. The host
 then processes the first step's tokens while the GPU runs the second.
 
 A continuation is launched only when the scheduler would have scheduled exactly that
 batch: nothing waiting or swapped out, every running sequence in the batch, a block
-for each one's next position, plain greedy sampling. A sequence that turns out to
+for each one's next position, and every row drawing from its raw logits
+(sampling/greedy.py `draws_from_raw_logits`: greedy, or sampled at a temperature through
+top-k/top-p/min-p, seeded or not; no penalties, bias, grammar, min_tokens ban or
+logprobs). A sampled row's token is drawn on the device right after the step
+(Sampler.draw_ahead), so it feeds the next step as a greedy one does; a seeded row's
+noise is keyed by its output position counting the tokens still in flight, so it draws
+what the synchronous engine draws. A sequence that turns out to
 finish (a stop token) had one extra token computed: its row is dropped, and the K/V
 it wrote lies past the sequence's end, in a block that is freed with it; any later
 use of that block comes after it in stream order. A sequence that will finish by
@@ -33,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
-from .sampling.greedy import plain_greedy
+from .sampling.greedy import draws_from_raw_logits
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .stats import StepStats, kv_tokens_read
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
     from .block_manager import BlockManager
     from .config import EngineConfig
     from .runner_protocol import ModelRunnerProtocol
+    from .sampler import Sampler
     from .scheduler import Scheduler
     from .stats import EngineCounters
 
@@ -74,7 +81,7 @@ def continuation_rows(
             continue
         if seq.num_output_tokens + 1 >= seq.params.max_tokens or seq.num_tokens + 1 >= max_model_len:
             continue  # prev's token is its last
-        if not plain_greedy(seq, pending=1):
+        if not draws_from_raw_logits(seq, pending=1):
             return None
         rows.append(ScheduledSeq(seq, 1))
         index.append(i)
@@ -82,7 +89,7 @@ def continuation_rows(
 
 
 class AsyncDecode:
-    """Launches greedy decode steps ahead of the host (see the module doc). The engine
+    """Launches decode steps ahead of the host (see the module doc). The engine
     owns the step in flight, reading its tokens, the rerun after a non-finite step and
     the output processing; this owns launching, with what it is given here."""
 
@@ -95,8 +102,10 @@ class AsyncDecode:
         max_model_len: int,
         device: torch.device,
         counters: EngineCounters,
+        sampler: Sampler,
     ):
         self.runner = runner
+        self.sampler = sampler  # draws the sampled rows' tokens on the device
         self.scheduler = scheduler
         self.block_manager = block_manager
         self.current_config = current_config  # reconfigure replaces the engine's configuration: read it each time
@@ -106,16 +115,16 @@ class AsyncDecode:
         self._readback: TokenReadback | None = None
 
     def launch(self, batch: list[ScheduledSeq], stats: StepStats) -> InflightStep | None:
-        """Start a scheduled greedy decode batch on the graphs without waiting for its tokens."""
+        """Start a scheduled decode batch on the graphs without waiting for its tokens."""
         runner = self.runner
         if (
             not self.current_config().async_scheduling
             or runner.fast_decode is None
             or not is_pure_decode(batch)
-            or not all(plain_greedy(item.seq) for item in batch)
+            or not all(draws_from_raw_logits(item.seq) for item in batch)
         ):
             return None
-        pending = runner.launch_greedy_decode(batch, self._token_readback())
+        pending = runner.launch_greedy_decode(batch, self._token_readback(), draw=self._draw(batch, 0))
         return InflightStep(batch, pending, stats) if pending is not None else None
 
     def launch_next(self, prev: InflightStep) -> InflightStep | None:
@@ -138,11 +147,19 @@ class AsyncDecode:
             fed = fed.index_select(0, device_index(index, self.device))
         scheduler.step_count += 1  # a step the scheduler did not have to plan
         stats = StepStats(len(rows), len(rows), kv_tokens_read=kv_tokens_read(rows))
-        pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed)
+        pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed, draw=self._draw(rows, 1))
         if pending is None:
             return None
         self.counters.decode_steps_launched_ahead += 1
         return InflightStep(rows, pending, stats)
+
+    def _draw(self, batch: list[ScheduledSeq], pending: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The step's draw from its logits on the device; None when every row is greedy
+        (the graph's greedy tokens are the answer)."""
+        seqs = [item.seq for item in batch]
+        if all(s.params.is_greedy for s in seqs):
+            return None
+        return lambda logits: self.sampler.draw_ahead(logits, seqs, pending)
 
     def _token_readback(self) -> TokenReadback:
         if self._readback is None:

@@ -11,7 +11,7 @@ or TPRunner for tensor_parallel_size > 1). A RunnerOutput comes out of
 on the fast decode path, the greedy tokens read with the finiteness check, or that
 check still on the device. The step's tokens are the ones it carries or the sampler's
 draw from its logits; the OutputProcessor turns them into outputs. With async
-scheduling, AsyncDecode launches greedy decode steps ahead of the host; their tokens
+scheduling, AsyncDecode launches decode steps ahead of the host; their tokens
 come back as PendingTokens, read one step later here. A request with structured outputs
 waits in StructuredOutputs (engine/structured_outputs_grammar.py) until its grammar is
 compiled; its rows' token masks then go to the sampler with the logits.
@@ -170,6 +170,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             device=self.device,
             counters=self.counters,
+            sampler=self.sampler,
         )
         self._inflight: InflightStep | None = None  # a decode step launched, tokens not read yet
         self.validator = RequestValidator(self.tokenizer, self.request_limits)

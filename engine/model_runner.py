@@ -227,11 +227,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch_greedy_decode(
-        self, batch: list[ScheduledSeq], readback: TokenReadback, fed_ids: torch.Tensor | None = None
+        self,
+        batch: list[ScheduledSeq],
+        readback: TokenReadback,
+        fed_ids: torch.Tensor | None = None,
+        draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> PendingTokens | None:
         """Start a greedy decode step on the decode graphs and return its tokens, still
         on their way to the host (async scheduling, engine/async_decode.py). `fed_ids`:
-        the rows' input tokens on the device, when the host has not read them yet. None
+        the rows' input tokens on the device, when the host has not read them yet. `draw`:
+        the rows' tokens from the step's logits, on the device, when some row samples
+        (else the graph's greedy tokens). None
         when the step cannot run this way (nothing was launched then); a fast-path
         failure switches to the fallback path, as in `execute`."""
         if self.mode != "fast" or self.fast_decode is None or not self.fast_decode.fits(batch):
@@ -241,7 +247,10 @@ class ModelRunner:
             logits = self.fast_decode.execute(batch, fed_ids=fed_ids)
             if logits is None:
                 return None
-            return readback.start(self.fast_decode.greedy(len(batch)))
+            packed = self.fast_decode.greedy(len(batch))  # [finite flag, greedy tokens]
+            if draw is not None:
+                packed = torch.cat([packed[:1], draw(logits)])
+            return readback.start(packed)
         except Exception as exc:
             self._switch_to_fallback(exc)
             return None

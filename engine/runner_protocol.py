@@ -39,10 +39,15 @@ class ModelRunnerProtocol(Protocol):
         ...
 
     def launch_greedy_decode(
-        self, batch: list[ScheduledSeq], readback: TokenReadback, fed_ids: torch.Tensor | None = None
+        self,
+        batch: list[ScheduledSeq],
+        readback: TokenReadback,
+        fed_ids: torch.Tensor | None = None,
+        draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> PendingTokens | None:
-        """Start a greedy decode step on the decode graphs without waiting for its tokens;
-        None when it cannot run that way (nothing was launched then)."""
+        """Start a decode step on the decode graphs without waiting for its tokens (the
+        greedy ones, or `draw`'s from its logits); None when it cannot run that way
+        (nothing was launched then)."""
         ...
 
     def non_finite_after_all(self) -> None:

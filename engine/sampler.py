@@ -23,7 +23,7 @@ import torch
 from .sampling.draw import draw, noise_streams
 from .sampling.greedy import plain_greedy
 from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
-from .sampling.slot_params import SamplingSlots, SlotBatch
+from .sampling.slot_params import IS_GREEDY, SamplingSlots, SlotBatch
 from .sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
 from .sequence import Sequence
 from .structured_outputs_grammar import TokenMask
@@ -81,11 +81,23 @@ class Sampler:
         if not batch.is_greedy.all():
             self.num_draws += 1
             drawn = draw(adjusted, batch, noise_streams(batch, self.key, self.num_draws))
-            is_greedy = torch.from_numpy(batch.is_greedy).to(tokens.device, non_blocking=True)
-            tokens = torch.where(is_greedy, tokens, drawn)
+            tokens = torch.where(batch.ints[IS_GREEDY] != 0, tokens, drawn)
         token_list, logprobs = _read(tokens, finite, _logprob_tensors(raw, tokens, batch))
         self.slots.count_drawn(batch, tokens)
         return token_list, logprobs
+
+    def draw_ahead(self, logits: torch.Tensor, seqs: list[Sequence], pending: int) -> torch.Tensor:
+        """[B] int64 tokens on the device, read nothing: for a step launched ahead of the
+        host (engine/async_decode.py), whose rows all draw from their raw logits
+        (sampling/greedy.py draws_from_raw_logits) with `pending` tokens not appended yet."""
+        raw = logits.float()
+        batch = self.slots.gather(seqs, [_slot_of(s) for s in seqs], pending)
+        tokens = raw.argmax(dim=-1)
+        if batch.is_greedy.all():
+            return tokens
+        self.num_draws += 1
+        drawn = draw(raw, batch, noise_streams(batch, self.key, self.num_draws))
+        return torch.where(batch.ints[IS_GREEDY] != 0, tokens, drawn)
 
 
 def _slot_of(seq: Sequence) -> int:

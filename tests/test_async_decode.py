@@ -149,13 +149,32 @@ def test_failing_step_in_flight_reruns_on_the_fallback_path(tiny_model, failure,
     assert llm.engine.kv_snapshot().num_used == 0
 
 
-def test_sampled_requests_keep_the_synchronous_path(tiny_model):
-    """Temperature sampling and logprobs need the host sampler: no step is launched from
-    device tokens, and seeded outputs equal the synchronous engine's."""
-    params = SamplingParams(temperature=0.8, max_tokens=6, seed=3, logprobs=1)
+def test_sampled_requests_launch_ahead_and_draw_what_the_synchronous_engine_draws(tiny_model):
+    """Seeded sampled rows (temperature, top-k, top-p, min-p) beside a greedy row launch
+    ahead like greedy ones: their tokens are drawn on the device from (seed, output
+    position), so they equal the synchronous engine's token for token."""
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=3, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=1.2, top_k=20, min_p=0.02, max_tokens=8, seed=4, ignore_eos=True),
+    ]
     want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
     llm, fed = fast_llm(tiny_model)
-    assert tokens_of(llm.generate(PROMPTS, params)) == want and not any(fed)
+    assert tokens_of(llm.generate(PROMPTS, params)) == want
+    assert sum(fed) >= len(fed) // 2 and llm.engine.runner.mode == "fast"
+    assert len({t for row in want[::2] for t in row}) > 4  # they do sample
+
+
+def test_rows_needing_the_full_sampler_keep_the_synchronous_path(tiny_model):
+    """Logprobs (read back with the tokens) and penalties (counts updated from the host's
+    tokens) need the synchronous sampler: no step is launched from device tokens."""
+    for params in (
+        SamplingParams(temperature=0.8, max_tokens=6, seed=3, logprobs=1),
+        SamplingParams(temperature=0.8, max_tokens=6, seed=3, frequency_penalty=0.5),
+    ):
+        want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
+        llm, fed = fast_llm(tiny_model)
+        assert tokens_of(llm.generate(PROMPTS, params)) == want and not any(fed)
 
 
 def test_async_scheduling_must_be_a_bool():

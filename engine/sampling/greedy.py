@@ -5,6 +5,8 @@ A row is greedy when its temperature is below GREEDY_BELOW_TEMPERATURE
 (SamplingParams.is_greedy). It is *plain* greedy when, besides, its token is the argmax of
 the raw logits: nothing is added to them (penalties, logit bias, a grammar mask, a
 min_tokens ban) and no logprobs are asked for. Only plain greedy rows may skip the sampler.
+Rows that draw from their raw logits (greedy or not) may launch ahead (async_decode.py):
+their tokens need the logits and the slot's parameters only.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ def changes_logits(params: SamplingParams) -> bool:
     )
 
 
+def draws_from_raw_logits(seq: Sequence, pending: int = 0) -> bool:
+    """Is the next token chosen from the raw logits alone (argmax, or a draw at its
+    temperature through its filters), with nothing read back but the token, and
+    `pending` tokens drawn but not yet appended? Such rows may launch ahead."""
+    p = seq.params
+    return p.logprobs is None and not changes_logits(p) and seq.num_output_tokens + pending >= p.min_tokens
+
+
 def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
     """Is the next token an argmax of the raw logits, with `pending` tokens sampled but not
     yet appended (launch-ahead)?"""
-    p = seq.params
-    return (
-        p.is_greedy and p.logprobs is None and not changes_logits(p) and seq.num_output_tokens + pending >= p.min_tokens
-    )
+    return seq.params.is_greedy and draws_from_raw_logits(seq, pending)

@@ -71,6 +71,8 @@ class SamplingSlots:
         self.eos_token_ids = list(eos_token_ids)
         self.capacity = 0
         self._pin = device.type == "cuda"
+        self._step_rows = [torch.zeros(0, dtype=torch.int64) for _ in range(2)]  # pinned, alternating
+        self._step_turn = 0
         self._host_floats = torch.zeros(6, 0)
         self._host_ints = torch.zeros(5, 0, dtype=torch.int64)
         self.floats = torch.zeros(6, 0, device=device)
@@ -89,9 +91,10 @@ class SamplingSlots:
         self.counts: torch.Tensor | None = None  # [slots, vocab] int32
 
     # --- admission ---------------------------------------------------------------
-    def gather(self, seqs: list[Sequence], slots: list[int]) -> SlotBatch:
-        """Fill the rows of sequences new to their slot, then the step's rows."""
-        need = max(slots) + 1
+    def gather(self, seqs: list[Sequence], slots: list[int], pending: int = 0) -> SlotBatch:
+        """Fill the rows of sequences new to their slot, then the step's rows. `pending`:
+        tokens each sequence has drawn but not appended yet (a step launched ahead)."""
+        need = max(max(slots) + 1, len(seqs))
         if need > self.capacity:
             self._grow(need)
         slot_index = np.asarray(slots, dtype=np.int64)
@@ -105,8 +108,13 @@ class SamplingSlots:
             stale = np.nonzero(penalty & (self._num_counted[slot_index] != emitted))[0]
             if len(stale):
                 self._rebuild_penalty_rows([seqs[i] for i in stale], slot_index[stale].tolist())
-        steps = torch.tensor(np.stack([slot_index, [s.num_output_tokens for s in seqs]]), dtype=torch.int64)
-        steps = steps.to(self.device, non_blocking=True)
+        # From pinned memory, alternating: a pageable source would make the copy wait for
+        # the device's earlier work (a step in flight included).
+        host = self._step_rows[self._step_turn][: 2 * len(seqs)].view(2, len(seqs))  # contiguous
+        self._step_turn ^= 1
+        host[0] = torch.from_numpy(slot_index)
+        host[1] = torch.tensor([s.num_output_tokens + pending for s in seqs], dtype=torch.int64)
+        steps = host.to(self.device, non_blocking=True)
         flags = self._flags[:, slot_index]
         top_k = self._top_k[slot_index]
         return SlotBatch(
@@ -207,6 +215,7 @@ class SamplingSlots:
         host_ints = torch.zeros(5, cap, dtype=torch.int64, pin_memory=self._pin)
         host_ints[:, :old] = self._host_ints
         self._host_floats, self._host_ints = host_floats, host_ints
+        self._step_rows = [torch.zeros(2 * cap, dtype=torch.int64, pin_memory=self._pin) for _ in range(2)]
         self.floats = host_floats.to(self.device)
         self.ints = host_ints.to(self.device)
         self._occupant = np.concatenate([self._occupant, np.full(cap - old, -1, dtype=np.int64)])
