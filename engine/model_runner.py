@@ -10,11 +10,13 @@ What the engine uses of a runner is ModelRunnerProtocol (engine/runner_protocol.
 
 Fast and fallback paths: the fast path is whatever accelerated attention the device
 offers (Triton kernels on CUDA, see engine/fast_path); the fallback is the portable
-torch path. The mode is the engine's (read through `current_mode`). A fast-path
-exception or a non-finite logit is reported to the engine (`on_fastpath_failure`),
-which counts the reason and switches to the fallback for good (until the mode is set
-back), and the step is run again on the portable path: writing K/V is idempotent
-(same slots, same values), so no request sees the failure.
+torch path. The mode is the engine's (read through `current_mode`). A fault on the
+fast path (a non-finite logit, an injected failure, a CUDA error: engine/fastpath_faults.py)
+is reported to the engine (`on_fastpath_failure`), which counts the reason and switches to
+the fallback until the mode is set back. A bug in our own launch code (a ValueError from a
+kernel's argument checks, say) is reported to `on_fastpath_bug` instead and does not switch:
+only that step leaves the fast path. Either way the step is run again on the portable path:
+writing K/V is idempotent (same slots, same values), so no request sees the failure.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .block_manager import token_slots
 from .block_pool import PageAllocator
 from .fast_path.cold_layout import cold_prefix_layout
 from .fast_path.gpu_sampling import can_sample_greedy_on_device
+from .fastpath_faults import is_launch_bug, is_strict
 from .kv_cache import KVCache
 from .model import LlamaModel
 from .prompt_logprobs import PromptLogprobRows
@@ -93,6 +96,7 @@ class ModelRunner:
         # so the switching logic is the same everywhere (and testable on CPU).
         self.fast_attention = fast_attention or paged_attention
         self.on_fastpath_failure: Callable[[str], None] = lambda reason: None
+        self.on_fastpath_bug: Callable[[str], None] = lambda reason: None
         self._injected_failure: str | None = None
 
     def refresh_kv_views(self) -> None:
@@ -189,7 +193,7 @@ class ModelRunner:
             try:
                 return RunnerOutput(self._invariant_decode_checked(batch))
             except Exception as exc:  # the eager step computes the same rows
-                self._switch_to_fallback(exc)
+                self._leave_fast_path(exc)
                 fast = False
         if fast and self.fast_decode is not None and self.fast_decode.can_run(batch):
             try:
@@ -197,7 +201,7 @@ class ModelRunner:
                 if output is not None:  # None: a cold-block layout the graphs do not take
                     return output
             except Exception as exc:  # same switch as below; the portable step rewrites the K/V
-                self._switch_to_fallback(exc)
+                self._leave_fast_path(exc)
                 fast = False
         return self._forward_batch(batch, fast)
 
@@ -207,8 +211,8 @@ class ModelRunner:
 
     def _forward_batch(self, batch: list[ScheduledSeq], fast: bool) -> RunnerOutput:
         """The batch through the model's forward: with the fast attention when `fast` and it
-        takes this KV layout, else, or after a fast-path failure (which switches the runner
-        to the fallback), with the portable one."""
+        takes this KV layout, else, or after a fast-path failure (_leave_fast_path), with
+        the portable one."""
         input_ids, meta, sample_rows = self.prepare(batch)
         # Rows scoring prompt tokens (engine/prompt_logprobs.py) get their logits in the same
         # call as the sampling rows, after them.
@@ -221,7 +225,7 @@ class ModelRunner:
                 logits = self._forward(input_ids, meta, rows, self._fast_attention_checked, check=True)
                 return _split_prompt_rows(logits, len(sample_rows), plan, len(batch))
             except self.fast_path_errors as exc:
-                self._switch_to_fallback(exc)
+                self._leave_fast_path(exc)
         logits = self._forward(input_ids, meta, rows, paged_attention, check=False)
         return _split_prompt_rows(logits, len(sample_rows), plan, len(batch))
 
@@ -239,7 +243,7 @@ class ModelRunner:
         the rows' tokens from the step's logits, on the device, when some row samples
         (else the graph's greedy tokens). None
         when the step cannot run this way (nothing was launched then); a fast-path
-        failure switches to the fallback path, as in `execute`."""
+        failure is handled as in `execute` (_leave_fast_path)."""
         if self.mode != "fast" or self.fast_decode is None or not self.fast_decode.fits(batch):
             return None
         try:
@@ -252,7 +256,7 @@ class ModelRunner:
                 packed = torch.cat([packed[:1], draw(logits)])
             return readback.start(packed)
         except Exception as exc:
-            self._switch_to_fallback(exc)
+            self._leave_fast_path(exc)
             return None
 
     def _fast_decode_checked(self, batch: list[ScheduledSeq]) -> RunnerOutput | None:
@@ -279,6 +283,24 @@ class ModelRunner:
         if not torch.isfinite(logits).all():
             raise FastPathError("non_finite_logits", "non-finite logits in a deterministic decode graph")
         return logits
+
+    def _leave_fast_path(self, exc: Exception) -> None:
+        """A fast-path step raised `exc`; the caller reruns the step on the portable path.
+        A fault switches the engine to the fallback; a bug in our launch code is logged
+        with its traceback and counted, and the next step tries the fast path again
+        (engine/fastpath_faults.py). Strict (tests): anything but a FastPathError propagates."""
+        if is_strict() and not isinstance(exc, FastPathError):
+            raise exc
+        if is_launch_bug(exc):
+            log.error(
+                "fast-path launch bug (%s: %s); this step runs on the portable path",
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            self.on_fastpath_bug(type(exc).__name__)
+            return
+        self._switch_to_fallback(exc)
 
     def _switch_to_fallback(self, exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, FastPathError) else type(exc).__name__

@@ -28,6 +28,9 @@ class ModelRunnerProtocol(Protocol):
     # Called with the reason when the runner leaves the fast path (an exception, a
     # non-finite logit, an injected failure); the engine counts it and switches its mode.
     on_fastpath_failure: Callable[[str], None]
+    # Called with the exception's type name when a step met a bug in the fast path's own
+    # launch code (engine/fastpath_faults.py): that step ran portable, the mode stays.
+    on_fastpath_bug: Callable[[str], None]
 
     @property
     def mode(self) -> str:

@@ -58,6 +58,7 @@ class EngineCounters:
     prefix_hits: int = 0
     requests_finished: Counter = field(default_factory=Counter)  # finish_reason -> count
     fastpath_failures: Counter = field(default_factory=Counter)  # reason -> count
+    fastpath_launch_errors: Counter = field(default_factory=Counter)  # exception type -> steps it sent portable
     quantized_blocks: Counter = field(default_factory=Counter)  # cold dtype -> blocks quantized
     quantize_seconds: float = 0.0
     decode_steps_launched_ahead: int = 0  # async scheduling: launched before the previous step's tokens were read

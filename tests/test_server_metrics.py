@@ -73,6 +73,7 @@ EXPECTED_TYPES = {
     "inferd_engine_preemption_mode": "gauge",
     "inferd_engine_kv_cold_dtype": "gauge",
     "inferd_engine_fastpath_failures": "counter",
+    "inferd_engine_fastpath_launch_errors": "counter",
     "inferd_engine_decode_steps_launched_ahead": "counter",
 }
 

@@ -384,6 +384,14 @@ class SnapshotCollector(Collector):
         for reason, count in sorted(c.fastpath_failures.items()):
             failures.add_metric([reason], count)
         yield failures
+        launch_errors = CounterMetricFamily(
+            "inferd_engine_fastpath_launch_errors",
+            "Steps that met a bug in the fast path's launch code and ran on the portable path; the mode stays.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(c.fastpath_launch_errors.items()):
+            launch_errors.add_metric([reason], count)
+        yield launch_errors
 
         by_dtype = GaugeMetricFamily(
             "inferd_kv_blocks_by_dtype",
