@@ -988,12 +988,13 @@ def test_mixed_cold_kinds_leave_the_graphs_for_the_per_tile_kernel(tiny_model):
 
 @pytest.mark.parametrize("behaviour", ["ok", "nan"])
 def test_sampled_decode_reads_the_non_finite_check_with_its_tokens(tiny_model, monkeypatch, behaviour):
-    """Non-greedy steps on the fast decode path: the finiteness flag rides on the
-    sampler's token read; a non-finite step switches to fallback, rewinds the seeded
-    generators and runs again, so seeded outputs equal the portable path's."""
+    """Synchronous non-greedy steps on the fast decode path: the finiteness flag rides on
+    the sampler's token read; a non-finite step switches to fallback and runs again, and a
+    seeded row's noise depends on its seed and output position only, so seeded outputs
+    equal the portable path's."""
     params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=6, seed=7, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in LLM(tiny_model, mode="fallback").generate(PROMPTS, params)]
-    llm = LLM(tiny_model)
+    llm = LLM(tiny_model, async_scheduling=False)
     runner = llm.engine.runner
     runner.fast_decode = FakeDecode(runner, behaviour)
     transfers = []
