@@ -212,8 +212,18 @@ def test_burst_sampling_mix_spreads_sampled_and_seeded_requests():
     }
     assert SamplingMix(top_p=0.9).request_params(2)[0]["temperature"] == 1.0  # sampling without a temperature
     assert not SamplingMix().is_sampled and SamplingMix(mix=0.5).is_sampled
+    assert SamplingMix(logprobs=5).request_params(1) == [
+        {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "logprobs": 5}
+    ]
     body = json.loads(completion_body("m", [5, 6], 4, False, sampled[0]))
     assert body["temperature"] == 0.7 and body["top_k"] == 50 and body["ignore_eos"] is True
-    for bad in (dict(top_p=0.0), dict(mix=1.5), dict(seed_share=-0.1), dict(temperature=-1.0), dict(top_k=-2)):
+    for bad in (
+        dict(top_p=0.0),
+        dict(mix=1.5),
+        dict(seed_share=-0.1),
+        dict(temperature=-1.0),
+        dict(top_k=-2),
+        dict(logprobs=21),
+    ):
         with pytest.raises(ValueError):
             SamplingMix(**bad)

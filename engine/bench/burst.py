@@ -15,8 +15,8 @@ every request had its first token, end-to-end p50/p99, errors and requests whose
 count is not O, and the client's own CPU time. A small warm-up burst (other prompts,
 a few output tokens) runs first on each side and is not counted.
 
-Sampling (burst_sampling.py): with --temperature, --top-p, --top-k, --min-p, --seed-share
-or --mix, each side also runs the burst with that sampling mix after its greedy burst,
+Sampling (burst_sampling.py): with --temperature, --top-p, --top-k, --min-p, --seed-share,
+--mix or --logprobs, each side also runs the burst with that sampling mix after its greedy burst,
 and reports it against greedy ("x greedy": tok/s over the same side's greedy tok/s).
 
 Prompts: one set drawn from --prompt-seed. The server runs its modes one after the
@@ -252,6 +252,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument(
         "--mix", type=float, default=1.0, help="share of the burst's requests that sample, the rest greedy (default 1)"
     )
+    sampling.add_argument("--logprobs", type=int, help="top-N logprobs on every sampling request (default none)")
     parser.add_argument("--model", help="checkpoint directory for both sides")
     parser.add_argument(
         "--preset",
@@ -311,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
             min_p=args.min_p,
             seed_share=args.seed_share,
             mix=args.mix,
+            logprobs=args.logprobs,
         )
         options = engine_options(args)
         EngineConfig.from_dict({"model": "", **options})  # a bad value fails here, before any checkpoint is written

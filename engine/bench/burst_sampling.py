@@ -1,5 +1,5 @@
 """The burst's sampling mix: which requests sample and with what (`--temperature`,
-`--top-p`, `--top-k`, `--min-p`, `--seed-share`, `--mix`). With any of them given, each
+`--top-p`, `--top-k`, `--min-p`, `--seed-share`, `--mix`, `--logprobs`). With any of them given, each
 side runs the burst greedy and then with the mix, in the same run, and reports the
 sampled phases' tok/s against its own greedy phase.
 
@@ -26,6 +26,7 @@ class SamplingMix:
     min_p: float = 0.0
     seed_share: float = 0.0
     mix: float = 1.0
+    logprobs: int | None = None  # top-N logprobs asked by the sampling requests
 
     def __post_init__(self) -> None:
         if self.temperature is not None and not self.temperature >= 0.0:
@@ -37,6 +38,8 @@ class SamplingMix:
         for name in ("min_p", "seed_share", "mix"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
 
     @property
     def is_sampled(self) -> bool:
@@ -48,6 +51,7 @@ class SamplingMix:
             or self.min_p > 0.0
             or self.seed_share > 0.0
             or self.mix < 1.0
+            or self.logprobs is not None
         )
 
     def request_params(self, num_requests: int) -> list[dict[str, Any]]:
@@ -65,6 +69,8 @@ class SamplingMix:
                 out.append({"temperature": 0.0})
                 continue
             params = dict(sampled)
+            if self.logprobs is not None:
+                params["logprobs"] = self.logprobs
             if _spread(num_sampled, self.seed_share):
                 params["seed"] = i
             num_sampled += 1
