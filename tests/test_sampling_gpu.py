@@ -1,0 +1,87 @@
+"""The device sampler on a CUDA GPU (marker `gpu`; skipped, with the reason, elsewhere):
+a step launched ahead draws without one host synchronisation, seeded rows repeat and
+do not depend on their batch, and the frequencies match the filtered softmax.
+
+    pytest -m gpu tests/test_sampling_gpu.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from inferd.engine.sampler import Sampler
+from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.sequence import Sequence
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False"),
+]
+
+VOCAB = 128256  # llama-3's: the real row width
+EOS = [1]
+
+
+def _seqs(specs: list[dict]) -> list[Sequence]:
+    seqs = []
+    for i, spec in enumerate(specs):
+        seq = Sequence(f"r{i}", 0, [2, 3], SamplingParams(max_tokens=64, **spec), 0, 0.0, 0)
+        seq.slot = i
+        seqs.append(seq)
+    return seqs
+
+
+def test_a_drawn_step_has_no_host_synchronisation():
+    device = torch.device("cuda")
+    specs = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=50, min_p=0.05)]
+    specs += [dict(temperature=0.8, top_p=0.95, seed=5)] * 5
+    seqs = _seqs(specs)
+    sampler = Sampler(device, VOCAB, EOS)
+    logits = torch.randn(len(seqs), VOCAB, device=device)
+    sampler.draw_ahead(logits, seqs, pending=0)  # admits the rows (copies at admission are allowed)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens = sampler.draw_ahead(logits, seqs, pending=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tokens.shape == (len(seqs),) and tokens.device.type == "cuda"
+    assert int(tokens[0]) == int(logits[0].argmax())
+
+
+def test_seeded_rows_repeat_and_ignore_their_batch_on_the_gpu():
+    device = torch.device("cuda")
+    logits = torch.randn(8, VOCAB, device=device)
+    seeded = dict(temperature=1.0, top_p=0.9, seed=3)
+    batch = _seqs([dict(temperature=1.0)] * 3 + [seeded] + [dict(temperature=0.5, top_k=5)] * 4)
+    alone = _seqs([seeded])
+    got = [Sampler(device, VOCAB, EOS, seed=s).sample(logits, batch)[0][3] for s in (0, 1)]
+    want = Sampler(device, VOCAB, EOS, seed=9).sample(logits[3:4].clone(), alone)[0][0]
+    assert got == [want, want]
+
+
+def test_gpu_frequencies_match_the_filtered_softmax():
+    from scipy.stats import chisquare
+
+    device = torch.device("cuda")
+    vocab, draws = 64, 20000
+    row = torch.randn(vocab, generator=torch.Generator().manual_seed(7)) * 1.5
+    seq = Sequence("r", 0, [2], SamplingParams(temperature=0.8, top_k=20, top_p=0.9), 0, 0.0, 0)
+    sampler = Sampler(device, vocab, EOS)
+    tokens, _ = sampler.sample(row.to(device).expand(draws, vocab), [seq] * draws, slots=list(range(draws)))
+    x = row.double() / 0.8
+    order = torch.argsort(x, descending=True)
+    keep = torch.zeros(vocab, dtype=torch.bool)
+    keep[order[:20]] = True
+    probs = torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
+    before = probs[order].cumsum(0) - probs[order]
+    keep[order[before >= 0.9]] = False
+    expected = torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1).numpy()
+    counts = np.bincount(tokens, minlength=vocab)
+    assert counts[expected == 0].sum() == 0
+    big = expected * draws >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    wanted = np.append(expected[big] * draws, expected[~big].sum() * draws)
+    assert chisquare(observed[wanted > 0], wanted[wanted > 0]).pvalue > 1e-3
