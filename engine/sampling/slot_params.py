@@ -53,7 +53,7 @@ class SlotBatch:
     slot_index: np.ndarray  # the same, on the host
     positions: torch.Tensor  # [B] int64: each row's output position (tokens emitted so far)
     floats: torch.Tensor  # [6, B] float32 (TEMPERATURE ...)
-    ints: torch.Tensor  # [6, B] int64 (TOP_K ...)
+    ints: torch.Tensor  # [5, B] int64 (TOP_K ...)
     is_greedy: np.ndarray  # [B] bool, on the host
     max_top_k: int  # 0: no row uses top-k
     any_top_p: bool
@@ -78,7 +78,7 @@ class SamplingSlots:
         self.floats = torch.zeros(6, 0, device=device)
         self.ints = torch.zeros(5, 0, dtype=torch.int64, device=device)
         self._occupant = np.zeros(0, dtype=np.int64)  # seq_id per slot, -1: none
-        self._flags = np.zeros((5, 0), dtype=bool)  # GREEDY, TOP_P on, MIN_P on, BIAS, BAN, ...
+        self._flags = np.zeros((5, 0), dtype=bool)  # greedy, top-p on, min-p on, has bias, has ban
         self._top_k = np.zeros(0, dtype=np.int64)  # 0: off
         self._penalty = np.zeros(0, dtype=bool)
         self._num_counted = np.zeros(0, dtype=np.int64)  # output tokens in the slot's counts
