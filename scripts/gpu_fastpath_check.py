@@ -6,12 +6,16 @@ Run from the repository root on a CUDA machine:
 (`--dry-run` runs the model sections on the CPU with the tiny preset: Python code only.)
 1. the Triton decode kernel against a float64 reference at contexts 1, 15, 16, 17, 4095,
    4097, 32768 (crossing block and split boundaries), with a padded row and a sliding
-   window, for several split counts;
+   window, for several split counts; the decode and chunk-row kernels at other head counts
+   and dims (no GQA, GQA 3-7, head dims 64-128) and row counts that are not whole packs;
 2. the fused ops against their torch references, in bf16;
 3. on the `llama3-8b-shape` preset in bf16, one set of random weights shared by the fast
    engine, the portable (fallback) engine and transformers: greedy agreement on 32
    tokens, relative logit error, batch invariance, graphs against eager, the contexts of
-   (1) end to end, and the switch to fallback on an injected failure;
+   (1) end to end, the switch to fallback on an injected failure, and a lone 6-token chunk
+   then eight mixed-length prompts after a cached prefix, strict (a launch bug raises) and
+   never leaving the fast path; `--shape` runs these on another model (multi-head small and
+   8B-class, GQA 3/6/7, head dims 64/80/96, q/k/v bias, tied embeddings: SHAPES);
 4. quick timing: fused ops (Triton against torch.compile and eager), batch-1 decode.
 Writes DIR/check_<dtype>.json; exits 1 when a check fails. In bf16 the greedy check
 compares the fast path's logit error with the portable path's (both about 2.4 % from
@@ -87,6 +91,35 @@ SHAPES: dict[str, dict] = {
             max_position_embeddings=40960,
         ),
     ),
+    # Llama-2-7B: multi-head attention at the 8B class (32 heads, 32 KV heads, head_dim 128)
+    "mha-8b": dict(
+        preset="llama3-8b-shape",
+        overrides=dict(intermediate_size=11008, num_key_value_heads=32),
+    ),
+    # Phi-2's attention: head_dim 80 (not a power of two), no GQA
+    "head-dim-80": dict(
+        preset="small",
+        overrides=dict(
+            hidden_size=2560,
+            intermediate_size=6912,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            max_position_embeddings=40960,
+        ),
+    ),
+    # Phi-3-mini's attention: head_dim 96 (not a power of two), here with GQA 3
+    "head-dim-96-gqa-3": dict(
+        preset="small",
+        overrides=dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=40960,
+        ),
+    ),
     # multi-head attention without grouping (8 query heads, 8 KV heads)
     "mha": dict(
         preset="small",
@@ -158,6 +191,53 @@ def check_attention_kernel() -> None:
                 and out[-1].abs().max().item() == 0
             )
             check(f"attention_kernel_splits{splits}_window{window}", ok, rel_err=per_ctx)
+
+
+def check_attention_shapes() -> None:
+    """The decode and chunk-row kernels at the shapes users load (no GQA, GQA 3/5/6/7, head
+    dims 64/80/96/128) and row counts that are not whole packs, against float64."""
+    from inferd.engine.fast_path.attention import (
+        large_pack_queries,
+        paged_chunk_attention,
+        paged_decode_attention,
+        rows_per_pack,
+    )
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    bs, pages = 16, 96
+    for heads, kv_heads, dim in ((16, 16, 128), (32, 32, 80), (24, 8, 96), (14, 2, 64), (12, 2, 128), (20, 4, 128)):
+        arena = torch.randn(pages, 2, 2, bs, kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k_cache, v_cache = arena[:, 0, 1], arena[:, 1, 1]
+        table = torch.randperm(pages, device="cuda", generator=gen)[:64].to(torch.int32)
+        scale = dim**-0.5
+
+        def reference(q, ctx):
+            out = torch.zeros(q.shape, dtype=torch.float64, device="cuda")
+            k = k_cache[table.long()].reshape(-1, kv_heads, dim).double().repeat_interleave(heads // kv_heads, 1)
+            v = v_cache[table.long()].reshape(-1, kv_heads, dim).double().repeat_interleave(heads // kv_heads, 1)
+            for b, n in enumerate(ctx.tolist()):
+                if n:
+                    s = torch.einsum("hd,thd->ht", q[b].double(), k[:n]) * scale
+                    out[b] = torch.einsum("ht,thd->hd", s.softmax(-1), v[:n])
+            return out
+
+        worst = {}
+        for rows in (1, 7, 8, 13):  # decode rows at odd batch sizes; from 7 on, the last one padding
+            ctx = torch.tensor([1000 - 37 * i if i < 6 else 0 for i in range(rows)], device="cuda")
+            q = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+            out = paged_decode_attention(q, k_cache, v_cache, table.expand(rows, -1).contiguous(), ctx, scale, 8)
+            worst[f"decode{rows}"] = rel(out, reference(q, ctx))
+        for queries in (16, large_pack_queries(dim)):
+            pack = rows_per_pack(heads, kv_heads, queries)
+            for new in (6, 2 * pack + 3):  # a chunk shorter than a pack, and one ending in a partial pack
+                size = 1 << (new - 1).bit_length()  # the graph holding the chunk's rows
+                ctx = torch.tensor([500 + i + 1 for i in range(new)] + [0] * (size - new), device="cuda")
+                q = torch.randn(size, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                tables = table.expand(size, -1).contiguous()
+                out = paged_chunk_attention(q, k_cache, v_cache, tables, ctx, scale, 4, pack)
+                worst[f"chunk{new}_pack{pack}"] = rel(out[:new], reference(q, ctx)[:new])
+        torch.cuda.synchronize()
+        check(f"attention_shape_h{heads}_kv{kv_heads}_d{dim}", max(worst.values()) < BF16_REL_TOL, rel_err=worst)
 
 
 def check_fused_ops() -> None:
@@ -441,6 +521,66 @@ def check_prefix_rows(model_dir, model, slow, vocab, slow_logits, **_):
     del engine
 
 
+def check_mixed_prompts_after_prefix(model_dir, model, slow, vocab, slow_logits, **_):
+    """A lone short chunk after a cached prefix (6 rows: less than one pack of a multi-head
+    model), then eight prompts of mixed lengths after it at once: on the fast path, strict
+    (INFERD_FASTPATH_STRICT: a bug in our launch code raises and fails this section instead
+    of running portable), never leaving it; each against the portable path on its prompt."""
+    from inferd.engine.bench.gpu_harness import new_engine, prompts
+    from inferd.engine.fastpath_faults import STRICT_ENV
+
+    cuda = DEVICE == "cuda"
+    engine = new_engine(
+        model_dir,
+        model,
+        "fast",
+        kv_gib=8 if cuda else 0.02,
+        max_num_batched_tokens=2048,
+        enable_prefix_caching=True,
+        async_scheduling=False,
+    )
+    logits = record_logits(engine)
+    graphs = engine.runner.fast_decode
+    prefix = prompts(vocab, 1, 512 if cuda else 48, seed=91)[0]
+    lengths = (1, 3, 6, 9, 17, 33, 70, 130) if cuda else (1, 2, 3, 5, 6, 7, 9, 12)
+    lone = prefix + prompts(vocab, 1, 6, seed=90)[0]
+    batch = [prefix + prompts(vocab, 1, n, seed=92 + i)[0] for i, n in enumerate(lengths)]
+    strict = os.environ.get(STRICT_ENV)
+    os.environ[STRICT_ENV] = "1"
+    try:
+        generate(engine, [prefix + [5]], 1, "mixed-fill")  # the prefix enters the cache
+        expanded, hits = graphs.num_expanded, engine.block_manager.prefix.hits
+        lone_tokens, lone_ids = generate(engine, [lone], 8, "mixed-lone")
+        batch_tokens, batch_ids = generate(engine, batch, 8, "mixed-batch")
+    finally:
+        if strict is None:
+            os.environ.pop(STRICT_ENV, None)
+        else:
+            os.environ[STRICT_ENV] = strict
+    cases = [("lone6", lone, lone_tokens[0], lone_ids[0])]
+    cases += [(f"len{n}", p, t, r) for n, p, t, r in zip(lengths, batch, batch_tokens, batch_ids)]
+    for tag, prompt, tokens, rid in cases:
+        want, want_ids = generate(slow, [prompt], 8, f"mixed-{tag}-slow")
+        same = agree(tokens, want[0])
+        errs = [rel(a, b) for a, b in zip(logits[rid][: same + 1], slow_logits[want_ids[0]])]
+        check(f"mixed_after_prefix_{tag}", max(errs) < MODEL_REL_TOL, agree=same, logit_rel_err_until_first_flip=errs)
+    counters = engine.counters
+    check(
+        "mixed_after_prefix_stays_fast",
+        engine.runner.mode == "fast"
+        and not counters.fastpath_failures
+        and not counters.fastpath_launch_errors
+        and graphs.num_expanded > expanded
+        and engine.block_manager.prefix.hits > hits,
+        mode=engine.runner.mode,
+        failures=dict(counters.fastpath_failures),
+        launch_errors=dict(counters.fastpath_launch_errors),
+        steps_as_graph_rows=graphs.num_expanded - expanded,
+        packs=(graphs.rows_per_pack, graphs.large_rows_per_pack),
+    )
+    del engine
+
+
 def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
@@ -706,6 +846,7 @@ MODEL_SECTIONS = [
     check_async_scheduling,
     check_injected_failure,
     check_prefix_rows,
+    check_mixed_prompts_after_prefix,
     quick_timing,
 ]
 
@@ -745,7 +886,7 @@ def main() -> int:
         steps = (
             (check_model,)
             if args.model_sections
-            else (check_attention_kernel, check_fused_ops, check_model, time_fused_ops)
+            else (check_attention_kernel, check_attention_shapes, check_fused_ops, check_model, time_fused_ops)
         )
     for step in steps:
         try:

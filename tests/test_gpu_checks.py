@@ -105,6 +105,12 @@ def test_decode_kernel_matches_a_float64_reference(tmp_path):
     assert checks and not failed(checks), failed(checks)
 
 
+def test_attention_kernels_take_every_shape_users_load(tmp_path):
+    """No GQA, GQA 3/5/6/7, head dims 64/80/96/128, odd row counts and partial packs."""
+    checks = run_checks("check_attention_shapes", tmp_path / "out.json")["checks"]
+    assert len(checks) == 6 and not failed(checks), failed(checks)
+
+
 def test_fused_ops_match_their_torch_references(tmp_path):
     checks = run_checks("check_fused_ops", tmp_path / "out.json")["checks"]
     assert {"fused_add_rms_norm", "fused_silu_and_mul", "fused_rope_and_cache"} <= set(checks)
@@ -141,10 +147,12 @@ def _other_shapes() -> list[str]:
 
 @pytest.mark.parametrize("shape", _other_shapes())
 def test_the_fast_path_on_other_model_shapes(tmp_path, shape):
-    """head_dim 64, GQA 6 and 7, q/k/v bias, tied embeddings, no GQA: the fast path attaches
-    and its greedy tokens and logits hold against the portable path and transformers."""
-    result = run_checks("check_model", tmp_path / "out.json", shape, "check_greedy,check_contexts")
+    """head_dim 64, 80 and 96, GQA 3, 6 and 7, q/k/v bias, tied embeddings, no GQA (small and
+    8B-class): the fast path attaches, its greedy tokens and logits hold against the portable
+    path and transformers, and eight mixed-length prompts after a cached prefix never leave it."""
+    sections = ("check_greedy", "check_contexts", "check_mixed_prompts_after_prefix")
+    result = run_checks("check_model", tmp_path / "out.json", shape, ",".join(sections))
     checks = result["checks"]
     assert checks["fast_path_attached"]["ok"], checks["fast_path_attached"]
-    assert {"check_greedy", "check_contexts"} <= set(result["sections"])
+    assert set(sections) <= set(result["sections"])
     assert not failed(checks), failed(checks)

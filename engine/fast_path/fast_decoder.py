@@ -30,10 +30,10 @@ from ..model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
 from .attention import (
     INT4,
     INT8,
-    LARGE_PACK_QUERIES,
-    MERGE_TILE_ELEMENTS,
     SDPA_BACKENDS,
+    cold_kernels_take,
     cold_prefix_decode_attention,
+    large_pack_queries,
     paged_chunk_attention,
     paged_decode_attention,
     rows_per_pack,
@@ -298,13 +298,14 @@ class FastDecoder:
         """Rows of a pack on the larger chunk graphs (cuda_graphs.LARGE_PACK_MIN_ROWS): as
         many as fill LARGE_PACK_QUERIES queries, or fewer where one split of each of them
         would not fit a round of the split merge (a head dim above 128)."""
-        queries = min(LARGE_PACK_QUERIES, MERGE_TILE_ELEMENTS // self.head_dim)
+        queries = large_pack_queries(self.head_dim)
         return 1 if self.sliding_window else rows_per_pack(self.num_heads, self.num_kv_heads, queries)
 
     def cold_kinds(self) -> tuple[int, ...]:
-        """Kind codes of the cold blocks this KV cache can hold (1 int8, 2 int4)."""
+        """Kind codes of the cold blocks this KV cache can hold (1 int8, 2 int4) that the
+        cold kernels take (none at a head dim they do not: attention/common.cold_kernels_take)."""
         cold = self.kv_layers[0][2] if self.kv_layers else None
-        if cold is None:
+        if cold is None or not cold_kernels_take(self.head_dim):
             return ()
         return tuple(code for code, scales in ((INT8, cold.scales8_k), (INT4, cold.scales4_k)) if scales is not None)
 

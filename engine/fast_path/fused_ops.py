@@ -74,11 +74,15 @@ if has_triton():
         return (a1 + b1).to(ty), (a2 + b2).to(ty)
 
     @triton.jit
-    def _rotate(x_ptr, base, stride_h, heads, cos, sin, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
-        """Rotate-half RoPE of `heads` rows at x_ptr + base; returns both halves, rounded."""
+    def _rotate(x_ptr, base, stride_h, heads, cos, sin, HEADS_PAD: tl.constexpr, HALF: tl.constexpr,
+                HALF_PAD: tl.constexpr):
+        """Rotate-half RoPE of `heads` rows at x_ptr + base; returns both halves, rounded.
+        HALF_PAD: HALF up to a power of two (a head dim of 80 or 96), the padding masked."""
         h = tl.arange(0, HEADS_PAD)
-        j = tl.arange(0, HALF)
+        j = tl.arange(0, HALF_PAD)
         mask = h[:, None] < heads
+        if HALF_PAD != HALF:
+            mask = mask & (j[None, :] < HALF)
         ptr = x_ptr + base + h[:, None] * stride_h + j[None, :]
         x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
@@ -90,18 +94,23 @@ if has_triton():
                                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                                stride_cb, stride_ct, stride_ch, num_heads, num_kv_heads,
                                BLOCK_SIZE: tl.constexpr, Q_HEADS_PER_PROGRAM: tl.constexpr,
-                               KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr, USE_PDL: tl.constexpr):
+                               KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                               USE_PDL: tl.constexpr):
         """Program (t, 0): token t's K rotation and K/V cache write; program (t, c > 0):
         rotation of q heads [(c - 1) * Q_HEADS_PER_PROGRAM, c * Q_HEADS_PER_PROGRAM)."""
         wait_for_previous(USE_PDL)
         t = tl.program_id(0)
         part = tl.program_id(1)
-        cos, sin = rope_cos_sin(pos_ptr + t, inv_freq_ptr, tl.arange(0, HALF), q_ptr.dtype.element_ty)
+        if HALF_PAD == HALF:
+            freq_index = tl.arange(0, HALF)
+        else:  # padded frequencies repeat the last one: loads stay in bounds, stores are masked
+            freq_index = tl.minimum(tl.arange(0, HALF_PAD), HALF - 1)
+        cos, sin = rope_cos_sin(pos_ptr + t, inv_freq_ptr, freq_index, q_ptr.dtype.element_ty)
         if part > 0:
             first = (part - 1) * Q_HEADS_PER_PROGRAM
             base = t * stride_qt + first * stride_qh
             q1, q2, h, jj, hmask = _rotate(q_ptr, base, stride_qh, num_heads - first, cos, sin,
-                                           Q_HEADS_PER_PROGRAM, HALF)
+                                           Q_HEADS_PER_PROGRAM, HALF, HALF_PAD)
             qptr = q_ptr + base + h[:, None] * stride_qh + jj[None, :]
             tl.store(qptr, q1, mask=hmask)
             tl.store(qptr + HALF, q2, mask=hmask)
@@ -109,7 +118,7 @@ if has_triton():
             slot = tl.load(slot_ptr + t)
             if slot >= 0:
                 k1, k2, kh, kj, kmask = _rotate(k_ptr, t * stride_kt, stride_kh, num_kv_heads, cos, sin,
-                                                KV_HEADS_PAD, HALF)
+                                                KV_HEADS_PAD, HALF, HALF_PAD)
                 slot = slot.to(tl.int64)
                 cache = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
                          + kh[:, None] * stride_ch + kj[None, :])
@@ -161,7 +170,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, kv_heads,
         BLOCK_SIZE=k_cache.shape[1], Q_HEADS_PER_PROGRAM=per_program,
-        KV_HEADS_PAD=next_power_of_2(kv_heads), HALF=head_dim // 2, **pdl_launch(q.device),
+        KV_HEADS_PAD=next_power_of_2(kv_heads), HALF=head_dim // 2, HALF_PAD=next_power_of_2(head_dim // 2),
+        **pdl_launch(q.device),
     )
 
 

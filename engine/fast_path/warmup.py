@@ -79,7 +79,7 @@ def warm_decode_splits(decoder, device: torch.device) -> None:
     splits = 1
     while splits <= MAX_SPLITS:
         paged_decode_attention(q, k_cache, v_cache, tables, context_lens, decoder.scale, splits)
-        if cold is not None:  # with cold KV, a mixed step's decode rows take the per-tile cold kernel
+        if decoder.cold_kinds():  # with cold KV, a mixed step's decode rows take the per-tile cold kernel
             cold_paged_decode_attention(
                 q,
                 k_cache,

@@ -17,7 +17,13 @@ from __future__ import annotations
 import torch
 
 from ...attention import AttentionMetadata, paged_attention
-from .chunk_rows import LARGE_PACK_QUERIES, chunk_num_splits, paged_chunk_attention, rows_per_pack
+from .chunk_rows import (
+    LARGE_PACK_QUERIES,
+    chunk_num_splits,
+    large_pack_queries,
+    paged_chunk_attention,
+    rows_per_pack,
+)
 from .cold_prefix import cold_prefix_decode_attention
 from .common import (
     INT4,
@@ -26,6 +32,7 @@ from .common import (
     MERGE_TILE_ELEMENTS,
     TILE_TOKENS,
     choose_num_splits,
+    cold_kernels_take,
     split_buffers,
     split_counters,
 )
@@ -42,9 +49,11 @@ __all__ = [
     "SDPA_BACKENDS",
     "TILE_TOKENS",
     "choose_num_splits",
+    "cold_kernels_take",
     "cold_paged_decode_attention",
     "cold_prefix_decode_attention",
     "chunk_num_splits",
+    "large_pack_queries",
     "paged_chunk_attention",
     "paged_decode_attention",
     "rows_per_pack",
@@ -61,8 +70,11 @@ def triton_paged_attention(
 ) -> torch.Tensor:
     """Drop-in for `paged_attention`: the Triton kernels for decode rows (hot blocks,
     cold blocks leading each table, or any mix), grouped SDPA for prefill rows (also
-    over cold blocks); prefill over sliding windows: the portable path."""
+    over cold blocks); prefill over sliding windows, and cold blocks at a head dim the
+    cold kernels do not take (cold_kernels_take): the portable path."""
     has_cold_blocks = cold is not None and getattr(meta, "block_kinds", None) is not None
+    if has_cold_blocks and not cold_kernels_take(q.shape[-1]):
+        return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)
     if meta.max_query_len != 1:
         if meta.sliding_window is not None:
             return paged_attention(q, k_cache, v_cache, meta, scale, cold=cold)

@@ -9,8 +9,10 @@ the pack's rows times the GQA group are the rows of its dot products (4 rows of 
 fill the 16 rows the decode kernel pads a group of 4 to anyway), its keys are read
 once, and a per-row mask keeps each row causal. The host lays the rows out so that a
 pack never spans two sequences: every sequence's rows start a pack, and a short last
-pack is padded with rows of context 0 (zeros out). The splits and their in-kernel
-merge are those of common.py, with the pack's rows and heads as the merge's heads.
+pack is padded with rows of context 0 (zeros out). Any number of rows launches: the
+last pack may run past the batch (a lone 6-token chunk in packs of 16 is a graph of 8
+rows), its missing rows masked in the kernel. The splits and their in-kernel merge are
+those of common.py, with the pack's rows and heads as the merge's heads.
 """
 
 from __future__ import annotations
@@ -18,19 +20,19 @@ from __future__ import annotations
 import torch
 
 from ..availability import has_triton
-from ..launch_shape import next_power_of_2
+from ..launch_shape import cdiv, next_power_of_2
 from .common import MERGE_TILE_ELEMENTS, TILE_TOKENS, check_num_splits, choose_num_splits, split_counters
 
 if has_triton():
     import triton
     import triton.language as tl
 
-    from .common import finish_split, hot_run
+    from .common import finish_split, head_lanes, hot_run, lane_mask
 
     @triton.jit
     def _chunk_split_kernel(
         q_ptr, k_ptr, v_ptr, tables_ptr, ctx_ptr, part_ptr, lse_ptr, out_ptr, done_ptr,
-        scale,
+        scale, num_rows,
         stride_qb, stride_qh,
         stride_kb, stride_kt, stride_kh,
         stride_tb,
@@ -45,8 +47,8 @@ if has_triton():
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         i = tl.arange(0, PACK_PAD)  # query i: row i // GROUP of the pack, head kvh * GROUP + i % GROUP
-        is_query = i < PACK_HEADS
         row = pack * ROWS + i // GROUP
+        is_query = (i < PACK_HEADS) & (row < num_rows)
         row_ctx = tl.load(ctx_ptr + row, mask=is_query, other=0).to(tl.int32)
         ctx = tl.max(row_ctx, 0)  # the pack's last real row sees the most keys
         per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), TILE) * TILE
@@ -54,15 +56,15 @@ if has_triton():
         hi = tl.minimum(lo + per_split, ctx)
         used = tl.maximum(tl.cdiv(ctx, tl.maximum(per_split, 1)), 1)
         if split < used:
-            d = tl.arange(0, HEAD_DIM)
+            d = head_lanes(HEAD_DIM)
             q = tl.load(q_ptr + row[:, None] * stride_qb + (kvh * GROUP + i % GROUP)[:, None] * stride_qh + d[None, :],
-                        mask=is_query[:, None], other=0.0)
+                        mask=lane_mask(is_query, d, HEAD_DIM), other=0.0)
             m_i = tl.full([PACK_PAD], -1e30, tl.float32)
             l_i = tl.zeros([PACK_PAD], tl.float32)
-            acc = tl.zeros([PACK_PAD, HEAD_DIM], tl.float32)
+            acc = tl.zeros([PACK_PAD, triton.next_power_of_2(HEAD_DIM)], tl.float32)
             m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, pack, kvh, lo, hi, m_i, l_i, acc, scale, d,
                                     stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, row_ctx,
-                                    PREFETCH)
+                                    PREFETCH, HEAD_DIM)
             # The pack's queries are the merge's heads: pack-major buffers, permuted back by the caller.
             heads = kvh * PACK_HEADS + i
             finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, pack, kvh, heads, is_query, d, split,
@@ -110,13 +112,22 @@ def rows_per_pack(num_heads: int, num_kv_heads: int, queries: int = 16) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
+def large_pack_queries(head_dim: int) -> int:
+    """Queries of a large pack at this head dim: LARGE_PACK_QUERIES, or fewer where one
+    split of each of them would not fit a round of the split merge (a head dim above 128;
+    padded head dims count whole): a power of two, so that a pack's queries padded to one
+    never outgrow the round either."""
+    fitting = min(LARGE_PACK_QUERIES, MERGE_TILE_ELEMENTS // next_power_of_2(head_dim))
+    return 1 << (max(1, fitting).bit_length() - 1)
+
+
 def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                           num_splits: int, rows_per_pack: int, num_warps: int = 4,
                           num_stages: int = CHUNK_STAGES, tile_tokens: int = TILE_TOKENS,
                           merge_tile: int = MERGE_TILE_ELEMENTS, prefetch: bool = CHUNK_PREFETCH) -> torch.Tensor:
-    """q: [B, H, D], B a multiple of `rows_per_pack`; rows p * R .. p * R + R - 1 share the
-    block table of row p * R (rows of context 0 are padding, zeros out). Each row attends
+    """q: [B, H, D], any B; rows p * R .. p * R + R - 1 share the block table of row p * R
+    (rows of context 0 are padding, zeros out; a last pack past B is cut short). Each row attends
     to its first context_lens[row] keys, `tile_tokens` keys per iteration; the last split
     of a pack merges `merge_tile` float32 partial-output elements a round; `prefetch`: each
     tile's block-table entries are loaded one tile ahead (common.hot_run). Returns [B, H, D]
@@ -128,14 +139,14 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("K and V caches must share strides with a contiguous head dimension")
     rows = rows_per_pack
-    if rows < 1 or batch % rows:
-        raise ValueError(f"{batch} rows do not split into packs of {rows}")
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"rows_per_pack must be a power of two, got {rows}")
     check_num_splits(num_splits)
     if tile_tokens < 16 or tile_tokens & (tile_tokens - 1):
         raise ValueError(f"tile_tokens must be a power of two of at least 16, got {tile_tokens}")
     group = heads // kv_heads
-    packs, pack_heads = batch // rows, rows * group
-    merge_round = next_power_of_2(pack_heads) * head_dim
+    packs, pack_heads = cdiv(batch, rows), rows * group
+    merge_round = next_power_of_2(pack_heads) * next_power_of_2(head_dim)
     if merge_tile < merge_round or merge_tile & (merge_tile - 1):
         raise ValueError(f"merge_tile must be a power of two of at least {merge_round} (one split of a pack's "
                          f"{pack_heads} queries), got {merge_tile}")
@@ -151,7 +162,7 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         part_strides = (part.stride(0), part.stride(1), part.stride(2))
     _chunk_split_kernel[(packs, kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, part, lse, out, split_counters(q.device, packs * kv_heads),
-        scale,
+        scale, batch,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0) * rows,  # a pack reads its first row's table
@@ -162,5 +173,6 @@ def paged_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages,
     )
-    # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] = [B, H, D]
-    return out.view(packs, kv_heads, rows, group, head_dim).transpose(1, 2).reshape(batch, heads, head_dim)
+    # [packs, kv_heads, rows, group, D] -> [packs, rows, kv_heads, group, D] -> [B, H, D]
+    by_row = out.view(packs, kv_heads, rows, group, head_dim).transpose(1, 2).reshape(packs * rows, heads, head_dim)
+    return by_row[:batch]

@@ -11,6 +11,9 @@ captured CUDA graph stays valid for any context); each split stores its normalis
 partial output and log-sum-exp, and the last split of a (sequence, KV head) to finish
 merges them (a counter per pair; at batch 1 a second merge launch cost 3.8 us a layer).
 Rows of context length 0 (padded rows of a CUDA-graph batch) get zeros, never NaN.
+A head dimension that is not a power of two (80, 96) is padded to one inside the
+kernels (`tl.arange` needs powers of two): the padding lanes load zeros and store
+nothing, so the dots and sums are those of the real dimensions.
 """
 from __future__ import annotations
 
@@ -56,21 +59,38 @@ if has_triton():
         return tl.maximum(tl.cdiv(ctx - first, tl.maximum(per_split, 1)), 1)
 
     @triton.jit
+    def head_lanes(HEAD_DIM: tl.constexpr):
+        """The lanes of a head vector: HEAD_DIM up to a power of two."""
+        return tl.arange(0, triton.next_power_of_2(HEAD_DIM))
+
+    @triton.jit
+    def lane_mask(rows_ok, d, HEAD_DIM: tl.constexpr):
+        """rows_ok [rows] as a [rows, lanes] mask, without the padding lanes (head_lanes)."""
+        if triton.next_power_of_2(HEAD_DIM) == HEAD_DIM:
+            mask = rows_ok[:, None]
+        else:
+            mask = rows_ok[:, None] & (d < HEAD_DIM)[None, :]
+        return mask
+
+    @triton.jit
     def group_queries(q_ptr, b, kvh, stride_qb, stride_qh,
                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
         """The query heads sharing KV head `kvh`, padded to GROUP_PAD rows of zeros."""
         g = tl.arange(0, GROUP_PAD)
-        d = tl.arange(0, HEAD_DIM)
+        d = head_lanes(HEAD_DIM)
         heads = kvh * GROUP + g
         is_head = g < GROUP
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=is_head[:, None], other=0.0)
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=lane_mask(is_head, d, HEAD_DIM), other=0.0)
         return q, heads, is_head, d
 
     @triton.jit
-    def load_codes(data_ptr, base, mask, d, d2, KIND: tl.constexpr):
+    def load_codes(data_ptr, base, mask, d, d2, KIND: tl.constexpr, HEAD_DIM: tl.constexpr = 0):
         """One tile of keys or values as stored: [TILE, HEAD_DIM] hot values (KIND 0) or
         int8 codes (1), [TILE, HEAD_DIM / 2] packed int4 bytes (2); `base` [TILE] is each
         token's offset. mask None: unmasked (the caller makes every address valid).
+        HEAD_DIM (hot values): the real head dim when `d` holds padding lanes (head_lanes),
+        which then load zeros; 0: every lane of `d` is real.
         (Branches, not early returns: Triton compiles the statements after a return.)"""
         if KIND == 2:
             ptrs = data_ptr + base[:, None] + d2[None, :]
@@ -78,6 +98,8 @@ if has_triton():
             ptrs = data_ptr + base[:, None] + d[None, :]
         if mask is None:
             x = tl.load(ptrs)
+        elif KIND == 0 and HEAD_DIM > 0:
+            x = tl.load(ptrs, mask=lane_mask(mask, d, HEAD_DIM), other=0.0)
         elif KIND == 0:
             x = tl.load(ptrs, mask=mask[:, None], other=0.0)
         elif KIND == 1:
@@ -149,11 +171,12 @@ if has_triton():
     @triton.jit
     def hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, lo, hi, m_i, l_i, acc, scale, d,
                 stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-                row_ctx=None, PREFETCH: tl.constexpr = False):
+                row_ctx=None, PREFETCH: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0):
         """Keys lo..hi of sequence b from hot (bf16/fp16) blocks into the softmax state.
         row_ctx [rows]: each query row sees only keys below its own limit (chunk_rows.py).
         PREFETCH: load the next tile's block-table entries and this tile's values with its
-        keys, so that a tile's K/V loads do not wait on its table load (for long loops)."""
+        keys, so that a tile's K/V loads do not wait on its table load (for long loops).
+        HEAD_DIM: the real head dim when `d` holds padding lanes (load_codes)."""
         table = tables_ptr + b * stride_tb
         if PREFETCH:
             first = lo + tl.arange(0, TILE)
@@ -164,16 +187,16 @@ if has_triton():
             if not PREFETCH:
                 page = tl.load(table + t // BLOCK_SIZE, mask=in_range, other=0)
             offs = page.to(tl.int64) * stride_kb + (t % BLOCK_SIZE) * stride_kt + kvh * stride_kh
-            k = load_codes(k_ptr, offs, in_range, d, d, 0)
+            k = load_codes(k_ptr, offs, in_range, d, d, 0, HEAD_DIM)
             if PREFETCH:
-                v = load_codes(v_ptr, offs, in_range, d, d, 0)
+                v = load_codes(v_ptr, offs, in_range, d, d, 0, HEAD_DIM)
                 page = tl.load(table + (t + TILE) // BLOCK_SIZE, mask=t + TILE < hi, other=0)
             visible = in_range[None, :]
             if row_ctx is not None:
                 visible = visible & (t[None, :] < row_ctx[:, None])
             s = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
             if not PREFETCH:
-                v = load_codes(v_ptr, offs, in_range, d, d, 0)
+                v = load_codes(v_ptr, offs, in_range, d, d, 0, HEAD_DIM)
             m_i, l_i, acc = online_softmax(s, v, None, m_i, l_i, acc)
         return m_i, l_i, acc
 
@@ -185,15 +208,16 @@ if has_triton():
         with a running maximum of the log-sum-exps across chunks. A round's partial
         outputs are one [GROUP, SPLIT_CHUNK, HEAD_DIM] float32 tile of MERGE_TILE elements."""
         GROUP_P2: tl.constexpr = triton.next_power_of_2(GROUP)
-        SPLIT_CHUNK: tl.constexpr = MERGE_TILE // (GROUP_P2 * HEAD_DIM)
+        SPLIT_CHUNK: tl.constexpr = MERGE_TILE // (GROUP_P2 * triton.next_power_of_2(HEAD_DIM))
         tl.static_assert(SPLIT_CHUNK >= 1, "a merge round must hold at least one split of every head")
         g = tl.arange(0, GROUP_P2)
         is_head = g < GROUP
         heads = kvh * GROUP + g
-        d = tl.arange(0, HEAD_DIM)
+        d = head_lanes(HEAD_DIM)
+        d_ok = d < HEAD_DIM
         top = tl.full([GROUP_P2], float("-inf"), tl.float32)
         total = tl.zeros([GROUP_P2], tl.float32)
-        acc = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
+        acc = tl.zeros([GROUP_P2, triton.next_power_of_2(HEAD_DIM)], tl.float32)
         for c0 in range(0, used, SPLIT_CHUNK):
             sp = c0 + tl.arange(0, SPLIT_CHUNK)
             valid = is_head[:, None] & (sp < used)[None, :]
@@ -201,7 +225,8 @@ if has_triton():
             lse = tl.load(lse_ptr + b * stride_lb + heads[:, None] * stride_lh + sp[None, :], mask=valid,
                           other=float("-inf"), cache_modifier=".cg")
             parts = tl.load(part_ptr + b * stride_pb + heads[:, None, None] * stride_ph + sp[None, :, None] * stride_ps
-                            + d[None, None, :], mask=valid[:, :, None], other=0.0, cache_modifier=".cg")
+                            + d[None, None, :], mask=valid[:, :, None] & d_ok[None, None, :], other=0.0,
+                            cache_modifier=".cg")
             new_top = tl.maximum(top, tl.max(lse, 1))
             safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
             weight = tl.exp(lse - safe_top[:, None])
@@ -211,7 +236,7 @@ if has_triton():
             top = new_top
         merged = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], merged.to(out_ptr.dtype.element_ty),
-                 mask=is_head[:, None])
+                 mask=lane_mask(is_head, d, HEAD_DIM))
 
     @triton.jit
     def finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
@@ -226,10 +251,10 @@ if has_triton():
         part = acc / safe_l[:, None]
         if NUM_SPLITS == 1:
             tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                     part.to(out_ptr.dtype.element_ty), mask=is_head[:, None])
+                     part.to(out_ptr.dtype.element_ty), mask=lane_mask(is_head, d, HEAD_DIM))
         else:
             tl.store(part_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
-                     part, mask=is_head[:, None])
+                     part, mask=lane_mask(is_head, d, HEAD_DIM))
             lse = tl.where(has_keys, m_i + tl.log(safe_l), float("-inf"))
             tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=is_head)
             if split < used:
@@ -254,6 +279,13 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context_len: int,
            and splits * 2 * TILE_TOKENS <= max_context_len):
         splits *= 2
     return splits
+
+
+def cold_kernels_take(head_dim: int) -> bool:
+    """Whether the cold-block kernels (cold_prefix.py, mixed_cold.py) run at this head dim:
+    powers of two only (their int4 and integer-dot loops are not padded). Elsewhere,
+    attention over cold blocks takes the portable kernel (triton_paged_attention)."""
+    return head_dim > 0 and head_dim & (head_dim - 1) == 0
 
 
 def group_pad(heads: int, kv_heads: int) -> int:

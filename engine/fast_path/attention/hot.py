@@ -45,9 +45,10 @@ if has_triton():
             q, heads, is_head, d = group_queries(q_ptr, b, kvh, stride_qb, stride_qh, GROUP, GROUP_PAD, HEAD_DIM)
             m_i = tl.full([GROUP_PAD], -1e30, tl.float32)
             l_i = tl.zeros([GROUP_PAD], tl.float32)
-            acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+            acc = tl.zeros([GROUP_PAD, triton.next_power_of_2(HEAD_DIM)], tl.float32)
             m_i, l_i, acc = hot_run(q, k_ptr, v_ptr, tables_ptr, b, kvh, lo, hi, m_i, l_i, acc, scale, d,
-                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, None, PREFETCH)
+                                    stride_tb, stride_kb, stride_kt, stride_kh, BLOCK_SIZE, TILE, None, PREFETCH,
+                                    HEAD_DIM)
             release_dependents(USE_PDL, EARLY_RELEASE)
             finish_split(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, done_ptr, b, kvh, heads, is_head, d, split, used,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
