@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import weakref
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import wait as wait_futures
@@ -171,6 +172,9 @@ class StructuredOutputs:
             max_queued=max_queued,
             max_grammar_bytes=cache_bytes,
         )
+        # Its worker processes hold a few hundred MB each: an engine dropped without close()
+        # (offline use) must not leave them behind.
+        weakref.finalize(self, self.compiler.close)
         # Least recently used first; a client sending a new schema per request cannot grow it past the bounds.
         self._cache: OrderedDict[tuple[str, str, str, str], Future[Any]] = OrderedDict()
         self._sizes: dict[Future[Any], int] = {}  # compiled grammars' bytes, by the cache's futures

@@ -20,6 +20,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 
 import jsonschema
 import openai
@@ -510,6 +511,20 @@ def test_compile_past_its_timeout_kills_its_worker(model_dir):
         compiler.close()
 
 
+def test_a_dropped_engine_leaves_no_compile_worker_behind(model_dir):
+    import gc
+
+    so = StructuredOutputs(Tokenizer(model_dir), 512, torch.device("cpu"), num_workers=1)
+    assert so.compiler.submit(StructuredOutputsParams(regex="[ab]+")).result(timeout=120) is not None
+    processes = [w.process for w in so.compiler._workers]
+    assert processes and all(p.is_alive() for p in processes)
+    del so
+    gc.collect()
+    for process in processes:
+        process.join(timeout=30)
+    assert not any(p.is_alive() for p in processes)
+
+
 def test_abandoned_compile_stops_its_worker(model_dir):
     from inferd.engine.structured_outputs_grammar import _Held
 
@@ -637,9 +652,9 @@ def test_a_grammar_that_does_not_compile_is_rejected_with_its_reason(model_dir):
         bad = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a("))  # past the API
         engine.add_request("bad", "hello", bad)
         rejected: dict[str, str] = {}
-        for _ in range(600):
-            if not engine.has_unfinished():
-                break
+        # the first compile starts a worker process (seconds, more on a loaded machine)
+        deadline = time.monotonic() + 120
+        while engine.has_unfinished() and time.monotonic() < deadline:
             engine.step()
             rejected |= engine.rejected
         assert "regex" in rejected.get("bad", ""), rejected
