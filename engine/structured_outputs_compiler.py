@@ -62,6 +62,8 @@ class _Worker:
     def __init__(
         self, build_grammar: Callable[[StructuredOutputsParams], Any], tokenizer_json: str, max_grammar_bytes: int
     ):
+        self._kill_lock = threading.Lock()
+        self.is_killed = False
         ctx = multiprocessing.get_context("spawn")  # the engine has threads (and maybe CUDA): never fork
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
@@ -78,10 +80,16 @@ class _Worker:
         self.conn.recv()  # "ready"
 
     def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
+        """Idempotent: close() and the worker's own slot may both get here, and a second
+        close of the pipe's descriptor could close one reused by another file."""
+        with self._kill_lock:
+            if self.is_killed:
+                return
+            self.is_killed = True
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(timeout=5)
+            self.conn.close()
 
 
 class GrammarCompiler:

@@ -525,6 +525,16 @@ def test_a_dropped_engine_leaves_no_compile_worker_behind(model_dir):
     assert not any(p.is_alive() for p in processes)
 
 
+def test_a_worker_is_killed_once_when_close_and_its_slot_both_stop_it(model_dir):
+    compiler = _compiler(model_dir, num_workers=1)
+    assert compiler.submit(StructuredOutputsParams(regex="[ab]+")).result(timeout=120) is not None
+    (worker,) = compiler._workers
+    worker.kill()  # as a timed-out compile does
+    compiler.close()  # then close() and the slot's exit stop it again: no second close of its pipe
+    worker.kill()
+    assert worker.is_killed and not worker.process.is_alive()
+
+
 def test_abandoned_compile_stops_its_worker(model_dir):
     from inferd.engine.structured_outputs_grammar import _Held
 
