@@ -1,0 +1,118 @@
+"""Sampled requests against greedy ones on one offline engine, every mix in one run.
+
+`python -m inferd.engine.bench.sampling_mixes --out DIR` (a GPU: `llama3-8b-shape`,
+random weights; `--preset tiny` on the CPU). One engine serves, in turn, bursts of
+`--num-requests` requests of `--prompt-len` + `--output-len` tokens: greedy, then each mix
+of MIXES, with greedy again in the middle and at the end, then batch-1 decode greedy and
+with top_p 0.9. Every burst gets prompts of its own (a first token per burst), so no burst
+reads another's prefix from the cache. Each mix is reported against the mean of the
+greedy bursts ("x greedy"). `inferd bench burst` measures one mix per run, offline and
+through the server; this runs them all on one engine, offline only.
+
+`INFERD_TRITON_SAMPLING=0` in the environment takes the torch sampling path on a GPU (the
+A/B of the fused kernels). Results: DIR/sampling_mixes.json and a printed table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .burst import for_phase, make_prompts, preset_checkpoint
+from .burst_offline import _burst
+from .burst_sampling import SamplingMix
+
+GREEDY = {"temperature": 0.0}
+
+
+def mixes(num_requests: int) -> dict[str, list[dict]]:
+    """Per mix, each request's sampling fields (SamplingParams' names)."""
+    return {
+        "temperature 1.0": [{"temperature": 1.0}] * num_requests,
+        "temperature 0.7, top_p 0.9, top_k 50": [{"temperature": 0.7, "top_p": 0.9, "top_k": 50}] * num_requests,
+        "top_p 0.9 (temperature 1.0)": [{"temperature": 1.0, "top_p": 0.9}] * num_requests,
+        "half greedy, half temperature 1.0": SamplingMix(temperature=1.0, mix=0.5).request_params(num_requests),
+        "every row seeded (temperature 1.0)": [{"temperature": 1.0, "seed": i} for i in range(num_requests)],
+        "logprobs 5 (temperature 1.0)": [{"temperature": 1.0, "logprobs": 5}] * num_requests,
+        "logprobs 5 (greedy)": [{"temperature": 0.0, "logprobs": 5}] * num_requests,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    from .. import LLM, SamplingParams
+
+    options = {"load_format": "dummy", "max_num_seqs": args.num_requests, "max_num_batched_tokens": 8192}
+    if args.device:
+        options["device"] = args.device
+    model_dir = preset_checkpoint(tempfile.mkdtemp(prefix="inferd-sampling-"), args.preset, options)
+    vocab = json.loads(Path(model_dir, "config.json").read_text())["vocab_size"]
+    llm = LLM(model_dir, **options)
+    prompts = make_prompts(vocab, args.num_requests, args.prompt_len, 0)
+    warm = make_prompts(vocab, 8, 64, 1)
+    llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    llm.generate(warm, SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=4, ignore_eos=True, logprobs=5))
+    gc.collect()
+    gc.freeze()
+    report: dict = {"preset": args.preset, "device": _device_name(), "runs": []}
+    bursts = 0
+
+    def burst(name: str, sampling: list[dict], batch: list[list[int]] = prompts) -> float:
+        nonlocal bursts
+        bursts += 1
+        result = _burst(llm.engine, for_phase(batch, bursts, vocab), args.output_len, sampling)
+        tok_s = sum(result.num_tokens) / result.wall_s
+        report["runs"].append({"name": name, "requests": len(batch), "tok_s": tok_s, "wall_s": result.wall_s})
+        print(f"{name:40s} {tok_s:10.1f} tok/s", flush=True)
+        return tok_s
+
+    greedy = [burst("greedy", [GREEDY] * args.num_requests)]
+    for i, (name, sampling) in enumerate(mixes(args.num_requests).items()):
+        if i == 3:
+            greedy.append(burst("greedy (middle)", [GREEDY] * args.num_requests))
+        burst(name, sampling)
+    greedy.append(burst("greedy (end)", [GREEDY] * args.num_requests))
+    base = sum(greedy) / len(greedy)
+    for entry in report["runs"]:
+        entry["x_greedy"] = entry["tok_s"] / base
+    one = prompts[:1]
+    b1_greedy = [burst("batch 1 greedy", [GREEDY], one)]
+    b1_top_p = burst("batch 1 top_p 0.9 (temperature 1.0)", [{"temperature": 1.0, "top_p": 0.9}], one)
+    b1_greedy.append(burst("batch 1 greedy (again)", [GREEDY], one))
+    report["batch1_top_p_x_greedy"] = b1_top_p / (sum(b1_greedy) / 2)
+    gc.unfreeze()
+    return report
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="directory for sampling_mixes.json")
+    parser.add_argument("--preset", choices=("tiny", "small", "llama3-8b-shape"), default="llama3-8b-shape")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: the engine's choice")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=256)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferd.engine.bench.sampling_mixes", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    report = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sampling_mixes.json").write_text(json.dumps(report, indent=1))
+    ratios = [f"{r['name']} {r['x_greedy']:.3f}" for r in report["runs"] if "x_greedy" in r]
+    print("x greedy: " + "; ".join(ratios) + f"; batch 1 top_p 0.9 {report['batch1_top_p_x_greedy']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
