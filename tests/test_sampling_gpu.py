@@ -85,3 +85,25 @@ def test_gpu_frequencies_match_the_filtered_softmax():
     observed = np.append(counts[big], counts[~big].sum())
     wanted = np.append(expected[big] * draws, expected[~big].sum() * draws)
     assert chisquare(observed[wanted > 0], wanted[wanted > 0]).pvalue > 1e-3
+
+
+def test_the_triton_kernels_draw_what_the_torch_path_draws(monkeypatch):
+    """engine/sampling/triton_draw.py against the torch code it replaces on CUDA, one process
+    switching with INFERD_TRITON_SAMPLING: the same tokens but for near-ties (the kernel's
+    -log may differ in its last ulp; its float32 sums run in another order)."""
+    from inferd.engine.sampling import triton_draw
+
+    if not triton_draw.HAS_TRITON:
+        pytest.skip("needs triton")
+    device = torch.device("cuda")
+    specs = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9, top_k=50), dict(temperature=1.0, top_p=0.9)]
+    specs += [dict(temperature=0.9, top_p=0.95, min_p=0.02, seed=3), dict(temperature=1.2, seed=4)]
+    seqs = _seqs(specs * 13)
+    logits = torch.randn(len(seqs), VOCAB, device=device, generator=torch.Generator(device).manual_seed(5)) * 4.0
+    drawn = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv(triton_draw.ENV_SWITCH, switch)
+        assert triton_draw.is_enabled(device) == (switch == "1")
+        drawn[switch] = Sampler(device, VOCAB, EOS, seed=7).sample(logits, seqs)[0]
+    same = sum(a == b for a, b in zip(drawn["0"], drawn["1"]))
+    assert same >= len(seqs) - 2, f"{len(seqs) - same} of {len(seqs)} rows differ"

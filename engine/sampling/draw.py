@@ -8,13 +8,16 @@ counter-based (noise.py): seeded rows from (seed, output position), the others f
 
 A row with nothing finite to draw from (every token banned, or overflowing penalties)
 degrades to the argmax of its logits instead of failing the batch.
+
+On CUDA the top-p threshold and the noise argmax run as Triton kernels (triton_draw.py,
+the same definitions) unless INFERD_TRITON_SAMPLING=0; the torch code is the CPU path.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import filters, noise
+from . import filters, noise, triton_draw
 from .slot_params import IS_SEEDED, MIN_P, SEED_KEY, TEMPERATURE, TOP_K, TOP_P, SlotBatch
 
 
@@ -27,11 +30,17 @@ def filtered_probs(logits: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
     probs = torch.softmax(scaled, dim=-1)
     keep = None
     if batch.any_top_p:
-        keep = filters.top_p_keep(probs, batch.floats[TOP_P])
+        keep = _top_p_keep(probs, batch.floats[TOP_P])
     if batch.any_min_p:
         min_p = filters.min_p_keep(probs, batch.floats[MIN_P])
         keep = min_p if keep is None else keep & min_p
     return probs if keep is None else torch.where(keep, probs, 0.0)
+
+
+def _top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    if not triton_draw.is_enabled(probs.device):
+        return filters.top_p_keep(probs, top_p)
+    return probs.view(torch.int32) >= triton_draw.top_p_threshold(probs, top_p)[:, None]
 
 
 def noise_streams(batch: SlotBatch, engine_key: int, draw_number: int) -> torch.Tensor:
@@ -45,7 +54,10 @@ def noise_streams(batch: SlotBatch, engine_key: int, draw_number: int) -> torch.
 def draw(logits: torch.Tensor, batch: SlotBatch, streams: torch.Tensor) -> torch.Tensor:
     """[B] int64 tokens drawn from `logits` (penalised, biased, masked) per the batch's rows."""
     probs = filtered_probs(logits, batch)
+    fallback = torch.nan_to_num(logits, nan=float("-inf")).argmax(dim=-1)
+    if triton_draw.is_enabled(probs.device):
+        tokens = triton_draw.draw_tokens(probs, streams)  # -1: nothing to draw from
+        return torch.where(tokens < 0, fallback, tokens)
     tokens = (probs / noise.exponential(streams, probs.shape[1])).argmax(dim=-1)
     bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0.0)
-    fallback = torch.nan_to_num(logits, nan=float("-inf")).argmax(dim=-1)
     return torch.where(bad, fallback, tokens)

@@ -8,9 +8,11 @@ seed, the draw's number and the row's slot. The hash is splitmix64's finaliser (
 Lea and Flood), in int64 ops: torch's int64 multiply wraps as uint64's does, and the
 right shifts are made logical with a mask.
 
-Precision: a uniform variate takes the hash's top 24 bits, u = (h + 1/2) / 2^24 in
-(0, 1), so E = -log(u) lies in (5.96e-8, 17.3]; a token's chance to be drawn is exact up
-to that 2^-24 quantisation of u.
+Precision: a uniform variate takes the hash's top 24 bits, u = (h + 1/2) / 2^24, so
+E = -log(u) lies in [2^-25, 17.3]; a token's chance to be drawn is exact up to that 2^-24
+quantisation of u. In float32, h + 1/2 rounds to an even integer above 2^23, so the top
+h gives u = 1 and E = -0: E is floored at MIN_EXPONENTIAL (that u's true -log), since p / -0
+is NaN for a filtered-out token (p = 0) and torch.argmax takes NaN as the maximum.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ _GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -0x40A7B892E31B1A47  # 0xBF58476D1CE4E5B9
 _MIX2 = -0x6B2FB644ECCEEE15  # 0x94D049BB133111EB
 UNIFORM_BITS = 24
+MIN_EXPONENTIAL = 2.0**-25  # -log(1 - 2^-25), the top hash's E
 
 
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
@@ -48,5 +51,5 @@ def uniform(streams: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def exponential(streams: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, vocab] float32 Exp(1) variates (see `uniform`)."""
-    return -torch.log(uniform(streams, vocab))
+    """[B, vocab] float32 Exp(1) variates (see `uniform`), all positive."""
+    return torch.log(uniform(streams, vocab)).neg_().clamp_(min=MIN_EXPONENTIAL)
