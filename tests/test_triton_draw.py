@@ -10,6 +10,7 @@ import torch
 
 from inferd.engine.sampler import sample
 from inferd.engine.sampling import filters, noise, triton_draw
+from inferd.engine.sampling.draw import MIN_ROWS_FOR_TOP_P_KERNEL
 from inferd.engine.sampling.triton_draw import CHUNK, TOP_P_PASSES, draw_tokens, top_p_threshold, uniform_bits
 from inferd.engine.sampling_params import SamplingParams
 from inferd.engine.sequence import Sequence
@@ -208,14 +209,22 @@ def test_the_sampler_draws_the_same_through_the_kernels(monkeypatch):
         dict(temperature=0.9, top_p=0.95, min_p=0.02, seed=3),
         dict(temperature=1.2, seed=4),
         dict(temperature=0.0),
-    ] * 2
+    ] * 3  # past draw.MIN_ROWS_FOR_TOP_P_KERNEL, so the threshold kernel runs too
     seqs = [Sequence(f"s{i}", 0, [1, 2, 3], SamplingParams(max_tokens=4, **p), 0, 0.0, 0) for i, p in enumerate(params)]
     logits = torch.randn(len(seqs), vocab, generator=torch.Generator().manual_seed(17)) * 3.0
     torch_tokens, _ = sample(logits, seqs, [2], seed=21)
-    used = []
+    used, searched = [], []
+    threshold = triton_draw.top_p_threshold
     monkeypatch.setattr(triton_draw, "is_enabled", lambda device: used.append(device) or True)
+    monkeypatch.setattr(
+        triton_draw, "top_p_threshold", lambda *a, **k: searched.append(a[0].shape[0]) or threshold(*a, **k)
+    )
     kernel_tokens, _ = sample(logits, seqs, [2], seed=21)
     assert used and kernel_tokens == torch_tokens
+    assert searched == [len(seqs)] and len(seqs) >= MIN_ROWS_FOR_TOP_P_KERNEL
+    few = seqs[: MIN_ROWS_FOR_TOP_P_KERNEL - 1]
+    assert sample(logits[: len(few)], few, [2], seed=21)[0] == torch_tokens[: len(few)]
+    assert searched == [len(seqs)]  # fewer rows: the torch bisection, not the one-program-per-row search
     monkeypatch.setenv(triton_draw.ENV_SWITCH, "0")
     monkeypatch.undo()
     assert not triton_draw.is_enabled(torch.device("cpu"))
