@@ -22,6 +22,8 @@ from inferd.engine.fast_path.greedy_head import greedy_with_flag_reference
 from inferd.engine.runner_output import RunnerOutput
 from inferd.engine.runner_protocol import ModelRunnerProtocol
 
+from attention_reference import reference_attention
+
 needs_triton = pytest.mark.skipif(
     not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
@@ -241,21 +243,6 @@ def test_fast_decode_used_for_pure_decode_steps_only(tiny_model):
 
 
 # --- Triton kernels under the interpreter ---------------------------------------------
-def _reference_attention(q, k_cache, v_cache, tables, ctx, scale, window=None):
-    batch, heads, dim = q.shape
-    bs, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    out = torch.zeros(batch, heads, dim, dtype=torch.float64)
-    for b in range(batch):
-        n = int(ctx[b])
-        if n == 0:
-            continue
-        pages = tables[b, : (n + bs - 1) // bs].long()
-        k = k_cache[pages].reshape(-1, kv_heads, dim)[:n].double().repeat_interleave(heads // kv_heads, 1)
-        v = v_cache[pages].reshape(-1, kv_heads, dim)[:n].double().repeat_interleave(heads // kv_heads, 1)
-        first = max(0, n - window) if window else 0
-        s = torch.einsum("hd,thd->ht", q[b].double(), k[first:]) * scale
-        out[b] = torch.einsum("ht,thd->hd", s.softmax(-1), v[first:])
-    return out
 
 
 def _arena(num_pages, layers, bs, kv_heads, dim, dtype=torch.float32):
@@ -277,7 +264,7 @@ def test_decode_attention_matches_reference_across_block_and_split_boundaries(sp
     qkv = torch.randn(len(ctx), 12 * 32, generator=gen)
     q = qkv[:, : 8 * 32].view(len(ctx), 8, 32)  # a strided view, as in the fused QKV output
     out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, splits, window)
-    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
+    ref = reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
     assert torch.isfinite(out).all()
     assert (out.double() - ref).norm() / ref.norm() < 1e-5
     assert out[-1].abs().max() == 0  # empty context: zeros, not NaN
@@ -310,7 +297,7 @@ def test_chunk_rows_in_packs_match_reference(splits, heads, kv_heads):
     ctx_t, tables_t = torch.tensor(ctx), torch.stack(tables)
     q = torch.randn(len(ctx), heads, 32, generator=gen)
     out = paged_chunk_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3, splits, rows)
-    ref = _reference_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3)
+    ref = reference_attention(q, k_cache, v_cache, tables_t, ctx_t, 0.3)
     assert (out.double() - ref).norm() / ref.norm() < 1e-5
     assert out[ctx_t == 0].abs().max() == 0
     # any row count: a last pack cut short gives its rows the outputs they have in a whole one

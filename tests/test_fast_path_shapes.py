@@ -30,6 +30,8 @@ from inferd.engine.fast_path.launch_shape import next_power_of_2
 from inferd.engine.fastpath_faults import is_launch_bug
 from inferd.engine.model_runner import FastPathError
 
+from attention_reference import reference_attention
+
 needs_triton = pytest.mark.skipif(
     not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs triton (pip) with TRITON_INTERPRET=1 for its CPU interpreter",
@@ -49,22 +51,6 @@ def _matrix():
         for g in GROUPS
         for d in HEAD_DIMS
     ]
-
-
-def _reference_attention(q, k_cache, v_cache, tables, ctx, scale):
-    batch, heads, dim = q.shape
-    bs, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    out = torch.zeros(batch, heads, dim, dtype=torch.float64)
-    for b in range(batch):
-        n = int(ctx[b])
-        if n == 0:
-            continue
-        pages = tables[b, : (n + bs - 1) // bs].long()
-        k = k_cache[pages].reshape(-1, kv_heads, dim)[:n].double().repeat_interleave(heads // kv_heads, 1)
-        v = v_cache[pages].reshape(-1, kv_heads, dim)[:n].double().repeat_interleave(heads // kv_heads, 1)
-        s = torch.einsum("hd,thd->ht", q[b].double(), k) * scale
-        out[b] = torch.einsum("ht,thd->hd", s.softmax(-1), v)
-    return out
 
 
 def _caches(gen, num_pages, bs, kv_heads, dim):
@@ -90,7 +76,7 @@ def test_decode_kernel_takes_every_group_and_head_dim(group, head_dim):
     ctx = torch.tensor([1, 17, 70, 0, 9])  # 0: a padded graph row
     tables = torch.stack([torch.randperm(24, generator=gen)[:12] for _ in ctx]).to(torch.int32)
     q = torch.randn(len(ctx), group * kv_heads, head_dim, generator=gen)
-    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, head_dim**-0.5)
+    ref = reference_attention(q, k_cache, v_cache, tables, ctx, head_dim**-0.5)
     for splits in (1, 2):
         out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, head_dim**-0.5, splits)
         assert _relative_error(out, ref) < 1e-5
@@ -139,7 +125,7 @@ def test_chunk_rows_take_any_row_count_at_every_group_and_head_dim(group, head_d
         ctx, tables = _chunk_rows(chunks, rows, size, seq_tables)
         q = torch.randn(len(ctx), heads, head_dim, generator=gen)
         out = paged_chunk_attention(q, k_cache, v_cache, tables, ctx, head_dim**-0.5, 2, rows)
-        ref = _reference_attention(q, k_cache, v_cache, tables, ctx, head_dim**-0.5)
+        ref = reference_attention(q, k_cache, v_cache, tables, ctx, head_dim**-0.5)
         assert out.shape == q.shape
         assert _relative_error(out, ref) < 1e-5, (rows, chunks, size)
         assert not out[ctx == 0].any()
