@@ -67,6 +67,20 @@ def test_top_p_threshold_is_the_definition_and_the_torch_bisection(vocab, seed):
     assert expected.count(0) == 4 and expected.count(0x3F800000) >= 5  # the one-hot row keeps its 1.0
 
 
+@pytest.mark.parametrize("vocab,seed", [(1000, 0), (4999, 1)])
+def test_the_fan_out_search_for_few_rows_is_the_definition_too(vocab, seed):
+    """filters.top_p_threshold_fanout (the GPU's search below MIN_ROWS_FOR_TOP_P_KERNEL rows)."""
+    probs, ps, expected = _rows_and_ps(vocab, seed)
+    assert filters.top_p_threshold_fanout(probs, ps).tolist() == expected
+
+
+def test_the_fan_out_search_needs_every_pass(monkeypatch):
+    probs, ps, expected = _rows_and_ps(1000, 0)
+    monkeypatch.setattr(filters, "TOP_P_FAN_PASSES", filters.TOP_P_FAN_PASSES - 1)
+    short = filters.top_p_threshold_fanout(probs, ps).tolist()
+    assert sum(a != b for a, b in zip(short, expected)) >= len(expected) // 2
+
+
 def test_top_p_threshold_needs_every_pass():
     probs, ps, expected = _rows_and_ps(1000, 0)
     short = top_p_threshold(probs, ps, passes=TOP_P_PASSES - 1)  # 16^7 < 0x3F800001: not pinned
@@ -223,8 +237,11 @@ def test_the_sampler_draws_the_same_through_the_kernels(monkeypatch):
     assert used and kernel_tokens == torch_tokens
     assert searched == [len(seqs)] and len(seqs) >= MIN_ROWS_FOR_TOP_P_KERNEL
     few = seqs[: MIN_ROWS_FOR_TOP_P_KERNEL - 1]
+    fanned = []
+    fanout = filters.top_p_threshold_fanout
+    monkeypatch.setattr(filters, "top_p_threshold_fanout", lambda *a: fanned.append(a[0].shape[0]) or fanout(*a))
     assert sample(logits[: len(few)], few, [2], seed=21)[0] == torch_tokens[: len(few)]
-    assert searched == [len(seqs)]  # fewer rows: the torch bisection, not the one-program-per-row search
+    assert searched == [len(seqs)] and fanned == [len(few)]  # fewer rows: the torch fan-out search
     monkeypatch.setenv(triton_draw.ENV_SWITCH, "0")
     monkeypatch.undo()
     assert not triton_draw.is_enabled(torch.device("cpu"))

@@ -49,6 +49,33 @@ def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.where(p < 1.0, lo, 0)
 
 
+TOP_P_FAN = 16  # thresholds tried per pass by the fan-out search
+TOP_P_FAN_PASSES = 8  # 16^8 > 0x3F800001: eight 16-fold narrowings pin one pattern
+
+
+def top_p_threshold_fanout(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """top_p_threshold found 16 candidates at a time: 8 passes over [B, 16, V] instead of 30
+    over [B, V]. The same definition; fewer, larger launches, which is what a GPU step of a
+    few rows pays for (the bisection's 30 rounds are ~200 small kernels). Memory: 16x the
+    probabilities, so for few rows only."""
+    bits = probs.contiguous().view(torch.int32)
+    rows = probs.shape[0]
+    lo = torch.zeros(rows, dtype=torch.int64, device=probs.device)  # mass(>= lo) >= p holds
+    hi = torch.full_like(lo, _ONE_BITS + 1)  # mass(>= hi) >= p fails
+    fan = torch.arange(TOP_P_FAN, dtype=torch.int64, device=probs.device)
+    p = top_p.to(probs.dtype)
+    for _ in range(TOP_P_FAN_PASSES):
+        step = (hi - lo + TOP_P_FAN - 1) // TOP_P_FAN
+        candidates = lo[:, None] + fan[None, :] * step[:, None]  # [B, FAN], the first is lo
+        above = bits[:, None, :] >= candidates.to(torch.int32)[:, :, None]
+        mass = torch.where(above, probs[:, None, :], 0.0).sum(dim=-1)
+        ok = (mass >= p[:, None]) & (candidates < hi[:, None])
+        last = (ok * fan[None, :]).amax(dim=-1)  # the largest candidate that still holds p
+        lo = lo + last * step
+        hi = torch.minimum(hi, lo + step)
+    return torch.where(p < 1.0, lo, 0).to(torch.int32)
+
+
 def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """[B, V] bool: the top-p set of each row (rows with top_p >= 1 keep all)."""
     return probs.contiguous().view(torch.int32) >= top_p_threshold(probs, top_p)[:, None]
