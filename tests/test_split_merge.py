@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from inferd.engine.fast_path import has_triton
-from tests.test_fast_path import _arena, _reference_attention
+from tests.test_fast_path import _arena
+
+from attention_reference import reference_attention
 
 needs_triton = pytest.mark.skipif(
     not has_triton() or os.environ.get("TRITON_INTERPRET") != "1",
@@ -42,7 +44,7 @@ def test_counters_return_to_zero_so_every_later_launch_merges_again():
     ctx = torch.tensor([300, 17, 0])
     tables = torch.stack([torch.randperm(24, generator=gen)[:20] for _ in ctx]).to(torch.int32)
     q = torch.randn(len(ctx), 4, 32, generator=gen)
-    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3)
+    ref = reference_attention(q, k_cache, v_cache, tables, ctx, 0.3)
     outs = [paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, 4) for _ in range(3)]
     assert split_counters(q.device, 1).count_nonzero() == 0
     for out in outs:
@@ -67,7 +69,7 @@ def test_short_contexts_merge_only_the_splits_that_hold_keys(window, inputs_read
     ctx = torch.tensor([1000, 40, 0, 130, 1])  # 16 splits of 64 keys: all, 1, (1), 3 and 1 of them used
     tables = torch.stack([torch.randperm(80, generator=gen)[:64] for _ in ctx]).to(torch.int32)
     q = torch.randn(len(ctx), 4, 32, generator=gen)
-    ref = _reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
+    ref = reference_attention(q, k_cache, v_cache, tables, ctx, 0.3, window)
     for _ in range(2):
         out = paged_decode_attention(q, k_cache, v_cache, tables, ctx, 0.3, 16, window, inputs_ready=inputs_ready)
         assert torch.isfinite(out).all() and out[2].abs().max() == 0
