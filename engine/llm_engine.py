@@ -35,7 +35,7 @@ from .batch_invariant import make_batch_invariant
 from .batch_invariant_graphs import attach_invariant_decode
 from .block_manager import BlockManager
 from .config import EngineConfig, TunableError, validate_tunable
-from .fast_path import attach_fast_path, greedy_on_device
+from .fast_path import attach_fast_path
 from .kv_cache import KVCache, KVShape
 from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
@@ -446,9 +446,8 @@ class LLMEngine:
         self._record_prompt_logprobs(batch, output.prompt_logprobs)
         if not sampling:
             return [], []
-        tokens = output.sampled_token_ids or greedy_on_device(output.logits, sampling)
-        if tokens is not None:
-            return tokens, [None] * len(sampling)
+        if output.sampled_token_ids is not None:
+            return output.sampled_token_ids, [None] * len(sampling)
         # After execute: on the decode graphs the runner returns before the device has the
         # logits (their finiteness check is deferred), so the fill overlaps the device's work.
         mask = self.structured.fill(sampling)

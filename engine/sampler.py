@@ -23,7 +23,7 @@ import torch
 from .sampling.draw import draw, noise_streams
 from .sampling.greedy import plain_greedy
 from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
-from .sampling.slot_params import IS_GREEDY, SamplingSlots, SlotBatch
+from .sampling.slot_params import IS_GREEDY, SamplingSlots, SlotBatch, as_int64
 from .sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
 from .sequence import Sequence
 from .structured_outputs_grammar import TokenMask
@@ -48,7 +48,7 @@ class Sampler:
 
     def __init__(self, device: torch.device, vocab: int, eos_token_ids: list[int], seed: int = 0):
         self.slots = SamplingSlots(device, vocab, eos_token_ids)
-        self.key = (seed + (1 << 63)) % (1 << 64) - (1 << 63)
+        self.key = as_int64(seed)
         self.num_draws = 0  # the counter of the unseeded rows' noise
 
     def sample(
@@ -63,9 +63,10 @@ class Sampler:
         logits finite?), read with the tokens; when false, NonFiniteLogits is raised
         instead of returning. `mask`: the allowed tokens of the structured-outputs rows.
         `slots`: the rows' slots (default: each sequence's own)."""
-        raw = logits.float()
         if mask is None and all(map(plain_greedy, seqs)):
-            return _read(raw.argmax(dim=-1), finite, None)[0], [None] * len(seqs)
+            # the argmax of the logits as they are: widening to float32 keeps their order
+            return _read(logits.argmax(dim=-1), finite, None)[0], [None] * len(seqs)
+        raw = logits.float()
         if raw.shape[1] != self.slots.vocab:
             raise ValueError(f"logits have {raw.shape[1]} columns, the sampler's vocabulary {self.slots.vocab}")
         if slots is None:

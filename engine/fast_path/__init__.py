@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from .availability import has_triton, unavailable_reason
 from .cuda_graphs import GRAPH_LADDER, graph_batch_size, is_pure_decode
-from .gpu_sampling import greedy_on_device
 
 if TYPE_CHECKING:
     from ..model_runner import ModelRunner
@@ -27,7 +26,6 @@ __all__ = [
     "GRAPH_LADDER",
     "graph_batch_size",
     "is_pure_decode",
-    "greedy_on_device",
 ]
 
 

@@ -12,15 +12,8 @@ import torch
 from ..sampling.greedy import plain_greedy
 from ..sequence import Sequence
 
-__all__ = ["can_sample_greedy_on_device", "greedy_on_device", "plain_greedy"]
+__all__ = ["can_sample_greedy_on_device", "plain_greedy"]
 
 
 def can_sample_greedy_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> bool:
     return logits.device.type == "cuda" and logits.shape[0] == len(seqs) and all(map(plain_greedy, seqs))
-
-
-def greedy_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> list[int] | None:
-    """Token ids, or None when some sequence needs the host sampler."""
-    if not can_sample_greedy_on_device(logits, seqs):
-        return None
-    return logits.argmax(dim=-1).tolist()

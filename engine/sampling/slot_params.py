@@ -140,7 +140,7 @@ class SamplingSlots:
             self._occupant[slot] = seq.seq_id
             self._host_floats[:, slot] = torch.tensor(_float_row(p))
             top_k = p.top_k if 0 < p.top_k < self.vocab else 0
-            seed_key = _as_int64(p.seed + seq.index) if p.seed is not None else 0
+            seed_key = as_int64(p.seed + seq.index) if p.seed is not None else 0
             self._host_ints[:, slot] = torch.tensor([top_k, seed_key, p.min_tokens, p.is_greedy, p.seed is not None])
             bias = {t: v for t, v in (p.logit_bias or {}).items() if t < self.vocab}
             banned = [t for t in _banned(p, self.eos_token_ids) if t < self.vocab]
@@ -232,7 +232,7 @@ class SamplingSlots:
         self.capacity = cap
 
 
-def _as_int64(value: int) -> int:
+def as_int64(value: int) -> int:
     """The int64 with the same low 64 bits (a seed near 2^63 plus its completion's index)."""
     return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 
