@@ -296,10 +296,6 @@ def parse_records(text: str, source: str = "audit log") -> tuple[list[dict[str, 
     return records, unreadable
 
 
-def parse_lines(text: str, source: str = "audit log") -> list[dict[str, Any]]:
-    return parse_records(text, source)[0]
-
-
 def _parse_record(line: str) -> dict[str, Any] | None:
     try:
         record = json.loads(line)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.agent.stack import is_running
 from inferd.engine.server.parent_death import AGENT_PID_ENV, ancestors
 
 TCP_LISTEN = "0A"
@@ -115,14 +116,6 @@ def port_holder(host: str, port: int, procfs_root: str | os.PathLike = "/proc") 
         return None
     pid = process_with_socket(listening_inodes(port, procfs_root), procfs_root)
     return PortHolder(None) if pid is None else describe_process(pid, procfs_root)
-
-
-def is_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except (OSError, IndexError):
-        return False
 
 
 def stop_process(pid: int, timeout_s: float, poll_s: float = 0.05) -> bool:

@@ -97,6 +97,7 @@ class ModelRunner:
         self.fast_attention = fast_attention or paged_attention
         self.on_fastpath_failure: Callable[[str], None] = lambda reason: None
         self.on_fastpath_bug: Callable[[str], None] = lambda reason: None
+        self._logged_launch_bugs: set[str] = set()
         self._injected_failure: str | None = None
 
     def refresh_kv_views(self) -> None:
@@ -292,12 +293,12 @@ class ModelRunner:
         if is_strict() and not isinstance(exc, FastPathError):
             raise exc
         if is_launch_bug(exc):
-            log.error(
-                "fast-path launch bug (%s: %s); this step runs on the portable path",
-                type(exc).__name__,
-                exc,
-                exc_info=exc,
-            )
+            kind = type(exc).__name__
+            # A bug that hits every step would write a traceback every step: the first of
+            # each kind carries it, the rest are one line (all are counted).
+            first = kind not in self._logged_launch_bugs
+            self._logged_launch_bugs.add(kind)
+            log.error("fast-path launch bug (%s: %s); this step runs on the portable path", kind, exc, exc_info=first)
             self.on_fastpath_bug(type(exc).__name__)
             return
         self._switch_to_fallback(exc)

@@ -127,10 +127,6 @@ class GrammarCompiler:
         self._is_closed = False
         self.num_killed = 0
 
-    @property
-    def retry_after_s(self) -> int:
-        return max(1, round(self.timeout_s))
-
     def submit(self, params: StructuredOutputsParams) -> Future[Any]:
         with self._cond:
             if self._is_closed:
@@ -160,10 +156,6 @@ class GrammarCompiler:
             for job in self._running:
                 if job.future is future:
                     job.is_abandoned = True
-
-    @property
-    def num_queued(self) -> int:
-        return len(self._queue)
 
     def close(self) -> None:
         with self._cond:

@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -545,18 +546,11 @@ def check_mixed_prompts_after_prefix(model_dir, model, slow, vocab, slow_logits,
     lengths = (1, 3, 6, 9, 17, 33, 70, 130) if cuda else (1, 2, 3, 5, 6, 7, 9, 12)
     lone = prefix + prompts(vocab, 1, 6, seed=90)[0]
     batch = [prefix + prompts(vocab, 1, n, seed=92 + i)[0] for i, n in enumerate(lengths)]
-    strict = os.environ.get(STRICT_ENV)
-    os.environ[STRICT_ENV] = "1"
-    try:
+    with mock.patch.dict(os.environ, {STRICT_ENV: "1"}):
         generate(engine, [prefix + [5]], 1, "mixed-fill")  # the prefix enters the cache
         expanded, hits = graphs.num_expanded, engine.block_manager.prefix.hits
         lone_tokens, lone_ids = generate(engine, [lone], 8, "mixed-lone")
         batch_tokens, batch_ids = generate(engine, batch, 8, "mixed-batch")
-    finally:
-        if strict is None:
-            os.environ.pop(STRICT_ENV, None)
-        else:
-            os.environ[STRICT_ENV] = strict
     cases = [("lone6", lone, lone_tokens[0], lone_ids[0])]
     cases += [(f"len{n}", p, t, r) for n, p, t, r in zip(lengths, batch, batch_tokens, batch_ids)]
     for tag, prompt, tokens, rid in cases:

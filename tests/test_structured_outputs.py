@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from inferd.engine import LLM, SamplingParams
-from inferd.engine.fast_path.gpu_sampling import plain_greedy
 from inferd.engine.sampler import sample
+from inferd.engine.sampling.greedy import plain_greedy
 from inferd.engine.sequence import Sequence
 from inferd.engine.structured_outputs import StructuredOutputsParams, check_logit_bias
 from inferd.engine.structured_outputs_compiler import GrammarCompiler

@@ -15,6 +15,7 @@ import pytest
 from inferd.agent.supervisor import EngineCollector, Supervisor, SupervisorConfig, bound_command, launcher_main
 
 from fixture_trees import scrape
+from server_fixtures import free_port
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -475,14 +476,8 @@ time.sleep(600)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_engine_port_held_by_another_process_starts_no_engine_until_it_is_free():
-    port = _free_port()
+    port = free_port()
     holder = subprocess.Popen([sys.executable, "-c", LISTENER, str(port)], stdout=subprocess.PIPE, text=True)
     supervisor = None
     try:
@@ -506,7 +501,7 @@ def test_engine_port_held_by_another_process_starts_no_engine_until_it_is_free()
 
 
 def test_orphaned_engine_holding_the_port_is_stopped_and_replaced():
-    port = _free_port()
+    port = free_port()
     agent = subprocess.Popen(
         [sys.executable, "-c", ORPHANING_AGENT, LISTENER, str(port)], stdout=subprocess.PIPE, text=True
     )

@@ -29,7 +29,7 @@ from ..fast_path.attention import (
     paged_decode_attention,
     rows_per_pack,
 )
-from ..fast_path.attention.chunk_rows import CHUNK_PREFETCH, CHUNK_STAGES, LARGE_PACK_QUERIES
+from ..fast_path.attention.chunk_rows import CHUNK_PREFETCH, CHUNK_STAGES, large_pack_queries
 from ..fast_path.attention.common import MERGE_TILE_ELEMENTS, TILE_TOKENS
 from ..fast_path.cuda_graphs import LARGE_PACK_MIN_ROWS
 from .gemv_sweep import json_recorder, time_graph
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     prefetches = [bool(int(p)) for p in args.prefetch.split(",")]
     for rows in (32, 64, 128) if "chunk" in kinds else ():
         q, k, v, tables, lens = chunk_inputs(rows, 2080)
-        queries = LARGE_PACK_QUERIES if rows >= LARGE_PACK_MIN_ROWS else 16
+        queries = large_pack_queries(HEAD_DIM) if rows >= LARGE_PACK_MIN_ROWS else 16
         engine_pack = rows_per_pack(HEADS, KV_HEADS, queries)  # as cuda_graphs.DecodeGraphs.pack_for
         variants = [
             (p, t, m, f) for p in packs or [engine_pack] for t in tiles for m in merge_tiles for f in prefetches

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .burst_sampling import greedy_params
+
 
 @dataclass(slots=True)
 class OfflineResult:
@@ -38,8 +40,8 @@ def run_offline(
             llm.generate(warmup_prompts, SamplingParams(temperature=0.0, max_tokens=warmup_output_len, ignore_eos=True))
         gc.collect()
         gc.freeze()  # as the server does after start-up: no full collections over the engine's objects
-        greedy = _burst(llm.engine, prompts, output_len, [{"temperature": 0.0}] * len(prompts))
-        return greedy, _burst(llm.engine, sampled[0], output_len, sampled[1]) if sampled else None
+        greedy = offline_burst(llm.engine, prompts, output_len, greedy_params(len(prompts)))
+        return greedy, offline_burst(llm.engine, sampled[0], output_len, sampled[1]) if sampled else None
     finally:
         del llm
         gc.unfreeze()
@@ -48,7 +50,7 @@ def run_offline(
             torch.cuda.empty_cache()
 
 
-def _burst(engine, prompts: list[list[int]], output_len: int, sampling: list[dict]) -> OfflineResult:
+def offline_burst(engine, prompts: list[list[int]], output_len: int, sampling: list[dict]) -> OfflineResult:
     from .. import SamplingParams
 
     n = len(prompts)

@@ -24,10 +24,8 @@ from pathlib import Path
 import torch
 
 from .burst import for_phase, make_prompts, preset_checkpoint
-from .burst_offline import _burst
-from .burst_sampling import SamplingMix
-
-GREEDY = {"temperature": 0.0}
+from .burst_offline import offline_burst
+from .burst_sampling import SamplingMix, greedy_params
 
 
 def mixes(num_requests: int) -> dict[str, list[dict]]:
@@ -64,25 +62,25 @@ def run(args: argparse.Namespace) -> dict:
     def burst(name: str, sampling: list[dict], batch: list[list[int]] = prompts) -> float:
         nonlocal bursts
         bursts += 1
-        result = _burst(llm.engine, for_phase(batch, bursts, vocab), args.output_len, sampling)
+        result = offline_burst(llm.engine, for_phase(batch, bursts, vocab), args.output_len, sampling)
         tok_s = sum(result.num_tokens) / result.wall_s
         report["runs"].append({"name": name, "requests": len(batch), "tok_s": tok_s, "wall_s": result.wall_s})
         print(f"{name:40s} {tok_s:10.1f} tok/s", flush=True)
         return tok_s
 
-    greedy = [burst("greedy", [GREEDY] * args.num_requests)]
+    greedy = [burst("greedy", greedy_params(args.num_requests))]
     for i, (name, sampling) in enumerate(mixes(args.num_requests).items()):
         if i == 3:
-            greedy.append(burst("greedy (middle)", [GREEDY] * args.num_requests))
+            greedy.append(burst("greedy (middle)", greedy_params(args.num_requests)))
         burst(name, sampling)
-    greedy.append(burst("greedy (end)", [GREEDY] * args.num_requests))
+    greedy.append(burst("greedy (end)", greedy_params(args.num_requests)))
     base = sum(greedy) / len(greedy)
     for entry in report["runs"]:
         entry["x_greedy"] = entry["tok_s"] / base
     one = prompts[:1]
-    b1_greedy = [burst("batch 1 greedy", [GREEDY], one)]
+    b1_greedy = [burst("batch 1 greedy", greedy_params(1), one)]
     b1_top_p = burst("batch 1 top_p 0.9 (temperature 1.0)", [{"temperature": 1.0, "top_p": 0.9}], one)
-    b1_greedy.append(burst("batch 1 greedy (again)", [GREEDY], one))
+    b1_greedy.append(burst("batch 1 greedy (again)", greedy_params(1), one))
     report["batch1_top_p_x_greedy"] = b1_top_p / (sum(b1_greedy) / 2)
     gc.unfreeze()
     return report

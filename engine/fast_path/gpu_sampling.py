@@ -12,7 +12,7 @@ import torch
 from ..sampling.greedy import plain_greedy
 from ..sequence import Sequence
 
-__all__ = ["can_sample_greedy_on_device", "plain_greedy"]
+__all__ = ["can_sample_greedy_on_device"]
 
 
 def can_sample_greedy_on_device(logits: torch.Tensor, seqs: list[Sequence]) -> bool:

@@ -3,7 +3,7 @@
 Types are checked here (a wrong type is a malformed request: 422); values are checked by
 `SamplingParams` (a bad value: 400 naming the parameter), except that every integer
 field is bounded to a signed 64-bit integer here (a 400 naming it too). Non-finite
-numbers are malformed (422); a temperature in (0, 0.01) is raised to 0.01 as vLLM does.
+numbers are malformed (422).
 Besides OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), `priority` and
 `prompt_logprobs` are accepted; completions take `echo` (with `max_tokens` 0: the prompt
