@@ -11,11 +11,13 @@ A continuation is launched only when the scheduler would have scheduled exactly 
 batch: nothing waiting or swapped out, every running sequence in the batch, a block
 for each one's next position, and every row drawing from its raw logits
 (sampling/greedy.py `draws_from_raw_logits`: greedy, or sampled at a temperature through
-top-k/top-p/min-p, seeded or not; no penalties, bias, grammar, min_tokens ban or
-logprobs). A sampled row's token is drawn on the device right after the step
-(Sampler.draw_ahead), so it feeds the next step as a greedy one does; a seeded row's
-noise is keyed by its output position counting the tokens still in flight, so it draws
-what the synchronous engine draws. A sequence that turns out to
+top-k/top-p/min-p, seeded or not, asking for logprobs or not; no penalties, bias,
+grammar or min_tokens ban). A sampled row's token is drawn on the device right after
+the step (Sampler.draw_ahead), so it feeds the next step as a greedy one does; a seeded
+row's noise is keyed by its output position counting the tokens still in flight, so it
+draws what the synchronous engine draws. The logprobs a row asks for are computed there
+too, from the same raw logits, and come back with the tokens in the same copy
+(token_readback.py). A sequence that turns out to
 finish (a stop token) had one extra token computed: its row is dropped, and the K/V
 it wrote lies past the sequence's end, in a block that is freed with it; any later
 use of that block comes after it in stream order. A sequence that will finish by
@@ -39,7 +41,8 @@ from typing import TYPE_CHECKING
 
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
-from .sampling.greedy import draws_from_raw_logits
+from .sampling.greedy import draws_from_raw_logits, plain_greedy
+from .sampling.logprobs import LogprobLayout
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
 from .stats import StepStats, kv_tokens_read
@@ -124,7 +127,8 @@ class AsyncDecode:
             or not all(draws_from_raw_logits(item.seq) for item in batch)
         ):
             return None
-        pending = runner.launch_greedy_decode(batch, self._token_readback(), draw=self._draw(batch, 0))
+        draw, logprobs = self._draw(batch, 0)
+        pending = runner.launch_greedy_decode(batch, self._token_readback(), draw=draw, logprobs=logprobs)
         return InflightStep(batch, pending, stats) if pending is not None else None
 
     def launch_next(self, prev: InflightStep) -> InflightStep | None:
@@ -147,19 +151,27 @@ class AsyncDecode:
             fed = fed.index_select(0, device_index(index, self.device))
         scheduler.step_count += 1  # a step the scheduler did not have to plan
         stats = StepStats(len(rows), len(rows), kv_tokens_read=kv_tokens_read(rows))
-        pending = self.runner.launch_greedy_decode(rows, self._token_readback(), fed_ids=fed, draw=self._draw(rows, 1))
+        draw, logprobs = self._draw(rows, 1)
+        pending = self.runner.launch_greedy_decode(
+            rows, self._token_readback(), fed_ids=fed, draw=draw, logprobs=logprobs
+        )
         if pending is None:
             return None
         self.counters.decode_steps_launched_ahead += 1
         return InflightStep(rows, pending, stats)
 
-    def _draw(self, batch: list[ScheduledSeq], pending: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The step's draw from its logits on the device; None when every row is greedy
-        (the graph's greedy tokens are the answer)."""
+    def _draw(
+        self, batch: list[ScheduledSeq], pending: int
+    ) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, LogprobLayout | None]:
+        """The step's draw from its logits on the device, and the layout of the logprobs
+        it packs after its tokens. No draw when every row is plain greedy (the graph's
+        greedy tokens are the answer); a greedy row asking for logprobs goes through the
+        sampler, whose token is the same argmax of the raw logits."""
         seqs = [item.seq for item in batch]
-        if all(s.params.is_greedy for s in seqs):
-            return None
-        return lambda logits: self.sampler.draw_ahead(logits, seqs, pending)
+        if all(plain_greedy(s, pending) for s in seqs):
+            return None, None
+        logprobs = LogprobLayout.of([s.params.logprobs for s in seqs])
+        return (lambda logits: self.sampler.draw_ahead(logits, seqs, pending)), logprobs
 
     def _token_readback(self) -> TokenReadback:
         if self._readback is None:

@@ -11,10 +11,11 @@ or TPRunner for tensor_parallel_size > 1). A RunnerOutput comes out of
 on the fast decode path, the greedy tokens read with the finiteness check, or that
 check still on the device. The step's tokens are the ones it carries or the sampler's
 draw from its logits; the OutputProcessor turns them into outputs. With async
-scheduling, AsyncDecode launches decode steps ahead of the host; their tokens
-come back as PendingTokens, read one step later here. A request with structured outputs
-waits in StructuredOutputs (engine/structured_outputs_grammar.py) until its grammar is
-compiled; its rows' token masks then go to the sampler with the logits.
+scheduling, AsyncDecode launches decode steps ahead of the host; their tokens (and any
+logprobs) come back as PendingTokens, read one step later here. A request with
+structured outputs waits in StructuredOutputs (engine/structured_outputs_grammar.py)
+until its grammar is compiled; its rows' token masks then go to the sampler with the
+logits.
 
 The engine's configuration is the one owner of `mode` (fast/fallback): the runner
 reads it, reconfigure changes it, and a fast-path failure reaches the engine through
@@ -388,36 +389,37 @@ class LLMEngine:
 
     def _finish(self, prev: InflightStep, start: float) -> list[RequestOutput]:
         """Read prev's tokens (the step's one host synchronisation) and turn them into outputs."""
-        tokens, finite = prev.tokens.wait()
+        tokens, finite, logprobs = prev.tokens.wait()
         if not finite:
             self._inflight = None  # launched from non-finite logits
-            tokens = self._rerun_on_fallback(prev.batch)
+            tokens, logprobs = self._rerun_on_fallback(prev.batch)
         live = [
-            (item.seq, token) for item, token in zip(prev.batch, tokens) if item.seq.status is SequenceStatus.RUNNING
+            (item.seq, token, lp)
+            for item, token, lp in zip(prev.batch, tokens, logprobs)
+            if item.seq.status is SequenceStatus.RUNNING
         ]
         outputs: list[RequestOutput] = []
         if live:
-            seqs, toks = [s for s, _ in live], [t for _, t in live]
-            outputs = self.output_processor.process(
-                self.requests, seqs, toks, [None] * len(seqs), time.time(), prev.stats
-            )
+            seqs, toks, lps = [s for s, _, _ in live], [t for _, t, _ in live], [lp for _, _, lp in live]
+            outputs = self.output_processor.process(self.requests, seqs, toks, lps, time.time(), prev.stats)
         return self._close_step(prev.stats, start, outputs)
 
-    def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> list[int]:
+    def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[dict[int, float] | None]]:
         """A step in flight read back non-finite (its deferred check): switch to the
-        fallback path and compute the batch again there. Tokens in batch order (-1 for
-        rows that left)."""
+        fallback path and compute the batch again there. Tokens and logprobs in batch
+        order (-1 and None for rows that left)."""
         self.runner.non_finite_after_all()
         rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
         for item in rows:  # the engine counted these tokens already; the rerun computes them again
             item.seq.num_computed_tokens -= item.num_tokens
         try:
-            tokens, _ = self.sampler.sample(self.runner.execute(rows).logits, [item.seq for item in rows])
+            tokens, logprobs = self.sampler.sample(self.runner.execute(rows).logits, [item.seq for item in rows])
         finally:
             for item in rows:
                 item.seq.num_computed_tokens += item.num_tokens
-        by_seq = {id(item.seq): token for item, token in zip(rows, tokens)}
-        return [by_seq.get(id(item.seq), -1) for item in batch]
+        by_seq = {id(item.seq): answer for item, answer in zip(rows, zip(tokens, logprobs))}
+        answers = [by_seq.get(id(item.seq), (-1, None)) for item in batch]
+        return [token for token, _ in answers], [lp for _, lp in answers]
 
     def _record_prompt_logprobs(self, batch: list[ScheduledSeq], chunks: list | None) -> None:
         """Write the prompt tokens a step scored into their requests (every sibling of an

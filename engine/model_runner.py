@@ -44,6 +44,7 @@ from .scheduler import ScheduledSeq
 if TYPE_CHECKING:
     from .batch_invariant_graphs import InvariantDecodeGraphs
     from .fast_path.cuda_graphs import DecodeGraphs
+    from .sampling.logprobs import LogprobLayout
     from .token_readback import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
@@ -237,12 +238,14 @@ class ModelRunner:
         readback: TokenReadback,
         fed_ids: torch.Tensor | None = None,
         draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        logprobs: LogprobLayout | None = None,
     ) -> PendingTokens | None:
         """Start a greedy decode step on the decode graphs and return its tokens, still
         on their way to the host (async scheduling, engine/async_decode.py). `fed_ids`:
         the rows' input tokens on the device, when the host has not read them yet. `draw`:
-        the rows' tokens from the step's logits, on the device, when some row samples
-        (else the graph's greedy tokens). None
+        the rows' tokens from the step's logits, on the device, when some row samples or
+        asks for logprobs (else the graph's greedy tokens), followed by the logprobs that
+        `logprobs` lays out (sampling/logprobs.py). None
         when the step cannot run this way (nothing was launched then); a fast-path
         failure is handled as in `execute` (_leave_fast_path)."""
         if self.mode != "fast" or self.fast_decode is None or not self.fast_decode.fits(batch):
@@ -255,7 +258,7 @@ class ModelRunner:
             packed = self.fast_decode.greedy(len(batch))  # [finite flag, greedy tokens]
             if draw is not None:
                 packed = torch.cat([packed[:1], draw(logits)])
-            return readback.start(packed)
+            return readback.start(packed, logprobs)
         except Exception as exc:
             self._leave_fast_path(exc)
             return None

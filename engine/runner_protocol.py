@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from .fast_path.cuda_graphs import DecodeGraphs
     from .runner_output import RunnerOutput
+    from .sampling.logprobs import LogprobLayout
     from .scheduler import ScheduledSeq
     from .token_readback import PendingTokens, TokenReadback
 
@@ -47,10 +48,11 @@ class ModelRunnerProtocol(Protocol):
         readback: TokenReadback,
         fed_ids: torch.Tensor | None = None,
         draw: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        logprobs: LogprobLayout | None = None,
     ) -> PendingTokens | None:
         """Start a decode step on the decode graphs without waiting for its tokens (the
-        greedy ones, or `draw`'s from its logits); None when it cannot run that way
-        (nothing was launched then)."""
+        greedy ones, or `draw`'s from its logits, followed by the logprobs `logprobs` lays
+        out); None when it cannot run that way (nothing was launched then)."""
         ...
 
     def non_finite_after_all(self) -> None:

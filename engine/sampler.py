@@ -22,11 +22,13 @@ import torch
 
 from .sampling.draw import draw, noise_streams
 from .sampling.greedy import plain_greedy
+from .sampling.logprobs import LogprobLayout
 from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
 from .sampling.slot_params import IS_GREEDY, SamplingSlots, SlotBatch, as_int64
 from .sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
 from .sequence import Sequence
 from .structured_outputs_grammar import TokenMask
+from .token_readback import unpack_answer
 
 __all__ = ["GREEDY_BELOW_TEMPERATURE", "NonFiniteLogits", "Sampler", "sample", "warm_up"]
 
@@ -88,17 +90,20 @@ class Sampler:
         return token_list, logprobs
 
     def draw_ahead(self, logits: torch.Tensor, seqs: list[Sequence], pending: int) -> torch.Tensor:
-        """[B] int64 tokens on the device, read nothing: for a step launched ahead of the
-        host (engine/async_decode.py), whose rows all draw from their raw logits
-        (sampling/greedy.py draws_from_raw_logits) with `pending` tokens not appended yet."""
+        """[B] int64 tokens on the device, then the logprobs of the rows asking for them
+        (sampling/logprobs.py, LogprobLayout.of the rows' `logprobs`), read nothing: for a
+        step launched ahead of the host (engine/async_decode.py), whose rows all draw from
+        their raw logits (sampling/greedy.py draws_from_raw_logits) with `pending` tokens
+        not appended yet."""
         raw = logits.float()
         batch = self.slots.gather(seqs, [_slot_of(s) for s in seqs], pending)
         tokens = raw.argmax(dim=-1)
-        if batch.is_greedy.all():
-            return tokens
-        self.num_draws += 1
-        drawn = draw(raw, batch, noise_streams(batch, self.key, self.num_draws))
-        return torch.where(batch.ints[IS_GREEDY] != 0, tokens, drawn)
+        if not batch.is_greedy.all():
+            self.num_draws += 1
+            drawn = draw(raw, batch, noise_streams(batch, self.key, self.num_draws))
+            tokens = torch.where(batch.ints[IS_GREEDY] != 0, tokens, drawn)
+        logprobs = _logprob_tensors(raw, tokens, batch)
+        return tokens if logprobs is None else torch.cat([tokens, logprobs[1]])
 
 
 def _slot_of(seq: Sequence) -> int:
@@ -107,46 +112,30 @@ def _slot_of(seq: Sequence) -> int:
     return seq.slot
 
 
-def _logprob_tensors(raw: torch.Tensor, tokens: torch.Tensor, batch: SlotBatch) -> tuple | None:
-    """(rows, n per row, chosen [R], top values [R, k], top ids [R, k]) on the device."""
-    rows = [i for i, n in enumerate(batch.logprobs) if n is not None]
-    if not rows:
-        return None
-    index = torch.tensor(rows, dtype=torch.int64).to(raw.device, non_blocking=True)
-    lp = torch.log_softmax(raw.index_select(0, index), dim=-1)
-    chosen = lp.gather(1, tokens.index_select(0, index)[:, None])[:, 0]
-    k = max(batch.logprobs[i] or 0 for i in rows)
-    top = torch.topk(lp, k, dim=-1)
-    return rows, [batch.logprobs[i] for i in rows], chosen, top.values, top.indices
+def _logprob_tensors(
+    raw: torch.Tensor, tokens: torch.Tensor, batch: SlotBatch
+) -> tuple[LogprobLayout, torch.Tensor] | None:
+    """The rows' requested logprobs: their layout and their int64 block on the device."""
+    layout = LogprobLayout.of(batch.logprobs)
+    return None if layout is None else (layout, layout.pack(raw, tokens))
 
 
 def _read(
-    tokens: torch.Tensor, finite: torch.Tensor | None, logprobs: tuple | None
+    tokens: torch.Tensor, finite: torch.Tensor | None, logprobs: tuple[LogprobLayout, torch.Tensor] | None
 ) -> tuple[list[int], list[dict[int, float] | None]]:
     """Token ids (and any logprobs) to the host in one transfer; a device-side finiteness
-    flag rides on it."""
-    parts = [tokens.to(torch.float64)]  # ids below 2^53 and float32 values are exact in float64
-    if logprobs is not None:
-        _, _, chosen, values, ids = logprobs
-        parts += [chosen.to(torch.float64), values.flatten().to(torch.float64), ids.flatten().to(torch.float64)]
-    if finite is not None:
-        parts.append(finite.view(1).to(torch.float64))
-    packed = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
-    if finite is not None and not packed.pop():
+    flag rides on it, packed as a step launched ahead packs its answer (token_readback.py)."""
+    if finite is None and logprobs is None:
+        return tokens.tolist(), [None] * tokens.shape[0]
+    if finite is None:
+        flag = torch.ones(1, dtype=torch.int64, device=tokens.device)
+    else:
+        flag = finite.view(1).to(torch.int64)
+    parts = [flag, tokens] if logprobs is None else [flag, tokens, logprobs[1]]
+    layout = None if logprobs is None else logprobs[0]
+    ids, ok, out = unpack_answer(torch.cat(parts).cpu(), tokens.shape[0], layout)
+    if not ok:
         raise NonFiniteLogits("non-finite logits")
-    num_rows = tokens.shape[0]
-    ids = [int(t) for t in packed[:num_rows]]
-    out: list[dict[int, float] | None] = [None] * num_rows
-    if logprobs is not None:
-        rows, wanted, _, values, _ = logprobs
-        k = values.shape[1]
-        start = num_rows + len(rows)
-        for j, (i, n) in enumerate(zip(rows, wanted)):
-            top_values = packed[start + j * k : start + j * k + n]
-            top_ids = packed[start + len(rows) * k + j * k :][:n]
-            entry = {int(t): v for t, v in zip(top_ids, top_values)}
-            entry.setdefault(ids[i], packed[num_rows + j])
-            out[i] = entry
     return ids, out
 
 

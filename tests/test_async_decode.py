@@ -165,16 +165,43 @@ def test_sampled_requests_launch_ahead_and_draw_what_the_synchronous_engine_draw
     assert len({t for row in want[::2] for t in row}) > 4  # they do sample
 
 
+def test_logprob_rows_launch_ahead_and_read_back_the_synchronous_logprobs(tiny_model):
+    """Rows asking for logprobs (greedy, sampled, seeded; N = 0 up to 20) beside rows
+    asking none launch ahead: their tokens and logprobs are computed on the device after
+    the step and come back in its copy, equal to the synchronous engine's. Rows leave by
+    length on different steps, so the logprob rows move within the batch."""
+    prompts = [list(range(3, 3 + n)) for n in (21, 5, 13, 9, 17)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=9, logprobs=3, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_k=20, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=11, seed=5, logprobs=0, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+        SamplingParams(temperature=1.1, min_p=0.05, max_tokens=10, logprobs=20, ignore_eos=True),
+    ]
+    sync = fast_llm(tiny_model, async_scheduling=False)[0]
+    want = sync.generate(prompts, params)
+    assert sync.engine.counters.decode_steps_launched_ahead == 0
+    llm, fed = fast_llm(tiny_model)
+    got = llm.generate(prompts, params)
+    assert tokens_of(got) == tokens_of(want)
+    assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
+    assert [len(o.outputs[0].logprobs or []) for o in got] == [9, 0, 11, 0, 10]
+    assert all(len(d) in (20, 21) for d in got[4].outputs[0].logprobs)
+    assert llm.engine.counters.decode_steps_launched_ahead > 0 and sum(fed) >= len(fed) // 2
+    assert llm.engine.runner.mode == "fast" and llm.engine.kv_snapshot().num_used == 0
+
+
 def test_rows_needing_the_full_sampler_keep_the_synchronous_path(tiny_model):
-    """Logprobs (read back with the tokens) and penalties (counts updated from the host's
-    tokens) need the synchronous sampler: no step is launched from device tokens."""
+    """Penalties (counts updated from the host's tokens) and a logit bias need the
+    synchronous sampler, logprobs or not: no step is launched from device tokens."""
     for params in (
-        SamplingParams(temperature=0.8, max_tokens=6, seed=3, logprobs=1),
-        SamplingParams(temperature=0.8, max_tokens=6, seed=3, frequency_penalty=0.5),
+        SamplingParams(temperature=0.8, max_tokens=6, seed=3, logprobs=1, frequency_penalty=0.5),
+        SamplingParams(temperature=0.8, max_tokens=6, seed=3, logit_bias={7: 2.0}),
     ):
         want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
         llm, fed = fast_llm(tiny_model)
         assert tokens_of(llm.generate(PROMPTS, params)) == want and not any(fed)
+        assert llm.engine.counters.decode_steps_launched_ahead == 0
 
 
 def test_async_scheduling_must_be_a_bool():
