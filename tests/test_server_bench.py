@@ -31,6 +31,8 @@ def test_bench_serve_writes_report_and_plot(tiny_model, tmp_path):
                 "1.5",
                 "--max-tokens",
                 "8",
+                "--dataset",
+                "uniform",
                 "--prompt-len",
                 "4,32",
                 "--out",
@@ -39,19 +41,24 @@ def test_bench_serve_writes_report_and_plot(tiny_model, tmp_path):
         )
     assert rc == 0
     report = json.loads(out.with_suffix(".json").read_text())
-    assert [lv["offered_rps"] for lv in report["levels"]] == [2.0, 4.0, 8.0]
+    assert [lv["offered_rate"] for lv in report["levels"]] == [2.0, 4.0, 8.0]
     for level in report["levels"]:
-        assert level["num_requests"] > 0 and level["num_failed"] == 0
-        assert level["output_tokens_per_s"] > 0
-        assert 0 < level["ttft_p50"] <= level["ttft_p99"]
-        assert 0 < level["itl_p50"] <= level["itl_p99"]
+        assert level["num_requests"] > 0 and level["failed"] == 0
+        assert level["completed"] == level["num_requests"] and level["total_output_tokens"] == 8 * level["completed"]
+        assert level["output_throughput"] > 0
+        assert 0 < level["median_ttft_ms"] <= level["p99_ttft_ms"]
+        assert 0 < level["median_itl_ms"] <= level["p99_itl_ms"]
+        # what `inferd doctor --sweep` reads
+        assert level["offered_rps"] == level["offered_rate"] and level["ttft_p99"] == level["p99_ttft_ms"] / 1e3
     assert report["model"] == "tiny"
     png = out.with_suffix(".png").read_bytes()
     assert png.startswith(b"\x89PNG")
 
 
 def test_bench_rejects_bad_rates(tmp_path):
-    assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--rates", "4,2", "--out", str(tmp_path / "x")]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "serve", "--url", "http://127.0.0.1:9", "--rates", "4,2", "--out", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
 
 
 # --- `inferd bench burst`: the server against the offline engine ---------------------------

@@ -11,7 +11,7 @@ import importlib
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": (
         "inferd.engine.bench.serve",
-        "drive the server at rising offered loads; latency, throughput and the knee",
+        "drive a server at rising offered loads: goodput and SLO attainment per class, latency, the knee",
     ),
     "burst": (
         "inferd.engine.bench.burst",

@@ -1,12 +1,15 @@
-"""`inferd bench serve`: the server at rising offered loads.
+"""`inferd bench serve`: the server at rising offered loads, judged on goodput.
 
-For each offered load (requests per second: exactly rate x `--duration` requests,
-Poisson-timed) it sends streaming completions with random prompt lengths and a fixed
-number of output tokens (ignore_eos), then reports per level: TTFT and inter-token
-latency p50/p99, end-to-end p50, achieved request and output-token throughput.
-The knee is where throughput stops growing while latency climbs: the level where
-the slope of throughput over offered load drops the most (most negative second
-difference). Writes a JSON report and a PNG plot.
+For each offered load it sends streaming completions at the arrival times of
+arrivals.py (Poisson by default, gamma with --burstiness, or a replayed trace) with
+the prompts and output lengths of datasets.py (ShareGPT-like synthetic lengths by
+default, a ShareGPT file, or uniform), each request in an SLO class (slo_classes.py)
+and greedy or sampled (--sampled-share). Per level, and per class beside it
+(goodput.py): goodput and SLO attainment, achieved request and token throughput,
+TTFT/TPOT/ITL/end-to-end latency, shed (429/503) and failed requests, under
+`vllm bench serve`'s JSON keys where it has them. The knee is where throughput stops
+growing while latency climbs: the level where the slope of throughput over offered
+load drops the most (inferd/knee.py). Writes PREFIX.json and PREFIX.png.
 
 Without --url it starts `inferd serve` in a subprocess on a free loopback port (the
 embedded tiny model unless --model or --preset says otherwise) and stops it after.
@@ -18,7 +21,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import os
 import platform
 import random
@@ -26,189 +28,88 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from inferd.knee import find_knee
+
+from .arrivals import TraceEntry, read_trace
+from .datasets import WORDS, read_sharegpt
+from .goodput import percentile
+from .serve_config import DEFAULT_MAX_MODEL_LEN, BenchConfig
+from .serve_levels import level_report, make_samples, plan_levels, run_level, with_trace_lengths
+from .serve_options import OptionError, add_arguments, config_from_args, fail
+from .serve_plot import plot
+from .token_count import CALIBRATION_WORDS, TokenCounter
+
+__all__ = ["BenchConfig", "add_arguments", "find_knee", "percentile", "run", "start_server", "stop_server"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class BenchConfig:
-    rates: list[float]
-    duration_s: float = 20.0
-    prompt_len_min: int = 16
-    prompt_len_max: int = 256
-    max_tokens: int = 64
-    seed: int = 0
-    timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if not self.rates or any(not (isinstance(r, (int, float)) and r > 0) for r in self.rates):
-            raise ValueError(f"rates must be positive numbers, got {self.rates!r}")
-        if sorted(self.rates) != list(self.rates):
-            raise ValueError(f"rates must rise, got {self.rates!r}")
-        if not self.duration_s > 0:
-            raise ValueError(f"duration_s must be > 0, got {self.duration_s!r}")
-        if not 1 <= self.prompt_len_min <= self.prompt_len_max:
-            raise ValueError(
-                f"need 1 <= prompt_len_min <= prompt_len_max, got {self.prompt_len_min}, {self.prompt_len_max}"
-            )
-        if self.max_tokens < 2:
-            raise ValueError(f"max_tokens must be >= 2 (inter-token latency needs two tokens), got {self.max_tokens}")
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
-@dataclass(slots=True)
-class RequestResult:
-    ok: bool
-    ttft: float = math.nan
-    itls: list[float] = field(default_factory=list)
-    e2e: float = math.nan
-    num_tokens: int = 0
-    error: str = ""
+def print_level(level: dict[str, Any]) -> None:
+    goodput = level["request_goodput"]
+    slo = "" if goodput is None else f"goodput {goodput:6.2f} req/s (attainment {level['attainment']:.2f}), "
+    print(
+        f"offered {level['offered_rate']:7.2f} req/s: achieved {level['request_throughput']:6.2f} req/s, {slo}"
+        f"{level['output_throughput']:8.1f} tok/s, TTFT p50/p99 {_ms(level['median_ttft_ms'])}/"
+        f"{_ms(level['p99_ttft_ms'])} ms, TPOT p50/p99 {_ms(level['median_tpot_ms'])}/{_ms(level['p99_tpot_ms'])} ms, "
+        f"shed {level['shed']['count']}, failed {level['failed']}/{level['num_requests']}",
+        flush=True,
+    )
+    if goodput is None or len(level["per_class"]) < 2:
+        return
+    for name, c in level["per_class"].items():
+        print(
+            f"    {name:>12}: goodput {c['request_goodput']:6.2f} req/s, attainment {_ratio(c['attainment'])} "
+            f"(of admitted {_ratio(c['attainment_of_admitted'])}), TTFT p99 {_ms(c['p99_ttft_ms'])} ms, "
+            f"TPOT p99 {_ms(c['p99_tpot_ms'])} ms, shed {c['shed']['count']}, failed {c['failed']}",
+            flush=True,
+        )
 
 
-@dataclass(slots=True)
-class LevelResult:
-    offered_rps: float
-    sent_rps: float
-    num_requests: int
-    num_failed: int
-    wall_s: float
-    achieved_rps: float
-    output_tokens_per_s: float
-    ttft_p50: float
-    ttft_p99: float
-    itl_p50: float
-    itl_p99: float
-    e2e_p50: float
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100]); NaN for no values."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def make_prompt(rng: random.Random, words: list[str], length: int) -> str:
-    return " ".join(rng.choice(words) for _ in range(length))
-
-
-WORDS = (
-    "the engine keeps key value cache blocks sequence table batch step token memory host device "
-    "scheduler prefix swap page fault model layer node socket link"
-).split()
-
-
-async def _one_request(client, url: str, model: str, prompt: str, max_tokens: int, timeout: float) -> RequestResult:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    last = None
-    result = RequestResult(ok=False)
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    result.num_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices"):
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    result.ttft = now - start
-                else:
-                    result.itls.append(now - last)
-                last = now
-    except Exception as exc:  # count it, keep the benchmark going
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    result.e2e = time.perf_counter() - start
-    result.ok = last is not None
-    return result
-
-
-async def run_level(url: str, model: str, rate: float, cfg: BenchConfig, rng: random.Random) -> LevelResult:
+async def bench(
+    url: str,
+    served_model_name: str | None,
+    cfg: BenchConfig,
+    pairs: list[tuple[str, str]] | None,
+    trace: list[TraceEntry] | None,
+) -> dict[str, Any]:
     import httpx
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits) as client:
-        tasks = []
-        # A Poisson process with exactly N arrivals in [0, T) has its arrival times uniform
-        # and independent: every level sends exactly rate x T requests, Poisson-timed.
-        arrivals = sorted(rng.uniform(0.0, cfg.duration_s) for _ in range(max(1, round(rate * cfg.duration_s))))
-        start = time.perf_counter()
-        for t in arrivals:
-            delay = start + t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            prompt = make_prompt(rng, WORDS, rng.randint(cfg.prompt_len_min, cfg.prompt_len_max))
-            tasks.append(asyncio.create_task(_one_request(client, url, model, prompt, cfg.max_tokens, cfg.timeout_s)))
-        results = await asyncio.gather(*tasks)
-        wall = time.perf_counter() - start
-    ok = [r for r in results if r.ok]
-    itls = [x for r in ok for x in r.itls]
-    return LevelResult(
-        offered_rps=rate,
-        sent_rps=len(results) / cfg.duration_s,
-        num_requests=len(results),
-        num_failed=len(results) - len(ok),
-        wall_s=wall,
-        achieved_rps=len(ok) / wall if wall else 0.0,
-        output_tokens_per_s=sum(r.num_tokens for r in ok) / wall if wall else 0.0,
-        ttft_p50=percentile([r.ttft for r in ok], 50),
-        ttft_p99=percentile([r.ttft for r in ok], 99),
-        itl_p50=percentile(itls, 50),
-        itl_p99=percentile(itls, 99),
-        e2e_p50=percentile([r.e2e for r in ok], 50),
-    )
-
-
-def plot(levels: list[LevelResult], knee: int | None, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    loads = [lv.offered_rps for lv in levels]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ax1.plot(loads, [lv.output_tokens_per_s for lv in levels], "o-", label="output tokens/s")
-    ax1.set_xlabel("offered load (requests/s)")
-    ax1.set_ylabel("output tokens/s")
-    ax1.set_title("throughput")
-    ax2.plot(loads, [lv.ttft_p50 * 1e3 for lv in levels], "o-", label="TTFT p50")
-    ax2.plot(loads, [lv.ttft_p99 * 1e3 for lv in levels], "o--", label="TTFT p99")
-    ax2.plot(loads, [lv.itl_p50 * 1e3 for lv in levels], "s-", label="ITL p50")
-    ax2.plot(loads, [lv.itl_p99 * 1e3 for lv in levels], "s--", label="ITL p99")
-    ax2.set_yscale("log")
-    ax2.set_xlabel("offered load (requests/s)")
-    ax2.set_ylabel("ms")
-    ax2.set_title("latency")
-    if knee is not None:
-        for ax in (ax1, ax2):
-            ax.axvline(loads[knee], color="red", linestyle=":", label=f"knee ({loads[knee]:g} req/s)")
-    ax1.legend()
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        card = (await client.get(f"{url}/v1/models", timeout=10)).json()["data"][0]
+        model = served_model_name or card["id"]
+        max_model_len = cfg.max_model_len or card.get("max_model_len") or DEFAULT_MAX_MODEL_LEN
+        counter = TokenCounter(client, url, model)
+        await counter.start(" ".join(WORDS[i % len(WORDS)] for i in range(CALIBRATION_WORDS)))
+        plans = plan_levels(cfg, trace)
+        samples = await make_samples(cfg, pairs, sum(len(p.times) for p in plans), counter, max_model_len)
+        rng = random.Random(f"{cfg.seed}:classes")
+        levels, first = [], 0
+        for plan in plans:
+            level_samples = samples[first : first + len(plan.times)]
+            first += len(plan.times)
+            if plan.trace is not None:
+                level_samples = await with_trace_lengths(level_samples, plan.trace, counter, cfg.seed)
+            records, wall = await run_level(client, url, model, cfg, plan, level_samples, rng)
+            levels.append(level_report(plan, cfg, records, wall))
+            print_level(levels[-1])
+    return {
+        "model": model,
+        "requests": {"token_counts": counter.source, "max_model_len": max_model_len},
+        "levels": levels,
+    }
 
 
 def _free_port() -> int:
@@ -259,49 +160,33 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
         proc.wait(timeout)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="benchmark a running server (default: start one)")
-    parser.add_argument("--model", help="checkpoint directory for the started server")
-    parser.add_argument(
-        "--preset",
-        choices=["tiny", "small"],
-        help="make-model preset for the started server "
-        "(written under a temporary folder); default: the embedded tiny model",
-    )
-    parser.add_argument("--served-model-name", default=None, help="model name to request (default: the server's)")
-    parser.add_argument(
-        "--rates", default="1,2,4,8,16,32", help="offered loads, requests/s, rising (default 1,2,4,8,16,32)"
-    )
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per level (default 20)")
-    parser.add_argument("--prompt-len", default="16,256", help="prompt length range in words, MIN,MAX (default 16,256)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default 64)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of arrival times and prompt lengths")
-    parser.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        help="extra option for the started server, e.g. --server-arg=--max-num-seqs=32 (repeatable)",
-    )
-    parser.add_argument("--out", default="bench-serve", help="output prefix: PREFIX.json and PREFIX.png")
+def _read_inputs(cfg: BenchConfig) -> tuple[list[tuple[str, str]] | None, list[TraceEntry] | None]:
+    """The dataset file and the trace, read before any server starts."""
+    pairs = trace = None
+    if cfg.dataset not in ("synthetic", "uniform"):
+        try:
+            pairs = read_sharegpt(cfg.dataset)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise OptionError("--dataset", str(exc)) from None
+    if cfg.trace is not None:
+        try:
+            trace = read_trace(cfg.trace)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise OptionError("--trace", str(exc)) from None
+        names = {c.name for c in cfg.classes}
+        unknown = sorted({e.slo_class for e in trace if e.slo_class is not None} - names)
+        if unknown:
+            raise OptionError("--trace", f"class {', '.join(unknown)} is not one of {', '.join(sorted(names))}")
+    return pairs, trace
 
 
 def run(args: argparse.Namespace) -> int:
-    import httpx
-
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        lo, hi = (int(x) for x in args.prompt_len.split(","))
-        cfg = BenchConfig(
-            rates=[float(x) for x in args.rates.split(",")],
-            duration_s=args.duration,
-            prompt_len_min=lo,
-            prompt_len_max=hi,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-        )
+        cfg = config_from_args(args)
+        pairs, trace = _read_inputs(cfg)
     except ValueError as exc:
-        log.error("bad option: %s", exc)
-        return 2
+        fail(args, exc)
     proc = None
     url = args.url
     model = args.model
@@ -316,37 +201,25 @@ def run(args: argparse.Namespace) -> int:
         if url is None:
             proc, url = start_server(model, args.server_arg)
         url = url.rstrip("/")
-        served = args.served_model_name or httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        rng = random.Random(cfg.seed)
-        levels: list[LevelResult] = []
-        for rate in cfg.rates:
-            level = asyncio.run(run_level(url, served, rate, cfg, rng))
-            levels.append(level)
-            print(
-                f"offered {rate:7.2f} req/s (sent {level.sent_rps:6.2f}): achieved {level.achieved_rps:6.2f} req/s, "
-                f"{level.output_tokens_per_s:8.1f} tok/s, TTFT p50/p99 {level.ttft_p50 * 1e3:7.1f}/"
-                f"{level.ttft_p99 * 1e3:7.1f} ms, ITL p50/p99 {level.itl_p50 * 1e3:6.1f}/{level.itl_p99 * 1e3:6.1f} ms, "
-                f"failed {level.num_failed}/{level.num_requests}",
-                flush=True,
-            )
+        result = asyncio.run(bench(url, args.served_model_name, cfg, pairs, trace))
     finally:
         if proc is not None:
             stop_server(proc)
-    knee = find_knee([lv.offered_rps for lv in levels], [lv.output_tokens_per_s for lv in levels])
+    levels = result["levels"]
+    knee = find_knee([lv["offered_rate"] for lv in levels], [lv["output_throughput"] for lv in levels])
     report = {
         "config": asdict(cfg),
         "url": url if args.url else "started",
-        "model": served,
+        "model": result["model"],
+        "requests": result["requests"],
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
-        "levels": [asdict(lv) for lv in levels],
-        "knee": None if knee is None else {"index": knee, "offered_rps": levels[knee].offered_rps},
+        "levels": levels,
+        "knee": None if knee is None else {"index": knee, "offered_rate": levels[knee]["offered_rate"]},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(report, indent=2, default=lambda x: None) + "\n")
-    plot(levels, knee, Path(f"{out}.png"))
-    print(
-        f"knee: {'none found' if knee is None else f'{levels[knee].offered_rps:g} req/s'}; "
-        f"wrote {out}.json and {out}.png"
-    )
-    return 1 if any(lv.num_failed for lv in levels) else 0
+    plot(levels, knee, Path(f"{out}.png"), frozenset(c.name for c in cfg.classes if c.is_best_effort))
+    found = "none found" if knee is None else f"{levels[knee]['offered_rate']:g} req/s"
+    print(f"knee: {found}; wrote {out}.json and {out}.png")
+    return 1 if any(lv["failed"] for lv in levels) else 0
