@@ -9,13 +9,13 @@ then processes the first step's tokens while the GPU runs the second.
 
 A continuation is launched only when the scheduler would have scheduled exactly that
 batch: nothing waiting or swapped out, every running sequence in the batch, a block
-for each one's next position, and every row drawing from its raw logits
-(sampling/greedy.py `draws_from_raw_logits`: greedy, or sampled at a temperature through
-top-k/top-p/min-p, seeded or not, asking for logprobs or not; no penalties, bias,
-grammar or min_tokens ban). A sampled row's token is drawn on the device right after
-the step (Sampler.draw_ahead), so it feeds the next step as a greedy one does; a seeded
-row's noise is keyed by its output position counting the tokens still in flight, so it
-draws what the synchronous engine draws. The logprobs a row asks for are computed there
+for each one's next position, and no row with a grammar (sampling/greedy.py
+`can_launch_ahead`: its allowed tokens follow the host's matcher). A row's token is
+chosen on the device right after the step (Sampler.draw_ahead: bias, min_tokens ban and
+penalties from the slot's device state, whose counts take each drawn token there), so it
+feeds the next step as a greedy one does; a seeded row's noise and a min_tokens ban are
+keyed by its output position counting the tokens still in flight, so it draws what the
+synchronous engine draws. The logprobs a row asks for are computed there
 too, from the same raw logits, and come back with the tokens in the same copy
 (token_readback.py). A sequence that turns out to
 finish (a stop token) had one extra token computed: its row is dropped, and the K/V
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
-from .sampling.greedy import draws_from_raw_logits, plain_greedy
+from .sampling.greedy import can_launch_ahead, plain_greedy
 from .sampling.logprobs import LogprobLayout
 from .scheduler import ScheduledSeq
 from .sequence import Sequence, SequenceStatus
@@ -84,7 +84,7 @@ def continuation_rows(
             continue
         if seq.num_output_tokens + 1 >= seq.params.max_tokens or seq.num_tokens + 1 >= max_model_len:
             continue  # prev's token is its last
-        if not draws_from_raw_logits(seq, pending=1):
+        if not can_launch_ahead(seq):
             return None
         rows.append(ScheduledSeq(seq, 1))
         index.append(i)
@@ -124,7 +124,7 @@ class AsyncDecode:
             not self.current_config().async_scheduling
             or runner.fast_decode is None
             or not is_pure_decode(batch)
-            or not all(draws_from_raw_logits(item.seq) for item in batch)
+            or not all(can_launch_ahead(item.seq) for item in batch)
         ):
             return None
         draw, logprobs = self._draw(batch, 0)

@@ -24,7 +24,7 @@ from .sampling.draw import draw, noise_streams
 from .sampling.greedy import plain_greedy
 from .sampling.logprobs import LogprobLayout
 from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
-from .sampling.slot_params import IS_GREEDY, SamplingSlots, SlotBatch, as_int64
+from .sampling.slot_params import SamplingSlots, SlotBatch, as_int64
 from .sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
 from .sequence import Sequence
 from .structured_outputs_grammar import TokenMask
@@ -74,36 +74,39 @@ class Sampler:
         if slots is None:
             slots = [_slot_of(s) for s in seqs]
         batch = self.slots.gather(seqs, slots)
-        adjusted = raw.clone()
-        add_logit_bias(adjusted, self.slots, batch)
-        if mask is not None:
-            _apply_mask(adjusted, mask)
-        ban_until_min_tokens(adjusted, self.slots, batch)
-        adjusted = apply_penalties(adjusted, self.slots, batch)
-        tokens = adjusted.argmax(dim=-1)
-        if not batch.is_greedy.all():
-            self.num_draws += 1
-            drawn = draw(adjusted, batch, noise_streams(batch, self.key, self.num_draws))
-            tokens = torch.where(batch.ints[IS_GREEDY] != 0, tokens, drawn)
-        token_list, logprobs = _read(tokens, finite, _logprob_tensors(raw, tokens, batch))
-        self.slots.count_drawn(batch, tokens)
-        return token_list, logprobs
+        tokens = self._choose(raw, batch, mask)
+        return _read(tokens, finite, _logprob_tensors(raw, tokens, batch))
 
     def draw_ahead(self, logits: torch.Tensor, seqs: list[Sequence], pending: int) -> torch.Tensor:
         """[B] int64 tokens on the device, then the logprobs of the rows asking for them
         (sampling/logprobs.py, LogprobLayout.of the rows' `logprobs`), read nothing: for a
-        step launched ahead of the host (engine/async_decode.py), whose rows all draw from
-        their raw logits (sampling/greedy.py draws_from_raw_logits) with `pending` tokens
-        not appended yet."""
+        step launched ahead of the host (engine/async_decode.py), whose rows need no grammar
+        (sampling/greedy.py can_launch_ahead), with `pending` tokens not appended yet."""
         raw = logits.float()
         batch = self.slots.gather(seqs, [_slot_of(s) for s in seqs], pending)
-        tokens = raw.argmax(dim=-1)
-        if not batch.is_greedy.all():
-            self.num_draws += 1
-            drawn = draw(raw, batch, noise_streams(batch, self.key, self.num_draws))
-            tokens = torch.where(batch.ints[IS_GREEDY] != 0, tokens, drawn)
+        tokens = self._choose(raw, batch, None)
         logprobs = _logprob_tensors(raw, tokens, batch)
         return tokens if logprobs is None else torch.cat([tokens, logprobs[1]])
+
+    def _choose(self, raw: torch.Tensor, batch: SlotBatch, mask: TokenMask | None) -> torch.Tensor:
+        """[B] tokens on the device: the logit bias, the grammar mask, the min_tokens ban and
+        the penalties added to a copy of the logits, then the argmax of greedy rows and the
+        draw of the others. The chosen tokens enter the penalty rows' counts."""
+        adjusted = raw
+        if batch.any_bias or mask is not None or batch.any_ban or batch.any_penalty:
+            adjusted = raw.clone()
+            add_logit_bias(adjusted, self.slots, batch)
+            if mask is not None:
+                _apply_mask(adjusted, mask)
+            ban_until_min_tokens(adjusted, self.slots, batch)
+            adjusted = apply_penalties(adjusted, self.slots, batch)
+        if batch.is_greedy.all():
+            tokens = adjusted.argmax(dim=-1)
+        else:
+            self.num_draws += 1
+            tokens = draw(adjusted, batch, noise_streams(batch, self.key, self.num_draws))
+        self.slots.count_drawn(batch, tokens)
+        return tokens
 
 
 def _slot_of(seq: Sequence) -> int:
@@ -154,7 +157,8 @@ def sample(
 
 
 # One row per branch of the sampler: top-k, top-p and min-p with logprobs; penalties, a logit
-# bias and a seeded draw; a greedy row banning EOS before min_tokens.
+# bias and a seeded draw; a greedy row banning EOS before min_tokens. Then the first and the
+# last alone, for top-p within top-k.
 WARMUP_PARAMS: tuple[dict[str, Any], ...] = (
     dict(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05, logprobs=2),
     dict(
@@ -179,3 +183,5 @@ def warm_up(device: torch.device, vocab_size: int, eos_token_ids: list[int]) -> 
         for i, params in enumerate(WARMUP_PARAMS)
     ]
     sample(torch.zeros(len(seqs), vocab_size, device=device), seqs, eos_token_ids)
+    # every drawing row with a top-k: top-p within the k largest (sampling/draw.py)
+    sample(torch.zeros(2, vocab_size, device=device), [seqs[0], seqs[2]], eos_token_ids)

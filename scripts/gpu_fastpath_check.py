@@ -705,9 +705,9 @@ def check_async_scheduling(fast, vocab, model_dir, model, **_):
     )
     fed = []
     launch = ahead.runner.launch_greedy_decode
-    ahead.runner.launch_greedy_decode = lambda batch, rb, fed_ids=None: (
+    ahead.runner.launch_greedy_decode = lambda batch, rb, fed_ids=None, **kwargs: (
         fed.append(fed_ids is not None),
-        launch(batch, rb, fed_ids=fed_ids),
+        launch(batch, rb, fed_ids=fed_ids, **kwargs),
     )[1]
     ps = [p[: 5 + 37 * i] for i, p in enumerate(prompts(vocab, 8, 300, seed=55))]
     got, want = [], []

@@ -191,17 +191,40 @@ def test_logprob_rows_launch_ahead_and_read_back_the_synchronous_logprobs(tiny_m
     assert llm.engine.runner.mode == "fast" and llm.engine.kv_snapshot().num_used == 0
 
 
-def test_rows_needing_the_full_sampler_keep_the_synchronous_path(tiny_model):
-    """Penalties (counts updated from the host's tokens) and a logit bias need the
-    synchronous sampler, logprobs or not: no step is launched from device tokens."""
-    for params in (
-        SamplingParams(temperature=0.8, max_tokens=6, seed=3, logprobs=1, frequency_penalty=0.5),
-        SamplingParams(temperature=0.8, max_tokens=6, seed=3, logit_bias={7: 2.0}),
-    ):
-        want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
-        llm, fed = fast_llm(tiny_model)
-        assert tokens_of(llm.generate(PROMPTS, params)) == want and not any(fed)
-        assert llm.engine.counters.decode_steps_launched_ahead == 0
+def test_penalty_bias_and_min_tokens_rows_launch_ahead_and_draw_what_the_synchronous_engine_draws(tiny_model):
+    """Penalties (their counts take each drawn token on the device), a logit bias and a
+    min_tokens ban are applied after a step launched ahead as in the synchronous sampler:
+    the same tokens and logprobs, most steps fed from the device."""
+    stop = 9
+    params = [
+        SamplingParams(temperature=0.8, max_tokens=10, seed=3, logprobs=1, frequency_penalty=2.0, ignore_eos=True),
+        # token 7 leads by its bias until its count's penalty pulls it back: a count missed changes the tokens
+        SamplingParams(temperature=0.0, max_tokens=12, logit_bias={7: 20.0}, frequency_penalty=2.0, ignore_eos=True),
+        SamplingParams(temperature=0.9, max_tokens=8, logit_bias={7: 3.0, 11: -50.0}, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=9, min_tokens=6, stop_token_ids=[stop]),
+    ]
+    prompts = PROMPTS + [[3, 4, 5]]
+    sync = fast_llm(tiny_model, async_scheduling=False)[0]
+    want = sync.generate(prompts, params)
+    llm, fed = fast_llm(tiny_model)
+    got = llm.generate(prompts, params)
+    assert tokens_of(got) == tokens_of(want)
+    assert [o.outputs[0].logprobs for o in got] == [o.outputs[0].logprobs for o in want]
+    assert llm.engine.counters.decode_steps_launched_ahead > 0 and sum(fed) >= len(fed) // 2
+    assert 3 <= tokens_of(got)[1].count(7) <= 8  # chosen, held back by its count, chosen again
+    assert stop not in tokens_of(got)[3][:6]
+
+
+def test_grammar_rows_keep_the_synchronous_path(tiny_model):
+    """A structured-outputs row's allowed tokens follow the host's matcher: no step is
+    launched from device tokens."""
+    from inferd.engine.structured_outputs import StructuredOutputsParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
+    want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))
+    llm, fed = fast_llm(tiny_model)
+    assert tokens_of(llm.generate(PROMPTS, params)) == want and not any(fed)
+    assert llm.engine.counters.decode_steps_launched_ahead == 0
 
 
 def test_async_scheduling_must_be_a_bool():

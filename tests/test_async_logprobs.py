@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from inferd.engine.sampler import NonFiniteLogits, Sampler, _logprob_tensors, _read
-from inferd.engine.sampling.greedy import draws_from_raw_logits, plain_greedy
+from inferd.engine.sampling.greedy import can_launch_ahead, plain_greedy
 from inferd.engine.sampling.logprobs import LogprobLayout
 from inferd.engine.sampling_params import SamplingParams
 from inferd.engine.sequence import Sequence
+from inferd.engine.structured_outputs import StructuredOutputsParams
 from inferd.engine.token_readback import TokenReadback
 
 VOCAB = 64
@@ -168,19 +169,22 @@ def test_a_batch_without_logprobs_packs_tokens_only():
     assert _logprob_tensors(logits, logits.argmax(dim=-1), Sampler(CPU, VOCAB, EOS).slots.gather(seqs, [0, 1])) is None
 
 
-def test_rows_asking_for_logprobs_may_launch_ahead_but_are_not_plain_greedy():
+def test_every_row_but_a_grammar_row_may_launch_ahead_and_plain_greedy_asks_nothing_more():
     greedy_lp, sampled_lp, greedy = _seqs(
         [dict(temperature=0.0, logprobs=2), dict(temperature=0.8, logprobs=0), dict(temperature=0.0)]
     )
-    assert draws_from_raw_logits(greedy_lp) and draws_from_raw_logits(sampled_lp) and draws_from_raw_logits(greedy)
+    assert can_launch_ahead(greedy_lp) and can_launch_ahead(sampled_lp) and can_launch_ahead(greedy)
     assert not plain_greedy(greedy_lp) and not plain_greedy(sampled_lp) and plain_greedy(greedy)
     for spec in (
-        dict(logprobs=1, frequency_penalty=0.5),
-        dict(logprobs=1, repetition_penalty=1.2),
-        dict(logprobs=1, logit_bias={3: 1.0}),
-        dict(logprobs=1, min_tokens=4),
+        dict(frequency_penalty=0.5),
+        dict(repetition_penalty=1.2),
+        dict(logit_bias={3: 1.0}),
+        dict(min_tokens=4),
     ):
-        assert not draws_from_raw_logits(_seqs([dict(temperature=0.8, **spec)])[0])
+        seq = _seqs([dict(temperature=0.0, **spec)])[0]
+        assert can_launch_ahead(seq) and not plain_greedy(seq)
+    grammar = _seqs([dict(temperature=0.0, structured_outputs=StructuredOutputsParams(json={"type": "object"}))])[0]
+    assert not can_launch_ahead(grammar) and not plain_greedy(grammar)
 
 
 @pytest.mark.gpu

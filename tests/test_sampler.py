@@ -259,9 +259,10 @@ def test_sampler_warm_up_takes_every_branch(monkeypatch):
 
     taken = []
     for module, name in [
-        (filters, "top_k_keep"),
+        (filters, "top_k_floor"),
         (filters, "top_p_keep"),
-        (filters, "min_p_keep"),
+        (filters, "top_p_floor_within_top_k"),
+        (filters, "min_p_floor"),
         (sampler, "apply_penalties"),
         (sampler, "add_logit_bias"),
         (sampler, "ban_until_min_tokens"),
@@ -273,9 +274,10 @@ def test_sampler_warm_up_takes_every_branch(monkeypatch):
     assert draw.filters is filters
     sampler.warm_up(torch.device("cpu"), 64, [2])
     assert set(taken) == {
-        "top_k_keep",
+        "top_k_floor",
         "top_p_keep",
-        "min_p_keep",
+        "top_p_floor_within_top_k",
+        "min_p_floor",
         "apply_penalties",
         "add_logit_bias",
         "ban_until_min_tokens",

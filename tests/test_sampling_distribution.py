@@ -84,11 +84,12 @@ def test_sampled_frequencies_match_the_filtered_softmax(params):
     assert chi_square_p(draw_counts(logits, **params), exact_probs(logits, **params)) > 1e-3
 
 
-RIGHT_TOP_K, RIGHT_TOP_P, RIGHT_MIN_P = filters.top_k_keep, filters.top_p_keep, filters.min_p_keep
+RIGHT_TOP_K, RIGHT_TOP_P, RIGHT_MIN_P = filters.top_k_floor, filters.top_p_keep, filters.min_p_floor
+RIGHT_TOP_P_WITHIN = filters.top_p_floor_within_top_k
 
 
-def _off_by_one_top_k(logits, top_k, max_k):
-    return RIGHT_TOP_K(logits, top_k + 1, max_k + 1)
+def _top_k_one_short(largest, top_k):
+    return RIGHT_TOP_K(largest, top_k - 1)
 
 
 def _top_p_one_short(probs, top_p):
@@ -97,23 +98,81 @@ def _top_p_one_short(probs, top_p):
     return keep.scatter(1, smallest_kept[:, None], False)
 
 
-def _min_p_doubled(probs, min_p):
-    return RIGHT_MIN_P(probs, 2 * min_p)
+def _top_p_within_one_short(largest, kth, ties_beyond, temperature, top_p):
+    floor = RIGHT_TOP_P_WITHIN(largest, kth, ties_beyond, temperature, top_p)
+    kept = (largest >= floor[:, None]).sum(dim=-1)
+    return largest.gather(1, (kept - 2).clamp(min=0)[:, None])[:, 0]  # the next larger logit
+
+
+def _min_p_doubled(max_logit, temperature, min_p):
+    return RIGHT_MIN_P(max_logit, temperature, 2 * min_p)
 
 
 @pytest.mark.parametrize(
     ("params", "name", "wrong"),
     [
-        (dict(temperature=1.3, top_k=8), "top_k_keep", _off_by_one_top_k),
+        (dict(temperature=1.3, top_k=8), "top_k_floor", _top_k_one_short),
         (dict(temperature=1.0, top_p=0.8), "top_p_keep", _top_p_one_short),
-        (dict(temperature=1.0, min_p=0.1), "min_p_keep", _min_p_doubled),
+        (dict(temperature=0.8, top_k=20, top_p=0.9), "top_p_floor_within_top_k", _top_p_within_one_short),
+        (dict(temperature=1.0, min_p=0.1), "min_p_floor", _min_p_doubled),
     ],
-    ids=["top_k-off-by-one", "top_p-one-short", "min_p-doubled"],
+    ids=["top_k-one-short", "top_p-one-short", "top_p-within-top_k-one-short", "min_p-doubled"],
 )
 def test_the_chi_square_test_catches_a_wrong_filter(monkeypatch, params, name, wrong):
     monkeypatch.setattr(filters, name, wrong)
     logits = peaked_logits(7)
     assert chi_square_p(draw_counts(logits, **params), exact_probs(logits, **params)) < 1e-6
+
+
+def _reference_kept(row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """The filters' definitions in float64 over a whole row, ties kept together."""
+    x = row.double()
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if top_k:
+        keep &= x >= x.topk(top_k).values[-1]
+    probs = torch.softmax(torch.where(keep, x / temperature, float("-inf")), dim=-1)
+    if top_p < 1.0:
+        values = torch.unique(probs[keep]).flip(0)  # distinct, descending
+        mass = torch.stack([probs[probs >= v].sum() for v in values])
+        keep &= probs >= values[int(torch.nonzero(mass >= top_p)[0])]
+    if min_p:
+        keep &= probs >= min_p * probs.max()
+    return keep
+
+
+@pytest.mark.parametrize("within", [True, False], ids=["within-top_k", "whole-row"])
+def test_floors_keep_the_defined_sets_with_ties_beyond_the_top_k(monkeypatch, within):
+    """Rows of few distinct values (long runs of ties at the k-th largest) through
+    draw.keep_floors, both top-p paths, against the float64 definitions."""
+    from inferd.engine.sampling import draw
+
+    if not within:
+        monkeypatch.setattr(draw, "MAX_TOP_K_WITHIN", 0)
+    g = torch.Generator().manual_seed(11)
+    specs = [(0.7, 5, 0.9, 0.0), (1.0, 3, 0.5, 0.0), (1.3, 12, 0.95, 0.02), (0.9, 40, 0.8, 0.0), (1.0, 8, 1.0, 0.1)]
+    rows, seqs = [], []
+    for i, (t, k, p, m) in enumerate(specs * 4):
+        rows.append(torch.randint(0, 7, (VOCAB,), generator=g).float() * 0.75)
+        seqs.append(Sequence(f"r{i}", 0, [2], SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m), 0, 0.0, 0))
+    logits = torch.stack(rows)
+    sampler = Sampler(torch.device("cpu"), VOCAB, EOS)
+    batch = sampler.slots.gather(seqs, list(range(len(seqs))))
+    assert batch.top_k_everywhere
+    floors = draw.keep_floors(logits, batch)
+    # Three tokens at 2.0 and 61 tied at 0.0, top_k 5 alone: the top-p mass of the 2.0s is
+    # 0.27 counting every tie of the k-th value, 0.92 counting those among the 5 largest.
+    tied = torch.zeros(1, VOCAB)
+    tied[0, [3, 30, 60]] = 2.0
+    seq = Sequence("tied", 0, [2], SamplingParams(temperature=1.0, top_k=5, top_p=0.5), 0, 0.0, 0)
+    tied_floor = draw.keep_floors(tied, Sampler(torch.device("cpu"), VOCAB, EOS).slots.gather([seq], [0]))
+    assert tied_floor.tolist() == [0.0]
+    logits, floors = torch.cat([logits, tied]), torch.cat([floors, tied_floor])
+    specs_all = specs * 4 + [(1.0, 5, 0.5, 0.0)]
+    for row, floor, (t, k, p, m) in zip(logits, floors, specs_all):
+        want = _reference_kept(row, t, k, p, m)
+        assert torch.equal(row >= floor, want), (t, k, p, m)
+    kept_past_k = [int((row >= floor).sum()) > k for row, floor, (_, k, _, _) in zip(logits, floors, specs_all)]
+    assert sum(kept_past_k) >= 5  # ties of the k-th value were kept
 
 
 def test_top_p_bisection_finds_the_sorted_threshold_exactly():

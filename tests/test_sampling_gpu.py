@@ -51,15 +51,28 @@ def test_a_drawn_step_has_no_host_synchronisation():
     assert int(tokens[0]) == int(logits[0].argmax())
 
 
-def test_seeded_rows_repeat_and_ignore_their_batch_on_the_gpu():
+@pytest.mark.parametrize("top_k", [0, 40])  # top-p over the whole row; within the top-k
+def test_seeded_rows_repeat_and_ignore_their_batch_on_the_gpu(top_k):
+    """48 seeded rows (top_p from 0.5 to 0.99), each alone and in batches of 8 and 64 beside
+    other rows: the same token every time. A float32 sum whose order followed the batch
+    would move some row's top-p set (its mass lies within rounding of p for a few in 48)."""
     device = torch.device("cuda")
-    logits = torch.randn(8, VOCAB, device=device)
-    seeded = dict(temperature=1.0, top_p=0.9, seed=3)
-    batch = _seqs([dict(temperature=1.0)] * 3 + [seeded] + [dict(temperature=0.5, top_k=5)] * 4)
-    alone = _seqs([seeded])
-    got = [Sampler(device, VOCAB, EOS, seed=s).sample(logits, batch)[0][3] for s in (0, 1)]
-    want = Sampler(device, VOCAB, EOS, seed=9).sample(logits[3:4].clone(), alone)[0][0]
-    assert got == [want, want]
+    g = torch.Generator(device).manual_seed(12)
+    logits = torch.randn(64, VOCAB, device=device, generator=g) * 1.5
+    seeded = [dict(temperature=1.0, top_p=0.5 + 0.01 * i, top_k=top_k, seed=i) for i in range(48)]
+    others = [dict(temperature=1.0), dict(temperature=0.5, top_k=5, top_p=0.8)] * 8
+    batch = _seqs(seeded + others)
+    in_64 = Sampler(device, VOCAB, EOS, seed=0).sample(logits, batch)[0][:48]
+    in_8, alone = [], []
+    for start in range(0, 48, 6):
+        rows = list(range(start, start + 6)) + [48, 49]
+        in_8 += Sampler(device, VOCAB, EOS, seed=1).sample(
+            logits[rows], _seqs([seeded[r] for r in rows[:6]] + others[:2])
+        )[0][:6]
+    for i in range(48):
+        alone += Sampler(device, VOCAB, EOS, seed=9).sample(logits[i : i + 1].clone(), _seqs([seeded[i]]))[0]
+    assert in_64 == in_8 == alone
+    assert len(set(alone)) > 40
 
 
 def test_gpu_frequencies_match_the_filtered_softmax():

@@ -10,7 +10,8 @@ import torch
 
 from inferd.engine.sampler import sample
 from inferd.engine.sampling import filters, noise, triton_draw
-from inferd.engine.sampling.draw import MIN_ROWS_FOR_TOP_P_KERNEL
+from inferd.engine.sampling.draw import draw_reference
+from inferd.engine.sampling.slot_params import as_int64
 from inferd.engine.sampling.triton_draw import CHUNK, TOP_P_PASSES, draw_tokens, top_p_threshold, uniform_bits
 from inferd.engine.sampling_params import SamplingParams
 from inferd.engine.sequence import Sequence
@@ -57,33 +58,21 @@ def _rows_and_ps(vocab: int, seed: int):
     return torch.stack(probs), torch.tensor(ps), expected
 
 
+@pytest.mark.parametrize("split", [1, 4])  # one program a row; slices of a row, a launch per pass
 @pytest.mark.parametrize("vocab,seed", [(1000, 0), (4999, 1)])
-def test_top_p_threshold_is_the_definition_and_the_torch_bisection(vocab, seed):
+def test_top_p_threshold_is_the_definition_and_the_torch_bisection(vocab, seed, split):
     probs, ps, expected = _rows_and_ps(vocab, seed)
-    got = top_p_threshold(probs, ps)
+    got = top_p_threshold(probs, ps, split=split)
     assert got.dtype == torch.int32 and got.shape == (len(expected),)
     assert got.tolist() == expected
     assert filters.top_p_threshold(probs, ps).tolist() == expected
     assert expected.count(0) == 4 and expected.count(0x3F800000) >= 5  # the one-hot row keeps its 1.0
 
 
-@pytest.mark.parametrize("vocab,seed", [(1000, 0), (4999, 1)])
-def test_the_fan_out_search_for_few_rows_is_the_definition_too(vocab, seed):
-    """filters.top_p_threshold_fanout (the GPU's search below MIN_ROWS_FOR_TOP_P_KERNEL rows)."""
-    probs, ps, expected = _rows_and_ps(vocab, seed)
-    assert filters.top_p_threshold_fanout(probs, ps).tolist() == expected
-
-
-def test_the_fan_out_search_needs_every_pass(monkeypatch):
+@pytest.mark.parametrize("split", [1, 4])
+def test_top_p_threshold_needs_every_pass(split):
     probs, ps, expected = _rows_and_ps(1000, 0)
-    monkeypatch.setattr(filters, "TOP_P_FAN_PASSES", filters.TOP_P_FAN_PASSES - 1)
-    short = filters.top_p_threshold_fanout(probs, ps).tolist()
-    assert sum(a != b for a, b in zip(short, expected)) >= len(expected) // 2
-
-
-def test_top_p_threshold_needs_every_pass():
-    probs, ps, expected = _rows_and_ps(1000, 0)
-    short = top_p_threshold(probs, ps, passes=TOP_P_PASSES - 1)  # 16^7 < 0x3F800001: not pinned
+    short = top_p_threshold(probs, ps, passes=TOP_P_PASSES - 1, split=split)  # 16^7 < 0x3F800001: not pinned
     wrong = [i for i, (a, b) in enumerate(zip(short.tolist(), expected)) if a != b]
     assert len(wrong) >= len(expected) // 2
 
@@ -92,7 +81,8 @@ def test_top_p_threshold_reads_strided_rows():
     probs, ps, expected = _rows_and_ps(1000, 2)
     wide = torch.zeros(probs.shape[0], 1100)
     wide[:, :1000] = probs
-    assert top_p_threshold(wide[:, :1000], ps).tolist() == expected
+    assert top_p_threshold(wide[:, :1000], ps, split=1).tolist() == expected
+    assert top_p_threshold(wide[:, :1000], ps, split=8).tolist() == expected
 
 
 def _streams(n: int, seed: int) -> torch.Tensor:
@@ -111,73 +101,120 @@ def test_noise_bits_are_noise_uniforms():
     assert torch.equal(u, noise.uniform(streams, vocab))
 
 
-def _reference_draw(probs: torch.Tensor, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@pytest.mark.parametrize("engine_key,draw_number", [(0, 1), (-(1 << 63), 7), ((1 << 63) - 1, (1 << 31) + 5)])
+def test_noise_streams_in_one_launch_are_the_torch_streams(engine_key, draw_number):
+    n = 300  # past one block of the kernel
+    g = torch.Generator().manual_seed(3)
+    seed_keys = torch.randint(-(1 << 62), 1 << 62, (n,), generator=g) * 2 + torch.randint(0, 2, (n,), generator=g)
+    seed_keys[:3] = torch.tensor([-(1 << 63), (1 << 63) - 1, -1])
+    is_seeded = torch.randint(0, 2, (n,), generator=g)
+    positions = torch.randint(0, 1 << 20, (n,), generator=g)
+    slots = torch.randperm(n, generator=g)
+    draw_base = as_int64(draw_number << 32)
+    got = triton_draw.noise_streams(seed_keys, is_seeded, positions, slots, engine_key, draw_base)
+    want = torch.where(
+        is_seeded != 0,
+        noise.row_streams(seed_keys, positions),
+        noise.row_streams(torch.full_like(slots, engine_key), slots + draw_base),
+    )
+    assert torch.equal(got, want)
+    assert not torch.equal(
+        got, triton_draw.noise_streams(seed_keys, is_seeded, positions, slots, engine_key ^ 1, draw_base)
+    )
+
+
+def _reference_draw(logits, temperature, floors, streams) -> tuple[torch.Tensor, torch.Tensor]:
     """draw.py's torch tokens, and per row whether its best two scores are clear of a
-    last-ulp difference in -log (relative gap over 1e-5)."""
-    scores = probs / noise.exponential(streams, probs.shape[1])
-    top2 = scores.double().topk(2, dim=-1).values
-    return scores.argmax(dim=-1), (top2[:, 0] - top2[:, 1]) > 1e-5 * top2[:, 0]
+    last-ulp difference in the logs (a gap over 1e-4)."""
+    kept = logits >= floors[:, None]
+    scores = logits / temperature[:, None] - torch.log(noise.exponential(streams, logits.shape[1]))
+    top2 = torch.where(kept, scores, float("-inf")).double().topk(2, dim=-1).values
+    return draw_reference(logits, temperature, floors, streams), (top2[:, 0] - top2[:, 1]) > 1e-4
+
+
+def _no_floor(rows: int) -> torch.Tensor:
+    return torch.full((rows,), float("-inf"))
 
 
 @pytest.mark.parametrize("vocab", [1000, 2 * CHUNK + 37])
 def test_draw_tokens_are_the_torch_draw(vocab):
     g = torch.Generator().manual_seed(vocab)
-    probs = torch.softmax(torch.randn(16, vocab, generator=g) * 2.0, -1)
-    probs[8:] = torch.where(probs[8:] >= probs[8:].topk(40, dim=-1).values[:, -1:], probs[8:], 0.0)  # filtered rows
+    logits = torch.randn(16, vocab, generator=g) * 2.0
+    temperature = torch.rand(16, generator=g) + 0.3
+    floors = torch.cat([_no_floor(8), logits[8:].topk(40, dim=-1).values[:, -1]])  # filtered rows
     streams = _streams(16, 5)
-    want, clear = _reference_draw(probs, streams)
-    got = draw_tokens(probs, streams)
+    want, clear = _reference_draw(logits, temperature, floors, streams)
+    got = draw_tokens(logits, temperature, floors, streams)
     assert got.dtype == torch.int64
     assert int(clear.sum()) >= 14
     assert got[clear].tolist() == want[clear].tolist()
-    assert (probs.gather(1, got[:, None]) > 0).all()
+    assert (logits.gather(1, got[:, None])[:, 0] >= floors).all()
+    bf16 = logits.to(torch.bfloat16)
+    want_bf16, clear_bf16 = _reference_draw(bf16.float(), temperature, floors, streams)
+    got_bf16 = draw_tokens(bf16, temperature, floors, streams)  # read as they are, widened in the kernel
+    assert got_bf16[clear_bf16].tolist() == want_bf16[clear_bf16].tolist()
 
 
 def test_seeded_rows_draw_the_same_alone_and_in_a_batch():
     g = torch.Generator().manual_seed(7)
-    probs = torch.softmax(torch.randn(5, 2000, generator=g), -1)
+    logits = torch.randn(5, 2000, generator=g)
+    t, f = torch.ones(5), _no_floor(5)
     streams = _streams(5, 9)
-    together = draw_tokens(probs, streams).tolist()
-    alone = [draw_tokens(probs[i : i + 1], streams[i : i + 1]).item() for i in range(5)]
-    reversed_batch = draw_tokens(probs.flip(0), streams.flip(0)).flip(0).tolist()
+    together = draw_tokens(logits, t, f, streams).tolist()
+    alone = [draw_tokens(logits[i : i + 1], t[:1], f[:1], streams[i : i + 1]).item() for i in range(5)]
+    reversed_batch = draw_tokens(logits.flip(0), t, f, streams.flip(0)).flip(0).tolist()
     assert together == alone == reversed_batch
     assert len(set(together)) > 1
-    assert draw_tokens(probs[:1], _streams(5, 10)[:1]).item() != together[0]  # another stream, another token
+    assert draw_tokens(logits[:1], t[:1], f[:1], _streams(5, 10)[:1]).item() != together[0]  # another stream
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered")  # the interpreter's numpy divide
 def test_draw_ties_take_the_lowest_index_across_lanes_and_chunks():
-    """p = float32's largest over E < 1 overflows the score to inf whatever the last ulp
-    of -log: those tokens tie, and the first wins, as torch.argmax's first maximum."""
+    """A logit of float32's largest at temperature 0.5 scores inf whatever its noise: those
+    tokens tie, and the first wins, as torch.argmax's first maximum."""
     vocab = 2 * CHUNK + 10
     streams = _streams(3, 11)
-    clear = noise.exponential(streams, vocab) < 0.9  # E clearly below 1
-
-    def at(row: int, col: int, step: int = 1) -> int:  # the first clear column from col, by step
-        return col + step * int(torch.nonzero(clear[row, col::step])[0])
-
-    lane = next(c for c in range(1024) if clear[0, c] and clear[0, c + 1024] and clear[0, c + CHUNK])
+    lane = 17
     cols = [
-        [lane + 1024, lane, lane + CHUNK, at(0, lane + 1)],  # one lane, its later block and chunk, another lane
-        [at(1, 2 * CHUNK + 1), at(1, CHUNK + 9)],  # the first in the second chunk
-        [at(2, 2 * CHUNK), at(2, 1)],  # the last chunk's and the first's
+        [lane + 1024, lane, lane + CHUNK, lane + 1],  # one lane, its later block and chunk, another lane
+        [2 * CHUNK + 1, CHUNK + 9],  # the first in the second chunk
+        [2 * CHUNK, 1],  # the last chunk's and the first's
     ]
-    probs = torch.zeros(3, vocab)
+    logits = torch.zeros(3, vocab)
     for row, cs in enumerate(cols):
-        probs[row, cs] = torch.finfo(torch.float32).max
-    first = [lane, cols[1][1], cols[2][1]]
-    assert first == [min(cs) for cs in cols] and CHUNK <= first[1] < 2 * CHUNK
-    assert (probs / noise.exponential(streams, vocab)).argmax(dim=-1).tolist() == first
-    assert draw_tokens(probs, streams).tolist() == first
+        logits[row, cs] = torch.finfo(torch.float32).max
+    first = [min(cs) for cs in cols]
+    t, f = torch.full((3,), 0.5), _no_floor(3)
+    assert draw_reference(logits, t, f, streams).tolist() == first
+    assert draw_tokens(logits, t, f, streams).tolist() == first
 
 
-def test_a_row_with_nothing_to_draw_from_gets_minus_one():
-    probs = torch.full((4, 1500), 1.0 / 1500)
-    probs[0] = 0.0
-    probs[1, 900] = float("nan")
-    probs[2, 3] = float("inf")
-    got = draw_tokens(probs, _streams(4, 13)).tolist()
-    assert got[:3] == [-1, -1, -1] and got[3] >= 0
+def test_a_row_with_nothing_to_draw_from_takes_the_argmax():
+    logits = torch.zeros(5, 1500)
+    logits[0] = float("-inf")
+    logits[1, 900] = float("nan")
+    logits[1, 1200] = 0.5
+    logits[2, 3] = float("inf")
+    logits[3, 700] = 0.25
+    floors = torch.tensor([float("-inf"), float("-inf"), float("-inf"), 1.0, 0.0])  # row 3: nothing reaches it
+    t = torch.ones(5)
+    assert draw_reference(logits, t, floors, _streams(5, 13)).tolist()[:4] == [-1, -1, -1, -1]
+    got = draw_tokens(logits, t, floors, _streams(5, 13)).tolist()
+    assert got[:4] == [0, 1200, 3, 700] and logits[4, got[4]] >= 0.0
+
+
+def test_greedy_rows_take_the_argmax_in_the_same_pass():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 2 * CHUNK + 3, generator=g)
+    logits[1, 5] = logits[1, CHUNK + 7] = 9.0  # a tie: the first wins
+    is_greedy = torch.tensor([1, 1, 0, 1, 0, 1])
+    floors, streams = _no_floor(6), _streams(6, 2)
+    got = draw_tokens(logits, torch.ones(6), floors, streams, is_greedy)
+    argmax = logits.argmax(dim=-1)
+    assert got[is_greedy == 1].tolist() == argmax[is_greedy == 1].tolist() and got[1] == 5
+    sampled = draw_tokens(logits, torch.ones(6), floors, streams)
+    assert got[is_greedy == 0].tolist() == sampled[is_greedy == 0].tolist()
+    assert sampled.tolist() != argmax.tolist()  # drawn, these rows would differ
 
 
 def _unmix64(z: int) -> int:
@@ -196,25 +233,27 @@ def _unmix64(z: int) -> int:
 
 
 def test_a_filtered_token_with_the_top_hash_is_never_drawn():
-    """Hash bits 2^24 - 1 round u to 1.0 in float32: E = -0 made p / E NaN for p = 0,
-    which torch.argmax takes as the maximum. E is floored (noise.MIN_EXPONENTIAL) instead."""
+    """Hash bits 2^24 - 1 round u to 1.0 in float32, and -log(1.0) = -0, whose log is -inf:
+    E is floored (noise.MIN_EXPONENTIAL), so that token scores high but finite, and a token
+    below its row's floor is never drawn, whatever its noise."""
     token, vocab = 5, 300
     stream = (_unmix64(0xFFFFFF0000000000) - token * 0x9E3779B97F4A7C15) & M64
     streams = torch.tensor([stream - (1 << 64) if stream >> 63 else stream], dtype=torch.int64)
     assert uniform_bits(streams, vocab)[0, token] == (1 << 24) - 1
-    probs = torch.full((1, vocab), 1.0 / (vocab - 1))
-    probs[0, token] = 0.0
     assert noise.uniform(streams, vocab)[0, token] == 1.0
-    assert (probs / -torch.log(noise.uniform(streams, vocab))).argmax().item() == token  # the old draw
-    assert _reference_draw(probs, streams)[0].item() != token
-    assert draw_tokens(probs, streams).item() != token
-    probs[0, token] = 1e-6  # kept, it wins: E is the smallest there is
-    assert draw_tokens(probs, streams).item() == token == _reference_draw(probs, streams)[0].item()
+    logits = torch.zeros(1, vocab)
+    logits[0, token] = -1.0
+    t, floor = torch.ones(1), torch.zeros(1)  # the token lies below the floor
+    assert draw_tokens(logits, t, floor, streams).item() != token
+    assert draw_reference(logits, t, floor, streams).item() != token
+    floor = torch.full((1,), -1.0)  # kept, it wins: E is the smallest there is
+    assert draw_tokens(logits, t, floor, streams).item() == token == draw_reference(logits, t, floor, streams).item()
 
 
 def test_the_sampler_draws_the_same_through_the_kernels(monkeypatch):
     """draw.py's CUDA path (forced onto the interpreter) against its CPU path, over rows
-    with temperature, top-k, top-p, min-p and seeds."""
+    with temperature, top-k, top-p, min-p and seeds: top-p over whole rows (a row without
+    top-k) through the threshold kernel, then top-p within the top-k alone."""
     vocab = 700
     params = [
         dict(temperature=1.0),
@@ -223,7 +262,7 @@ def test_the_sampler_draws_the_same_through_the_kernels(monkeypatch):
         dict(temperature=0.9, top_p=0.95, min_p=0.02, seed=3),
         dict(temperature=1.2, seed=4),
         dict(temperature=0.0),
-    ] * 3  # past draw.MIN_ROWS_FOR_TOP_P_KERNEL, so the threshold kernel runs too
+    ] * 3
     seqs = [Sequence(f"s{i}", 0, [1, 2, 3], SamplingParams(max_tokens=4, **p), 0, 0.0, 0) for i, p in enumerate(params)]
     logits = torch.randn(len(seqs), vocab, generator=torch.Generator().manual_seed(17)) * 3.0
     torch_tokens, _ = sample(logits, seqs, [2], seed=21)
@@ -235,13 +274,15 @@ def test_the_sampler_draws_the_same_through_the_kernels(monkeypatch):
     )
     kernel_tokens, _ = sample(logits, seqs, [2], seed=21)
     assert used and kernel_tokens == torch_tokens
-    assert searched == [len(seqs)] and len(seqs) >= MIN_ROWS_FOR_TOP_P_KERNEL
-    few = seqs[: MIN_ROWS_FOR_TOP_P_KERNEL - 1]
-    fanned = []
-    fanout = filters.top_p_threshold_fanout
-    monkeypatch.setattr(filters, "top_p_threshold_fanout", lambda *a: fanned.append(a[0].shape[0]) or fanout(*a))
-    assert sample(logits[: len(few)], few, [2], seed=21)[0] == torch_tokens[: len(few)]
-    assert searched == [len(seqs)] and fanned == [len(few)]  # fewer rows: the torch fan-out search
+    assert searched == [len(seqs)]
+    within = [i for i, p in enumerate(params) if "top_k" in p or p["temperature"] == 0.0]
+    within_seqs = [seqs[i] for i in within]
+    monkeypatch.undo()
+    want = sample(logits[within], within_seqs, [2], seed=21)[0]
+    monkeypatch.setattr(triton_draw, "is_enabled", lambda device: True)
+    monkeypatch.setattr(triton_draw, "top_p_threshold", lambda *a, **k: searched.append(a[0].shape[0]))
+    assert sample(logits[within], within_seqs, [2], seed=21)[0] == want
+    assert searched == [len(seqs)]  # no whole-row search when every drawing row has a top-k
     monkeypatch.setenv(triton_draw.ENV_SWITCH, "0")
     monkeypatch.undo()
     assert not triton_draw.is_enabled(torch.device("cpu"))

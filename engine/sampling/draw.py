@@ -1,16 +1,22 @@
-"""The draw: temperature, the filters (filters.py), then an exponential-noise argmax.
+"""The draw: each row's floor (filters.py), then an exponential-noise argmax over the
+tokens at or above it, in the log domain.
 
-argmax_i(p_i / E_i) with E_i ~ Exp(1) independent is token i with probability p_i / sum p
-(the race of exponential clocks of rates p_i), so the kept probabilities need no
-renormalising and no sort, and the draw is one pass over the row. The noise is
-counter-based (noise.py): seeded rows from (seed, output position), the others from
-(engine key, draw number, slot).
+argmax_i p_i / E_i with E_i ~ Exp(1) independent is token i with probability p_i / sum p
+(the race of exponential clocks of rates p_i). In logs that is argmax_i l_i / T - log E_i
+over the kept tokens, with l the logits and T the temperature: no softmax, no
+renormalising, no sort, one pass over the row. The noise is counter-based (noise.py):
+seeded rows from (seed, output position), the others from (engine key, draw number, slot).
 
-A row with nothing finite to draw from (every token banned, or overflowing penalties)
-degrades to the argmax of its logits instead of failing the batch.
+The floors: when every sampled row has a top-k of at most MAX_TOP_K_WITHIN, the filters
+work on each row's k largest logits (one torch.topk); otherwise top-p runs over the whole
+row: a softmax and the threshold search (filters.py; one Triton kernel on CUDA).
 
-On CUDA the top-p threshold and the noise argmax run as Triton kernels (triton_draw.py,
-the same definitions) unless INFERD_TRITON_SAMPLING=0; the torch code is the CPU path.
+Greedy rows take the argmax of their logits in the same pass; so does a row with nothing
+finite to draw from (every token banned, a NaN, an infinite logit), instead of failing
+the batch.
+
+On CUDA the top-p search and the noise argmax run as Triton kernels (triton_draw.py, the
+same definitions) unless INFERD_TRITON_SAMPLING=0; the torch code is the CPU path.
 """
 
 from __future__ import annotations
@@ -18,58 +24,81 @@ from __future__ import annotations
 import torch
 
 from . import filters, noise, triton_draw
-from .slot_params import IS_SEEDED, MIN_P, SEED_KEY, TEMPERATURE, TOP_K, TOP_P, SlotBatch
+from .slot_params import IS_GREEDY, IS_SEEDED, MIN_P, SEED_KEY, TEMPERATURE, TOP_K, TOP_P, SlotBatch, as_int64
+
+# The largest top-k for which the filters work on the k largest logits alone: topk's cost
+# grows with k, and a [B, k] sort-and-scan stays small below this.
+MAX_TOP_K_WITHIN = 1024
 
 
-def filtered_probs(logits: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
-    """[B, V] float32: each row's softmax at its temperature, zero outside its top-k,
-    top-p and min-p sets (not renormalised)."""
-    scaled = logits / batch.floats[TEMPERATURE][:, None]
+def keep_floors(logits: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
+    """[B] float32: each row draws among the tokens whose logit is at least its floor
+    (-inf keeps every token)."""
+    temperature = batch.floats[TEMPERATURE]
+    floor = torch.full_like(temperature, filters.NEG_INF)
+    largest = None
     if batch.max_top_k:
-        scaled = scaled.masked_fill(~filters.top_k_keep(scaled, batch.ints[TOP_K], batch.max_top_k), float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    keep = None
+        largest = torch.topk(logits, min(batch.max_top_k, logits.shape[1]), dim=-1).values
+        floor = filters.top_k_floor(largest, batch.ints[TOP_K])
     if batch.any_top_p:
-        keep = _top_p_keep(probs, batch.floats[TOP_P])
+        if largest is not None and batch.top_k_everywhere and batch.max_top_k <= MAX_TOP_K_WITHIN:
+            kth = floor
+            ties_beyond = (logits >= kth[:, None]).sum(dim=-1) - (largest >= kth[:, None]).sum(dim=-1)
+            top_p = filters.top_p_floor_within_top_k(largest, kth, ties_beyond, temperature, batch.floats[TOP_P])
+        else:
+            top_p = _top_p_floor(logits, floor, batch)
+        floor = torch.maximum(floor, top_p)
     if batch.any_min_p:
-        min_p = filters.min_p_keep(probs, batch.floats[MIN_P])
-        keep = min_p if keep is None else keep & min_p
-    return probs if keep is None else torch.where(keep, probs, 0.0)
+        max_logit = largest[:, 0] if largest is not None else logits.amax(dim=-1)
+        floor = torch.maximum(floor, filters.min_p_floor(max_logit, temperature, batch.floats[MIN_P]))
+    return floor
 
 
-# The kernel's search runs one program per row: at batch 1 one SM walks the whole vocabulary
-# 8 times, and the torch bisection (each step spread over the GPU) was faster on the H100
-# (top_p 0.9 at batch 1: 145.7 against 107.4 tok/s); at 256 rows the kernel was (7,594
-# against 6,302). Fewer rows take the torch search 16 thresholds a pass (fewer launches).
-# Between the two measured ends the switch-over row count is a guess.
-MIN_ROWS_FOR_TOP_P_KERNEL = 16
-
-
-def _top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    if not triton_draw.is_enabled(probs.device):
-        return filters.top_p_keep(probs, top_p)
-    if probs.shape[0] < MIN_ROWS_FOR_TOP_P_KERNEL:
-        threshold = filters.top_p_threshold_fanout(probs, top_p)
+def _top_p_floor(logits: torch.Tensor, top_k_floor: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
+    """The top-p floor over whole rows: a softmax within each row's top-k set, the
+    threshold search, the smallest logit it keeps."""
+    scaled = torch.where(logits >= top_k_floor[:, None], logits / batch.floats[TEMPERATURE][:, None], filters.NEG_INF)
+    probs = torch.softmax(scaled, dim=-1)
+    if triton_draw.is_enabled(probs.device):
+        keep = probs.view(torch.int32) >= triton_draw.top_p_threshold(probs, batch.floats[TOP_P])[:, None]
     else:
-        threshold = triton_draw.top_p_threshold(probs, top_p)
-    return probs.contiguous().view(torch.int32) >= threshold[:, None]
+        keep = filters.top_p_keep(probs, batch.floats[TOP_P])
+    return filters.floor_of(keep, logits)
 
 
 def noise_streams(batch: SlotBatch, engine_key: int, draw_number: int) -> torch.Tensor:
     """[B] int64 stream ids: (seed, output position) for seeded rows, else (engine key
     and draw number, slot)."""
-    unseeded = noise.row_streams(torch.full_like(batch.slots, engine_key), batch.slots + (draw_number << 32))
+    draw_base = as_int64(draw_number << 32)
+    if triton_draw.is_enabled(batch.slots.device):
+        ints = batch.ints
+        return triton_draw.noise_streams(
+            ints[SEED_KEY], ints[IS_SEEDED], batch.positions, batch.slots, engine_key, draw_base
+        )
+    unseeded = noise.row_streams(torch.full_like(batch.slots, engine_key), batch.slots + draw_base)
     seeded = noise.row_streams(batch.ints[SEED_KEY], batch.positions)
     return torch.where(batch.ints[IS_SEEDED] != 0, seeded, unseeded)
 
 
 def draw(logits: torch.Tensor, batch: SlotBatch, streams: torch.Tensor) -> torch.Tensor:
-    """[B] int64 tokens drawn from `logits` (penalised, biased, masked) per the batch's rows."""
-    probs = filtered_probs(logits, batch)
-    fallback = torch.nan_to_num(logits, nan=float("-inf")).argmax(dim=-1)
-    if triton_draw.is_enabled(probs.device):
-        tokens = triton_draw.draw_tokens(probs, streams)  # -1: nothing to draw from
-        return torch.where(tokens < 0, fallback, tokens)
-    tokens = (probs / noise.exponential(streams, probs.shape[1])).argmax(dim=-1)
-    bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0.0)
-    return torch.where(bad, fallback, tokens)
+    """[B] int64 tokens from float32 `logits` (penalised, biased, masked) per the batch's
+    rows: greedy rows take the argmax, the others draw."""
+    floors = keep_floors(logits, batch)
+    temperature = batch.floats[TEMPERATURE]
+    if triton_draw.is_enabled(logits.device):
+        return triton_draw.draw_tokens(logits, temperature, floors, streams, batch.ints[IS_GREEDY])
+    tokens = draw_reference(logits, temperature, floors, streams)
+    argmax = torch.nan_to_num(logits, nan=filters.NEG_INF).argmax(dim=-1)
+    return torch.where((tokens < 0) | (batch.ints[IS_GREEDY] != 0), argmax, tokens)
+
+
+def draw_reference(
+    logits: torch.Tensor, temperature: torch.Tensor, floors: torch.Tensor, streams: torch.Tensor
+) -> torch.Tensor:
+    """The draw in torch ops (the CPU path, and the kernel's definition): [B] int64, -1 for a
+    row with a NaN or +inf logit or no finite logit at or above its floor."""
+    kept = logits >= floors[:, None]
+    scores = logits / temperature[:, None] - torch.log(noise.exponential(streams, logits.shape[1]))
+    tokens = torch.where(kept, scores, filters.NEG_INF).argmax(dim=-1)
+    usable = (kept & (logits > filters.NEG_INF)).any(dim=-1) & ~(torch.isnan(logits) | torch.isposinf(logits)).any(-1)
+    return torch.where(usable, tokens, -1)

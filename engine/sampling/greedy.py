@@ -5,9 +5,9 @@ A row is greedy when its temperature is below GREEDY_BELOW_TEMPERATURE
 (SamplingParams.is_greedy). It is *plain* greedy when, besides, its token is the argmax of
 the raw logits: nothing is added to them (penalties, logit bias, a grammar mask, a
 min_tokens ban) and no logprobs are asked for. Only plain greedy rows may skip the sampler.
-Rows that draw from their raw logits (greedy or not, asking for logprobs or not) may launch
-ahead (async_decode.py): their tokens need the logits and the slot's parameters only, and
-their logprobs are the raw logits' (sampling/logprobs.py), computed on the device beside them.
+Every row without a grammar may launch ahead (async_decode.py): its token needs the logits
+and its slot's device state only (parameters, bias, penalty counts; sampling/slot_params.py),
+and its logprobs are the raw logits' (sampling/logprobs.py), computed beside it.
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ def changes_logits(params: SamplingParams) -> bool:
     )
 
 
-def draws_from_raw_logits(seq: Sequence, pending: int = 0) -> bool:
-    """Is the next token chosen from the raw logits alone (argmax, or a draw at its
-    temperature through its filters), with `pending` tokens drawn but not yet appended?
-    Such rows may launch ahead, logprobs and all (those are of the raw logits too)."""
-    p = seq.params
-    return not changes_logits(p) and seq.num_output_tokens + pending >= p.min_tokens
+def can_launch_ahead(seq: Sequence) -> bool:
+    """May this row's next token be chosen on the device, with nothing from the host but its
+    slot's parameters and penalty counts (Sampler.draw_ahead)? Every row but one with a
+    grammar, whose allowed tokens follow the host's matcher."""
+    return seq.params.structured_outputs is None
 
 
 def plain_greedy(seq: Sequence, pending: int = 0) -> bool:
     """Is the next token an argmax of the raw logits, with nothing to read back but the token
     (no logprobs) and `pending` tokens sampled but not yet appended (launch-ahead)?"""
-    return seq.params.is_greedy and seq.params.logprobs is None and draws_from_raw_logits(seq, pending)
+    p = seq.params
+    return (
+        p.is_greedy and p.logprobs is None and not changes_logits(p) and seq.num_output_tokens + pending >= p.min_tokens
+    )

@@ -56,6 +56,7 @@ class SlotBatch:
     ints: torch.Tensor  # [5, B] int64 (TOP_K ...)
     is_greedy: np.ndarray  # [B] bool, on the host
     max_top_k: int  # 0: no row uses top-k
+    top_k_everywhere: bool  # every row that draws (not greedy) has a top-k
     any_top_p: bool
     any_min_p: bool
     any_bias: bool
@@ -104,7 +105,8 @@ class SamplingSlots:
             self._admit([seqs[i] for i in fresh], slot_index[fresh].tolist())
         penalty = self._penalty[slot_index]
         if penalty.any():
-            emitted = np.fromiter((s.num_output_tokens for s in seqs), dtype=np.int64, count=len(seqs))
+            # a step launched ahead has counted `pending` tokens its sequences do not hold yet
+            emitted = np.fromiter((s.num_output_tokens + pending for s in seqs), dtype=np.int64, count=len(seqs))
             stale = np.nonzero(penalty & (self._num_counted[slot_index] != emitted))[0]
             if len(stale):
                 self._rebuild_penalty_rows([seqs[i] for i in stale], slot_index[stale].tolist())
@@ -125,6 +127,7 @@ class SamplingSlots:
             ints=self.ints[:, steps[0]],
             is_greedy=flags[0],
             max_top_k=int(top_k.max()),
+            top_k_everywhere=bool(((top_k > 0) | flags[0]).all()),
             any_top_p=bool(flags[1].any()),
             any_min_p=bool(flags[2].any()),
             any_bias=bool(flags[3].any()),
