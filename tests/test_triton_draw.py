@@ -101,7 +101,7 @@ def test_noise_bits_are_noise_uniforms():
     assert torch.equal(u, noise.uniform(streams, vocab))
 
 
-@pytest.mark.parametrize("engine_key,draw_number", [(0, 1), (-(1 << 63), 7), ((1 << 63) - 1, (1 << 31) + 5)])
+@pytest.mark.parametrize("engine_key,draw_number", [(0, 0), (1, 1), (-(1 << 63), 7), ((1 << 63) - 1, (1 << 31) + 5)])
 def test_noise_streams_in_one_launch_are_the_torch_streams(engine_key, draw_number):
     n = 300  # past one block of the kernel
     g = torch.Generator().manual_seed(3)

@@ -49,8 +49,10 @@ def streams_kernel(
     position = tl.load(positions_ptr + i, mask=valid, other=0).to(tl.uint64, bitcast=True)
     slot = tl.load(slots_ptr + i, mask=valid, other=0).to(tl.uint64, bitcast=True)
     seeded = tl.load(is_seeded_ptr + i, mask=valid, other=0) != 0
-    unseeded_key = engine_key.to(tl.int64).to(tl.uint64, bitcast=True)
-    counter_base = draw_base.to(tl.int64).to(tl.uint64, bitcast=True)
+    # Triton passes an int argument of 0 or 1 as a Python constant: widen through a tensor.
+    zero = tl.zeros([BLOCK], tl.int64)
+    unseeded_key = (zero + engine_key).to(tl.uint64, bitcast=True)
+    counter_base = (zero + draw_base).to(tl.uint64, bitcast=True)
     key = tl.where(seeded, seed_key, unseeded_key)
     counter = tl.where(seeded, position, slot + counter_base)
     stream = _mix64(_mix64(key + _GOLDEN) + counter)
