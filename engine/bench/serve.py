@@ -32,6 +32,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from inferd.knee import find_knee
 
 from .arrivals import TraceEntry, read_trace
@@ -77,6 +79,17 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+async def _model_card(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    """The first model of `GET /v1/models` (its `id`, and `max_model_len` where the
+    server says it, as vLLM and ours do); empty when the route does not answer."""
+    try:
+        response = await client.get(f"{url}/v1/models", timeout=10)
+        cards = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
+
+
 async def bench(
     url: str,
     served_model_name: str | None,
@@ -84,12 +97,12 @@ async def bench(
     pairs: list[tuple[str, str]] | None,
     trace: list[TraceEntry] | None,
 ) -> dict[str, Any]:
-    import httpx
-
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits) as client:
-        card = (await client.get(f"{url}/v1/models", timeout=10)).json()["data"][0]
-        model = served_model_name or card["id"]
+        card = await _model_card(client, url)
+        model = served_model_name or card.get("id")
+        if not model:
+            raise RuntimeError(f"{url}/v1/models names no model; give --served-model-name")
         max_model_len = cfg.max_model_len or card.get("max_model_len") or DEFAULT_MAX_MODEL_LEN
         counter = TokenCounter(client, url, model)
         await counter.start(" ".join(WORDS[i % len(WORDS)] for i in range(CALIBRATION_WORDS)))
@@ -128,8 +141,6 @@ def _is_ready(httpx, url: str) -> bool:
 
 
 def start_server(model: str | None, extra: list[str], startup_timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
-    import httpx
-
     port = _free_port()
     cmd = [sys.executable, "-m", "inferd.agent.cli", "serve", "--port", str(port), "--log-level", "WARNING", *extra]
     if model:

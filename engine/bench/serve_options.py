@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import NoReturn
 
 from .arrivals import ARRIVALS
@@ -25,7 +26,8 @@ class OptionError(ValueError):
 def fail(args: argparse.Namespace, error: OptionError | ValueError) -> NoReturn:
     parser = getattr(args, PARSER, None)
     if parser is None:  # a namespace built by hand
-        raise SystemExit(f"inferd bench serve: error: {error}")
+        print(f"inferd bench serve: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
     parser.error(str(error))  # exits with status 2
     raise AssertionError("unreachable")
 
