@@ -12,7 +12,7 @@ from inferd.engine.sampler import sample
 from inferd.engine.sampling import filters, noise, triton_draw
 from inferd.engine.sampling.draw import draw_reference
 from inferd.engine.sampling.slot_params import as_int64
-from inferd.engine.sampling.triton_draw import CHUNK, TOP_P_PASSES, draw_tokens, top_p_threshold, uniform_bits
+from inferd.engine.sampling.triton_draw import CHUNK, FAN, draw_tokens, passes_for, top_p_threshold, uniform_bits
 from inferd.engine.sampling_params import SamplingParams
 from inferd.engine.sequence import Sequence
 
@@ -72,7 +72,7 @@ def test_top_p_threshold_is_the_definition_and_the_torch_bisection(vocab, seed, 
 @pytest.mark.parametrize("split", [1, 4])
 def test_top_p_threshold_needs_every_pass(split):
     probs, ps, expected = _rows_and_ps(1000, 0)
-    short = top_p_threshold(probs, ps, passes=TOP_P_PASSES - 1, split=split)  # 16^7 < 0x3F800001: not pinned
+    short = top_p_threshold(probs, ps, passes=passes_for(FAN) - 1, split=split)  # FAN^(passes - 1) < 0x3F800001
     wrong = [i for i, (a, b) in enumerate(zip(short.tolist(), expected)) if a != b]
     assert len(wrong) >= len(expected) // 2
 
@@ -121,6 +121,17 @@ def test_noise_streams_in_one_launch_are_the_torch_streams(engine_key, draw_numb
     assert not torch.equal(
         got, triton_draw.noise_streams(seed_keys, is_seeded, positions, slots, engine_key ^ 1, draw_base)
     )
+
+
+def test_count_at_least_is_the_torch_count():
+    g = torch.Generator().manual_seed(6)
+    values = torch.randint(-3, 4, (5, 2500), generator=g).float()  # many ties at each floor
+    values[1, 7] = float("nan")
+    values[2] = float("-inf")
+    floors = torch.tensor([0.0, 1.0, float("-inf"), 3.0, 4.0])
+    got = triton_draw.count_at_least(values, floors)
+    assert got.dtype == torch.int64 and got.tolist() == (values >= floors[:, None]).sum(dim=-1).tolist()
+    assert got[2] == 2500 and got[4] == 0
 
 
 def _reference_draw(logits, temperature, floors, streams) -> tuple[torch.Tensor, torch.Tensor]:

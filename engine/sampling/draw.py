@@ -43,7 +43,7 @@ def keep_floors(logits: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
     if batch.any_top_p:
         if largest is not None and batch.top_k_everywhere and batch.max_top_k <= MAX_TOP_K_WITHIN:
             kth = floor
-            ties_beyond = (logits >= kth[:, None]).sum(dim=-1) - (largest >= kth[:, None]).sum(dim=-1)
+            ties_beyond = _count_at_least(logits, kth) - (largest >= kth[:, None]).sum(dim=-1)
             top_p = filters.top_p_floor_within_top_k(largest, kth, ties_beyond, temperature, batch.floats[TOP_P])
         else:
             top_p = _top_p_floor(logits, floor, batch)
@@ -52,6 +52,12 @@ def keep_floors(logits: torch.Tensor, batch: SlotBatch) -> torch.Tensor:
         max_logit = largest[:, 0] if largest is not None else logits.amax(dim=-1)
         floor = torch.maximum(floor, filters.min_p_floor(max_logit, temperature, batch.floats[MIN_P]))
     return floor
+
+
+def _count_at_least(logits: torch.Tensor, floors: torch.Tensor) -> torch.Tensor:
+    if triton_draw.is_enabled(logits.device):
+        return triton_draw.count_at_least(logits, floors)
+    return (logits >= floors[:, None]).sum(dim=-1)
 
 
 def _top_p_floor(logits: torch.Tensor, top_k_floor: torch.Tensor, batch: SlotBatch) -> torch.Tensor:

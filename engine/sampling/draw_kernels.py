@@ -248,6 +248,19 @@ def pick_kernel(
 
 
 @triton.jit
+def count_at_least_kernel(values_ptr, floor_ptr, out_ptr, V, stride_row, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    base = values_ptr + row.to(tl.int64) * stride_row
+    floor = tl.load(floor_ptr + row)
+    count = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf"))
+        count += ((cols < V) & (x >= floor)).to(tl.int32)
+    tl.store(out_ptr + row, tl.sum(count, 0).to(tl.int64))
+
+
+@triton.jit
 def bits_kernel(streams_ptr, out_ptr, V, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)

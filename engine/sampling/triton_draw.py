@@ -8,7 +8,7 @@ compare both paths.
   one program per row. The torch code halves [lo, hi) 30 times, one pass over the row
   each; here each pass tests FAN = 16 evenly spaced candidates at once (a [FAN, BLOCK]
   compare and masked sum per chunk of the row) and narrows [lo, hi) 16-fold, so
-  TOP_P_PASSES = 8 passes pin the pattern (16^8 > 0x3F800001 patterns in [0, 1.0]). The
+  passes_for(FAN) = 8 passes pin the pattern (16^8 > 0x3F800001 patterns in [0, 1.0]). The
   invariant mass(>= lo) >= p holds throughout (lo starts at 0, as in the torch code), and
   no candidate at or above hi is tested. The float32 sums run in another order than
   torch's, so a set whose mass lies within rounding of p may gain or lose its last token.
@@ -34,13 +34,13 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 ENV_SWITCH = "INFERD_TRITON_SAMPLING"
 
 FAN = 16  # candidate thresholds per pass
-TOP_P_PASSES = 8  # ceil-divisions of 0x3F800001 by FAN down to one pattern
 THRESHOLD_BLOCK = 256  # probabilities per chunk of a pass: a [FAN, 256] tile
 # Each row's search cut into THRESHOLD_SPLIT slices, a program each, a launch per pass (9 in
 # all); one program per row (split 1) walks the row 8 times and leaves most SMs idle for
 # few rows. 16 warps hide that program's load latency.
 THRESHOLD_SPLIT = 32
 THRESHOLD_WARPS = 16
+SPLIT_WARPS = 4
 CHUNK = 4096  # logits per program of the draw (128256 / 4096: 32 programs a row)
 DRAW_BLOCK = 1024  # logits per iteration within a chunk (divides CHUNK)
 
@@ -51,13 +51,20 @@ def is_enabled(device: torch.device) -> bool:
 
 
 def top_p_threshold(
-    probs: torch.Tensor, top_p: torch.Tensor, passes: int = TOP_P_PASSES, split: int = THRESHOLD_SPLIT
+    probs: torch.Tensor,
+    top_p: torch.Tensor,
+    passes: int | None = None,
+    split: int = THRESHOLD_SPLIT,
+    fan: int = FAN,
+    block: int = THRESHOLD_BLOCK,
+    warps: int = SPLIT_WARPS,
 ) -> torch.Tensor:
     """[B] int32: filters.top_p_threshold of float32 `probs` [B, V] (rows contiguous) and
     `top_p` [B]; 0 keeps every token. `split`: programs per row (1, or a power of two).
     The float32 sums' order follows the split, so the split must not follow the batch: a
     seeded request's top-p set, and so its tokens, would depend on the rows beside it.
-    `passes`: for tests (fewer cannot pin the pattern)."""
+    `fan`, `block`, `warps`: the kernels' shape (powers of two); `passes`: for tests (the
+    default pins the pattern: passes_for(fan))."""
     from . import draw_kernels
 
     if probs.dtype != torch.float32:
@@ -66,6 +73,7 @@ def top_p_threshold(
     rows, vocab = probs.shape
     out = torch.empty(rows, dtype=torch.int32, device=probs.device)
     p = top_p.to(device=probs.device, dtype=torch.float32).contiguous()
+    passes = passes_for(fan) if passes is None else passes
     if split == 1:
         draw_kernels.top_p_kernel[(rows,)](
             probs,
@@ -73,22 +81,31 @@ def top_p_threshold(
             out,
             vocab,
             probs.stride(0),
-            FAN=FAN,
+            FAN=fan,
             PASSES=passes,
-            BLOCK=THRESHOLD_BLOCK,
+            BLOCK=block,
             num_warps=THRESHOLD_WARPS,
         )
         return out
     bounds = torch.empty(passes, rows, 2, dtype=torch.int32, device=probs.device)
-    partial = torch.empty(passes, rows, split, FAN, dtype=torch.float32, device=probs.device)
-    slice_len = -(-vocab // (split * THRESHOLD_BLOCK)) * THRESHOLD_BLOCK
+    partial = torch.empty(passes, rows, split, fan, dtype=torch.float32, device=probs.device)
+    slice_len = -(-vocab // (split * block)) * block
     for pass_index in range(passes):
         draw_kernels.top_p_split_pass_kernel[(rows, split)](
             probs, p, bounds, partial, vocab, probs.stride(0), rows, slice_len, pass_index,
-            SPLIT=split, FAN=FAN, BLOCK=THRESHOLD_BLOCK, num_warps=4,
+            SPLIT=split, FAN=fan, BLOCK=block, num_warps=warps,
         )  # fmt: skip
-    draw_kernels.top_p_split_finish_kernel[(rows,)](p, bounds, partial, out, rows, passes - 1, SPLIT=split, FAN=FAN)
+    draw_kernels.top_p_split_finish_kernel[(rows,)](p, bounds, partial, out, rows, passes - 1, SPLIT=split, FAN=fan)
     return out
+
+
+def passes_for(fan: int) -> int:
+    """Passes of a fan-ary search that pin one of the 0x3F800001 patterns in [0, 1.0]."""
+    passes, width = 0, 0x3F800001
+    while width > 1:
+        width = -(-width // fan)
+        passes += 1
+    return passes
 
 
 def draw_tokens(
@@ -138,6 +155,20 @@ def draw_tokens(
         best, where, fallback_best, fallback_where, state, tokens, chunks, CHUNKS_PAD=pad, num_warps=1
     )
     return tokens
+
+
+def count_at_least(values: torch.Tensor, floors: torch.Tensor) -> torch.Tensor:
+    """[B] int64: per row, how many of `values` [B, V] float32 are >= its floor [B]; one read
+    of the row (the torch form writes a [B, V] mask first, six times the time)."""
+    from . import draw_kernels
+
+    values = _rows(values)
+    rows, vocab = values.shape
+    out = torch.empty(rows, dtype=torch.int64, device=values.device)
+    draw_kernels.count_at_least_kernel[(rows,)](
+        values, floors.to(values.dtype).contiguous(), out, vocab, values.stride(0), BLOCK=1024, num_warps=8
+    )
+    return out
 
 
 def noise_streams(
