@@ -51,6 +51,7 @@ from .sampler import warm_up as warm_up_sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Request, Sequence, SequenceStatus
+from .slo import RequestSlo
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
 from .structured_outputs_grammar import StructuredOutputs
 from .tokenizer import Tokenizer
@@ -256,7 +257,10 @@ class LLMEngine:
         priority: int = 0,
         prompt_token_ids: list[int] | None = None,
         arrival_time: float | None = None,
+        slo: RequestSlo | None = None,
     ) -> None:
+        """Queue a request; `slo` (None: best effort) gives its sequences a deadline the
+        scheduler orders by."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -265,7 +269,8 @@ class LLMEngine:
         ids = prompt_token_ids if prompt_token_ids is not None else self.validate_request(prompt, params)
         arrival = arrival_time if arrival_time is not None else time.time()
         seqs = [
-            Sequence(request_id, i, ids, params, priority, arrival, self.scheduler.step_count) for i in range(params.n)
+            Sequence(request_id, i, ids, params, priority, arrival, self.scheduler.step_count, slo)
+            for i in range(params.n)
         ]
         self.requests[request_id] = Request(
             request_id,

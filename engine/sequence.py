@@ -10,6 +10,7 @@ from typing import Any
 from .detokenizer import IncrementalDetokenizer
 from .prompt_logprobs import PromptLogprobs
 from .sampling_params import SamplingParams
+from .slo import RequestSlo
 
 
 class SequenceStatus(Enum):
@@ -48,6 +49,7 @@ class Sequence:
         priority: int,
         arrival_time: float,
         arrival_step: int,
+        slo: RequestSlo | None = None,
     ):
         self.seq_id = next(_seq_ids)
         self.request_id = request_id
@@ -57,6 +59,7 @@ class Sequence:
         self.params = params
         self.priority = priority
         self.arrival_step = arrival_step
+        self.slo = slo  # None or a best-effort class: no deadline
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens the prefix cache held at first admission

@@ -74,6 +74,7 @@ def build_app(
     engine_factory=None,
     stall_timeout_s: float = 10.0,
     shutdown_timeout_s: float = 30.0,
+    slo_classes=None,
     **engine_options,
 ):
     client = EngineCoreClient(
@@ -91,6 +92,8 @@ def build_app(
         enable_fault_injection=enable_fault_injection,
         shutdown_timeout_s=shutdown_timeout_s,
     )
+    if slo_classes is not None:
+        settings.slo_classes = slo_classes
     return create_app(client, settings)
 
 

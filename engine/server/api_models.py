@@ -5,7 +5,7 @@ Types are checked here (a wrong type is a malformed request: 422); values are ch
 field is bounded to a signed 64-bit integer here (a 400 naming it too). Non-finite
 numbers are malformed (422).
 Besides OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), `priority` and
+min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), `priority`, `slo_class` and
 `prompt_logprobs` are accepted; completions take `echo` (with `max_tokens` 0: the prompt
 alone). Structured outputs (`response_format`, vLLM's `guided_*` and
 `structured_outputs`, both routes) and `logit_bias` are checked by
@@ -146,6 +146,7 @@ class SamplingFields(_Lenient):
     stop_token_ids: list[JsonInt] | None = None
     skip_special_tokens: StrictBool = True
     priority: JsonInt = 0
+    slo_class: str | None = None  # a configured SLO class (engine/slo.py); else the X-SLO-Class header's
     prompt_logprobs: JsonInt | None = None
     # Structured outputs: OpenAI's, then vLLM's two spellings.
     response_format: dict[str, Any] | None = None

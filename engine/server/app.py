@@ -36,6 +36,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from ..slo import CLASS_NAME, SloClasses
 from .admin import make_admin_router
 from .api_models import (
     CHAT_ROLES,
@@ -69,6 +70,8 @@ class ServerSettings:
     on_shutdown: list[Callable[[], None]] = field(default_factory=list)
     tool_call_parser: str | None = None
     """Tool-call format (tool_parsers.TOOL_PARSERS); None: the one the chat template names."""
+    slo_classes: SloClasses = field(default_factory=SloClasses)
+    """The SLO classes requests choose from (engine/slo.py); none: every request is best effort."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.served_model_name, str) or not self.served_model_name:
@@ -87,6 +90,8 @@ class ServerSettings:
             raise ValueError(f"shutdown_timeout_s must be a number >= 0, got {self.shutdown_timeout_s!r}")
         if self.admin_token is not None and not self.admin_token.strip():
             raise ValueError("admin_token must not be blank (leave it unset to turn the admin API off)")
+        if not isinstance(self.slo_classes, SloClasses):
+            raise ValueError(f"slo_classes must be SloClasses, got {type(self.slo_classes).__name__}")
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
             raise ValueError(
                 f"tool_call_parser must be one of {', '.join(sorted(TOOL_PARSERS))}; got {self.tool_call_parser!r}"
@@ -231,6 +236,11 @@ _REPLACED: dict[str, dict[str, Any]] = {  # the whole property schema
     },
     "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
     "role": {"enum": list(CHAT_ROLES)},
+    "slo_class": {
+        "anyOf": [{"type": "string", "pattern": CLASS_NAME.pattern}, {"type": "null"}],
+        "description": "an SLO class the server is configured with (--slo-class); wins over the X-SLO-Class "
+        "header; unset: the default class",
+    },
     "content": {
         "anyOf": [
             {"type": "string"},
@@ -271,6 +281,16 @@ def _document_request_values(schemas: dict) -> None:
         "required": ["tool_call_id"],
         "properties": {"tool_call_id": {"type": "string", "minLength": 1}},
     }
+
+
+# The header a client that cannot add body fields chooses its SLO class with (serving.py).
+SLO_CLASS_PARAMETER = {
+    "name": "X-SLO-Class",
+    "in": "header",
+    "required": False,
+    "description": "an SLO class the server is configured with; the body's slo_class wins",
+    "schema": {"type": "string", "pattern": CLASS_NAME.pattern},
+}
 
 
 def _generation_ok(choice: dict) -> dict:
@@ -369,7 +389,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
             settings.served_model_name, engine.max_model_len, engine.snapshot, cache_config_labels(engine.config)
         )
         engine.stat_logger = metrics.stats
-    serving = OpenAIServing(engine, settings.served_model_name, settings.tool_call_parser)
+    serving = OpenAIServing(engine, settings.served_model_name, settings.tool_call_parser, settings.slo_classes)
     drain = Drain(engine, settings.shutdown_timeout_s)
 
     @contextlib.asynccontextmanager
@@ -451,12 +471,14 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
         "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]},
     }
 
-    @app.post("/v1/completions", responses=_generation_ok(text_choice))
+    slo_header = {"parameters": [SLO_CLASS_PARAMETER]}
+
+    @app.post("/v1/completions", responses=_generation_ok(text_choice), openapi_extra=slo_header)
     async def completions(body: CompletionRequest, request: Request):
         drain.check()
         return await serving.completions(body, request)
 
-    @app.post("/v1/chat/completions", responses=_generation_ok(chat_choice))
+    @app.post("/v1/chat/completions", responses=_generation_ok(chat_choice), openapi_extra=slo_header)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         drain.check()
         return await serving.chat_completions(body, request)

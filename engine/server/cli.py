@@ -5,6 +5,8 @@
                  [--enable-fault-injection] [--shutdown-timeout S] [--stall-timeout S]
                  [--tool-call-parser {llama3_json,hermes,mistral}]
                  [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S] [--max-header-bytes N]
+                 [--slo-class NAME:ttft=S,tpot=S[,priority=N][,on_miss=reject|demote]]...
+                 [--slo-classes-file PATH] [--default-slo-class NAME]
                  [every EngineConfig field as --kebab-case]
 
 The port is bound first (a busy port fails at once), then the engine core process
@@ -33,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import EngineConfig
+from ..slo import SloClass, SloClasses, load_slo_classes_file
 from .http_limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -144,6 +147,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_HEADER_BYTES,
         help=f"largest request head; a larger one gets a 400 (default {DEFAULT_MAX_HEADER_BYTES})",
     )
+    slo = parser.add_argument_group("SLO classes", "targets requests choose with slo_class or X-SLO-Class")
+    slo.add_argument(
+        "--slo-class",
+        action="append",
+        default=[],
+        metavar="NAME:ttft=S,tpot=S[,priority=N][,on_miss=reject|demote]",
+        help="an SLO class (repeatable); targets in seconds; a class without ttft is best effort",
+    )
+    slo.add_argument("--slo-classes-file", help="a YAML or JSON list of {name, ttft, tpot, priority, on_miss}")
+    slo.add_argument(
+        "--default-slo-class",
+        help="the class of requests that name none (default: best effort, as without classes)",
+    )
     group = parser.add_argument_group("engine", "EngineConfig fields (see engine/config.py)")
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -157,6 +173,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config_from_args(args: argparse.Namespace, model_dir: str) -> EngineConfig:
     values = {f.name: getattr(args, f.name) for f in _engine_fields() if getattr(args, f.name, None) is not None}
     return EngineConfig.from_dict({"model": model_dir, **values})
+
+
+def slo_classes_from_args(args: argparse.Namespace) -> SloClasses:
+    """The configured SLO classes; a ValueError naming the flag for a bad one."""
+    specs: list[SloClass] = []
+    if getattr(args, "slo_classes_file", None):
+        try:
+            specs += load_slo_classes_file(args.slo_classes_file)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--slo-classes-file {args.slo_classes_file}: {exc}") from None
+    for spec in getattr(args, "slo_class", None) or []:
+        try:
+            specs.append(SloClass.parse(spec))
+        except ValueError as exc:
+            raise ValueError(f"--slo-class {spec!r}: {exc}") from None
+    try:
+        classes = SloClasses.build(specs)
+    except ValueError as exc:
+        raise ValueError(f"--slo-class: {exc}") from None
+    try:
+        return SloClasses(classes.classes, getattr(args, "default_slo_class", None))
+    except ValueError as exc:
+        raise ValueError(f"--default-slo-class: {exc}") from None
 
 
 def served_name(model_arg: str | None) -> str:
@@ -252,6 +291,7 @@ def run(args: argparse.Namespace) -> int:
             enable_fault_injection=args.enable_fault_injection,
             shutdown_timeout_s=args.shutdown_timeout,
             tool_call_parser=args.tool_call_parser,
+            slo_classes=slo_classes_from_args(args),
         )
         if args.otlp_endpoint:
             from .tracing import otlp_traces_url

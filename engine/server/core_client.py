@@ -36,6 +36,7 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
+from ..slo import RequestSlo
 from ..tokenizer import Tokenizer
 from .core_dirs import make_core_dir, remove_stale_core_dirs
 from .core_messages import (
@@ -318,6 +319,7 @@ class EngineCoreClient:
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,
         final_only: bool = False,
+        slo: RequestSlo | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Cumulative outputs of one request until it finishes (with `final_only`, just the
         last). Leaving early (the client went away, the task was cancelled) aborts the
@@ -338,7 +340,15 @@ class EngineCoreClient:
         try:
             self._send(
                 AddRequest(
-                    request_id, live.prompt, prompt_token_ids, params, priority, time.time(), trace_headers, final_only
+                    request_id,
+                    live.prompt,
+                    prompt_token_ids,
+                    params,
+                    priority,
+                    time.time(),
+                    trace_headers,
+                    final_only,
+                    slo,
                 )
             )
             while True:

@@ -23,6 +23,7 @@ import msgspec
 from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestLimits
 from ..sampling_params import SamplingParams
+from ..slo import RequestSlo
 from ..stats import StepStats
 from .snapshot import EngineSnapshot
 
@@ -38,6 +39,7 @@ class AddRequest(msgspec.Struct, tag="add", array_like=True):
     arrival_time: float
     trace_headers: dict[str, str] | None = None
     final_only: bool = False  # send this request's outputs once, when it finishes (non-streaming)
+    slo: RequestSlo | None = None  # None: best effort, ordered as without SLO classes
 
 
 class AbortRequests(msgspec.Struct, tag="abort", array_like=True):

@@ -236,6 +236,7 @@ class EngineCore:
                 priority=msg.priority,
                 prompt_token_ids=msg.prompt_token_ids,
                 arrival_time=msg.arrival_time,
+                slo=msg.slo,
             )
         except ValueError as exc:
             self._errors.append(RequestError(msg.request_id, str(exc), True))

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
+from ..slo import CLASS_NAME, RequestSlo, SloClass, SloClasses
 from ..structured_outputs import StructuredOutputsParams
 from ..structured_outputs_limits import StructuredOutputsLimits
 from ..structured_outputs_request import check_constraint
@@ -50,6 +51,7 @@ MAX_SEQUENCES_PER_REQUEST = 256
 # Text prompts at least this long are tokenized in a worker thread, so that a megabyte
 # prompt (about a second of tokenizing) does not hold up every other request's event loop.
 TOKENIZE_IN_THREAD_CHARS = 16384
+SLO_CLASS_HEADER = "x-slo-class"
 
 
 @dataclass(slots=True)
@@ -77,6 +79,7 @@ class _Job:
     prompts: list[_Prompt]
     params: SamplingParams
     priority: int
+    slo_class: SloClass
     stream: bool
     include_usage: bool
     continuous_usage: bool
@@ -90,6 +93,7 @@ class _Job:
     echo: bool = False  # completions: the prompt comes first in each choice's text and logprobs
     echo_only: bool = False  # echo with max_tokens 0: the one token the engine generates is dropped
     prompt_logprobs: int | None = None  # the request's prompt_logprobs (the response field)
+    slo: RequestSlo | None = None  # set when the job is queued (its deadline counts from then)
 
 
 def streamable_text(text: str, finished: bool, holdback: int) -> str:
@@ -103,8 +107,15 @@ def streamable_text(text: str, finished: bool, holdback: int) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: EngineCoreClient, served_model_name: str, tool_call_parser: str | None = None):
+    def __init__(
+        self,
+        engine: EngineCoreClient,
+        served_model_name: str,
+        tool_call_parser: str | None = None,
+        slo_classes: SloClasses | None = None,
+    ):
         self.engine = engine
+        self.slo_classes = slo_classes if slo_classes is not None else SloClasses()
         self.model_name = served_model_name
         self.tokenizer = engine.tokenizer
         if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
@@ -144,6 +155,23 @@ class OpenAIServing:
                 param = named
             raise bad_request(str(exc), param, code) from None
 
+    def slo_class(self, body: SamplingFields, request: Request) -> SloClass:
+        """The request's SLO class: the body's `slo_class`, else the X-SLO-Class header, else
+        the default class; a 400 naming the field (or header) for one not configured."""
+        name, param = body.slo_class, "slo_class"
+        if name is None and SLO_CLASS_HEADER in request.headers:
+            name, param = request.headers[SLO_CLASS_HEADER].strip(), "X-SLO-Class"
+            if not CLASS_NAME.match(name):
+                raise bad_request(
+                    f"X-SLO-Class must be a class name (letters, digits, '_', '.', '-'; at most 64), got {name!r}",
+                    param,
+                )
+        try:
+            return self.slo_classes.get(name)
+        except KeyError:
+            known = ", ".join(self.slo_classes.names)
+            raise bad_request(f"{param}: unknown SLO class {name!r}; this server has: {known}", param) from None
+
     @staticmethod
     def _check_sequences(num_prompts: int, n: int | None) -> None:
         if num_prompts * (n or 1) > MAX_SEQUENCES_PER_REQUEST:
@@ -178,19 +206,25 @@ class OpenAIServing:
     def _job(
         self,
         body: SamplingFields,
+        slo_class: SloClass,
         prompts: list[_Prompt],
         params: SamplingParams,
         chat: bool,
         top_logprobs: int | None = None,
     ) -> _Job:
         prefix = "chatcmpl" if chat else "cmpl"
+        # vLLM's priority field wins; a class's priority stands in for a request that sends none.
+        priority = body.priority
+        if "priority" not in body.model_fields_set and slo_class.priority is not None:
+            priority = slo_class.priority
         job = _Job(
             f"{prefix}-{uuid.uuid4().hex}",
             int(time.time()),
             self.model_name,
             prompts,
             params,
-            body.priority,
+            priority,
+            slo_class,
             bool(body.stream),
             body.include_usage,
             bool(body.stream_options and body.stream_options.continuous_usage_stats),
@@ -204,6 +238,7 @@ class OpenAIServing:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         body.check()
         self.check_model(body.model)
+        slo_class = self.slo_class(body, request)
         raw_prompts = body.prompts()
         self._check_sequences(len(raw_prompts), body.n)
         # Without max_tokens the prompt decides it; check the other values against the longest possible.
@@ -231,13 +266,14 @@ class OpenAIServing:
             params = probe
         for prompt in prompts:
             self._check_length(len(prompt.token_ids), params.max_tokens, "max_tokens")
-        job = self._job(body, prompts, params, chat=False)
+        job = self._job(body, slo_class, prompts, params, chat=False)
         job.echo, job.echo_only = bool(body.echo), body.echo_only
         return await self._respond(job, request)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         body.check()
         self.check_model(body.model)
+        slo_class = self.slo_class(body, request)
         self._check_sequences(1, body.n)
         for i, m in enumerate(body.messages):
             m.check_role(i)
@@ -282,7 +318,7 @@ class OpenAIServing:
         self._check_length(len(ids), params.max_tokens, param)
         if parser is not None and tools is not None:
             params = self._tool_params(params, tools, parser, self.structured_limits)
-        job = self._job(body, [_Prompt(ids, ids)], params, chat=True, top_logprobs=body.top_logprobs)
+        job = self._job(body, slo_class, [_Prompt(ids, ids)], params, chat=True, top_logprobs=body.top_logprobs)
         job.tools, job.tool_parser = tools, parser
         return await self._respond(job, request)
 
@@ -336,6 +372,8 @@ class OpenAIServing:
 
     async def _respond(self, job: _Job, request: Request) -> Response:
         job.trace_headers = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers} or None
+        if self.slo_classes.is_configured:  # else nothing differs from a server without classes
+            job.slo = self.slo_classes.request_slo(job.slo_class, time.time())
         if job.stream:
             return SSEResponse(self._stream(job))
         try:
@@ -357,6 +395,7 @@ class OpenAIServing:
                 job.priority,
                 job.trace_headers,
                 final_only=not job.stream,
+                slo=job.slo,
             )
             try:
                 async for out in gen:
@@ -376,6 +415,7 @@ class OpenAIServing:
                 job.priority,
                 job.trace_headers,
                 final_only=not job.stream,
+                slo=job.slo,
             )
             try:
                 async for out in gen:
