@@ -55,6 +55,7 @@ from .slo import RequestSlo
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
 from .structured_outputs_grammar import StructuredOutputs
 from .tokenizer import Tokenizer
+from .ttft_predictor import TtftPredictor
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,8 @@ class LLMEngine:
             config.watermark,
             shape.slots_per_page(),
         )
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.ttft_predictor = TtftPredictor()  # fed each closed step; the scheduler's slack reads it
+        self.scheduler = Scheduler(config, self.block_manager, self.ttft_predictor)
         self._clamp_max_model_len()
         if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
             from .parallel import TPRunner
@@ -389,6 +391,7 @@ class LLMEngine:
         if stats.batch_size and stats.num_batched_tokens == stats.batch_size:  # a pure decode step
             self.counters.decode_seconds += stats.duration
             self.counters.decode_bytes_read += self._decode_weight_bytes + stats.kv_tokens_read * self._kv_token_bytes
+        self.ttft_predictor.observe(stats)
         self.last_step = stats
         return outputs
 

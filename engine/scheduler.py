@@ -17,6 +17,16 @@ handled earlier, 0 is the default, negative values are allowed, ties go to the e
 arrival. Urgency is the effective priority, the request's priority less one level per
 `priority_aging_steps` steps since it arrived, so a request that waits long enough
 overtakes any newer one and low priorities are never starved.
+
+SLO classes (engine/slo.py) refine the order within one effective priority: requests
+with a TTFT deadline come before best-effort ones, least slack first (the deadline less
+the predicted time to compute what is left of the prompt, at the engine's measured
+prefill rate: engine/ttft_predictor.py); best-effort ones keep today's arrival order.
+Since aging lowers the effective priority, a best-effort request that waits
+`priority_aging_steps` steps overtakes every newer deadline request, so a stream of
+interactive requests cannot starve it. When room must be made for a best-effort
+sequence, a running deadline sequence whose time per output token still meets its
+target is not the victim. Without deadlines the order is exactly the one above.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from .block_pool import BlockCopy
 from .config import EngineConfig
 from .sampling.slot_table import SlotTable
 from .sequence import Sequence, SequenceStatus
+from .ttft_predictor import TtftPredictor
 
 
 @dataclass(slots=True)
@@ -62,9 +73,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, predictor: TtftPredictor | None = None):
         self.config = config
         self.block_manager = block_manager
+        self.predictor = predictor if predictor is not None else TtftPredictor()
+        self.has_deadlines = False  # a sequence with a TTFT deadline was ever added: order by slack too
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -74,6 +87,8 @@ class Scheduler:
 
     # --- queues ---------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
+        if seq.slo is not None and seq.slo.deadline is not None:
+            self.has_deadlines = True
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -95,10 +110,52 @@ class Scheduler:
         """Lower runs first (vLLM's meaning); waiting lowers it one level per aging period."""
         return seq.priority - (self.step_count - seq.arrival_step) // self.config.priority_aging_steps
 
+    def slack(self, seq: Sequence) -> float | None:
+        """Its TTFT deadline less the predicted time to compute the rest of its prompt
+        (wall-clock seconds; now is common to all, so it is not subtracted); None: best effort."""
+        if seq.slo is None or seq.slo.deadline is None:
+            return None
+        return seq.slo.deadline - (self.predictor.prefill_seconds(seq.num_uncomputed_tokens) or 0.0)
+
     def _order(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Most urgent first: lowest effective priority, then earliest arrival."""
+        """Most urgent first: lowest effective priority, then deadline requests by least
+        slack, then earliest arrival."""
         step, aging = self.step_count, self.config.priority_aging_steps  # effective_priority, inlined
-        return sorted(seqs, key=lambda s: (s.priority - (step - s.arrival_step) // aging, s.times.arrival, s.seq_id))
+        if not self.has_deadlines:
+            return sorted(
+                seqs, key=lambda s: (s.priority - (step - s.arrival_step) // aging, s.times.arrival, s.seq_id)
+            )
+
+        def key(s: Sequence) -> tuple:
+            slack = self.slack(s)
+            tier = (0, slack) if slack is not None else (1, 0.0)
+            return (s.priority - (step - s.arrival_step) // aging, *tier, s.times.arrival, s.seq_id)
+
+        return sorted(seqs, key=key)
+
+    @staticmethod
+    def meets_tpot(seq: Sequence) -> bool:
+        """A deadline sequence whose time per output token so far is within its target."""
+        slo = seq.slo
+        if slo is None or slo.deadline is None:
+            return False
+        times = seq.times
+        if slo.tpot_s is None or seq.num_output_tokens < 2 or times.first_token is None or times.last_token is None:
+            return True
+        return (times.last_token - times.first_token) / (seq.num_output_tokens - 1) <= slo.tpot_s
+
+    def _victim(self, queue: deque[Sequence], seq: Sequence) -> Sequence:
+        """The least urgent of `queue` that may be preempted for `seq`, taken out of it; `seq`
+        itself when none may. A best-effort sequence does not preempt a deadline sequence
+        whose TPOT target holds."""
+        if self.has_deadlines and (seq.slo is None or seq.slo.deadline is None):
+            for i in range(len(queue) - 1, -1, -1):
+                if not self.meets_tpot(queue[i]):
+                    victim = queue[i]
+                    del queue[i]
+                    return victim
+            return seq
+        return queue.pop() if queue else seq
 
     # --- the step -------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -124,7 +181,7 @@ class Scheduler:
                 # one sequence can hold (the pool less its watermark), so once it runs
                 # alone it fits, and admission and swap-in let it back.
                 while not bm.can_append(seq, target):
-                    victim = queue.pop() if queue else seq
+                    victim = self._victim(queue, seq)
                     self._preempt(victim, out)
                     if victim is seq:
                         break
