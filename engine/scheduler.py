@@ -126,7 +126,7 @@ class Scheduler:
                 seqs, key=lambda s: (s.priority - (step - s.arrival_step) // aging, s.times.arrival, s.seq_id)
             )
 
-        def key(s: Sequence) -> tuple:
+        def key(s: Sequence) -> tuple[float, ...]:
             slack = self.slack(s)
             tier = (0, slack) if slack is not None else (1, 0.0)
             return (s.priority - (step - s.arrival_step) // aging, *tier, s.times.arrival, s.seq_id)

@@ -75,6 +75,7 @@ def build_app(
     stall_timeout_s: float = 10.0,
     shutdown_timeout_s: float = 30.0,
     slo_classes=None,
+    admission=None,
     **engine_options,
 ):
     client = EngineCoreClient(
@@ -94,6 +95,8 @@ def build_app(
     )
     if slo_classes is not None:
         settings.slo_classes = slo_classes
+    if admission is not None:
+        settings.admission = admission
     return create_app(client, settings)
 
 

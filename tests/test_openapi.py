@@ -122,7 +122,7 @@ def test_engine_document_lists_every_status(engine):
         for path, item in doc["paths"].items()
         for method, op in item.items()
     }
-    generation = ["200", "400", "404", "413", "422", "500", "503"]
+    generation = ["200", "400", "404", "413", "422", "429", "500", "503"]
     admin = ["200", "401", "403", "413", "500", "503"]
     assert statuses == {
         ("POST", "/v1/completions"): generation,
@@ -140,6 +140,10 @@ def test_engine_document_lists_every_status(engine):
         ("POST", "/admin/mode"): sorted(admin + ["422"]),
         ("POST", "/admin/fault"): sorted(admin + ["404", "422"]),
     }
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        (header,) = doc["paths"][path]["post"]["parameters"]
+        assert header["name"] == "X-SLO-Class" and header["in"] == "header"
+    assert "slo_class" in doc["components"]["schemas"]["CompletionRequest"]["properties"]
     error = {"$ref": "#/components/schemas/Error"}
     for item in doc["paths"].values():
         for op in item.values():

@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException
 
 from ..slo import CLASS_NAME, SloClasses
 from .admin import make_admin_router
+from .admission import AdmissionConfig
 from .api_models import (
     CHAT_ROLES,
     MAX_REPETITION_PENALTY,
@@ -71,6 +72,8 @@ class ServerSettings:
     tool_call_parser: str | None = None
     """Tool-call format (tool_parsers.TOOL_PARSERS); None: the one the chat template names."""
     slo_classes: SloClasses = field(default_factory=SloClasses)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """The deadline margin and the queue caps (admission.py)."""
     """The SLO classes requests choose from (engine/slo.py); none: every request is best effort."""
 
     def __post_init__(self) -> None:
@@ -123,9 +126,10 @@ GENERATION_ERRORS = {
     "for the context, a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
     404: "the model does not exist",
     422: "the body is not a JSON object of the documented types",
+    429: "the request's SLO class cannot meet its TTFT target now (code slo_unattainable; Retry-After)",
     500: "the engine failed while serving the request (code engine_error)",
-    503: "the engine is loading, stalled, draining or not running (code says which; Retry-After unless it is not "
-    "running)",
+    503: "the engine is loading, stalled, draining or not running, or the queue is at --max-num-queued-reqs or "
+    "--max-num-queued-tokens (code says which; Retry-After unless it is not running)",
 }
 _NOT_READY = "the engine core is not running (engine_dead); /ready also: loading, engine_stalled or draining"
 # Before Open API 3.2 a text/event-stream schema is one event's: data is a chunk's JSON, then [DONE].
@@ -389,7 +393,9 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
             settings.served_model_name, engine.max_model_len, engine.snapshot, cache_config_labels(engine.config)
         )
         engine.stat_logger = metrics.stats
-    serving = OpenAIServing(engine, settings.served_model_name, settings.tool_call_parser, settings.slo_classes)
+    serving = OpenAIServing(
+        engine, settings.served_model_name, settings.tool_call_parser, settings.slo_classes, settings.admission
+    )
     drain = Drain(engine, settings.shutdown_timeout_s)
 
     @contextlib.asynccontextmanager

@@ -6,7 +6,8 @@
                  [--tool-call-parser {llama3_json,hermes,mistral}]
                  [--header-timeout S] [--body-timeout S] [--keep-alive-timeout S] [--max-header-bytes N]
                  [--slo-class NAME:ttft=S,tpot=S[,priority=N][,on_miss=reject|demote]]...
-                 [--slo-classes-file PATH] [--default-slo-class NAME]
+                 [--slo-classes-file PATH] [--default-slo-class NAME] [--slo-admission-margin X]
+                 [--max-num-queued-reqs N] [--max-num-queued-tokens N]
                  [every EngineConfig field as --kebab-case]
 
 The port is bound first (a busy port fails at once), then the engine core process
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from ..config import EngineConfig
 from ..slo import SloClass, SloClasses, load_slo_classes_file
+from .admission import AdmissionConfig
 from .http_limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -160,6 +162,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--default-slo-class",
         help="the class of requests that name none (default: best effort, as without classes)",
     )
+    slo.add_argument(
+        "--slo-admission-margin",
+        type=float,
+        default=1.0,
+        help="refuse (429) a request whose predicted TTFT exceeds its class's target by more than this share of "
+        "it (default 1.0: past twice the target)",
+    )
+    slo.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        default=0,
+        help="most sequences in flight, waiting or running; past it 503 (default 0: no cap)",
+    )
+    slo.add_argument(
+        "--max-num-queued-tokens",
+        type=int,
+        default=0,
+        help="most prompt tokens of requests before their first token; past it 503 (default 0: no cap)",
+    )
     group = parser.add_argument_group("engine", "EngineConfig fields (see engine/config.py)")
     for f in _engine_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -196,6 +217,19 @@ def slo_classes_from_args(args: argparse.Namespace) -> SloClasses:
         return SloClasses(classes.classes, getattr(args, "default_slo_class", None))
     except ValueError as exc:
         raise ValueError(f"--default-slo-class: {exc}") from None
+
+
+def admission_from_args(args: argparse.Namespace) -> AdmissionConfig:
+    """The admission settings; a ValueError naming the flag for a bad one."""
+    try:
+        return AdmissionConfig(
+            getattr(args, "slo_admission_margin", 1.0),
+            getattr(args, "max_num_queued_reqs", 0),
+            getattr(args, "max_num_queued_tokens", 0),
+        )
+    except ValueError as exc:
+        flag = "--" + str(exc).split(" ")[0].replace("_", "-")
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def served_name(model_arg: str | None) -> str:
@@ -292,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
             shutdown_timeout_s=args.shutdown_timeout,
             tool_call_parser=args.tool_call_parser,
             slo_classes=slo_classes_from_args(args),
+            admission=admission_from_args(args),
         )
         if args.otlp_endpoint:
             from .tracing import otlp_traces_url

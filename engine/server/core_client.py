@@ -38,6 +38,7 @@ from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
 from ..slo import RequestSlo
 from ..tokenizer import Tokenizer
+from ..ttft_predictor import TtftPredictor
 from .core_dirs import make_core_dir, remove_stale_core_dirs
 from .core_messages import (
     AbortRequests,
@@ -178,6 +179,7 @@ class EngineCoreClient:
         self.stall_timeout_s = stall_timeout_s
         self.on_dead = on_dead
         self.stat_logger: StatLogger | None = None  # set by the app
+        self.ttft_predictor = TtftPredictor()  # the core's measured step rates, for admission
         self._otlp_endpoint = otlp_endpoint
         self._heartbeat_s = heartbeat_s
         self._engine_factory = engine_factory
@@ -457,8 +459,10 @@ class EngineCoreClient:
                 live.changed.set()
         if msg.snapshot is not None:
             self._snapshot = msg.snapshot
-        if stats is not None and msg.stats is not None:
-            stats.record(msg.stats)
+        if msg.stats is not None:
+            self.ttft_predictor.observe(msg.stats)
+            if stats is not None:
+                stats.record(msg.stats)
 
     def _on_result(self, msg: UtilityResult) -> None:
         future = self._calls.get(msg.call_id)

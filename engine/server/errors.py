@@ -19,6 +19,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     422: "invalid_request_error",
+    429: "rate_limit_exceeded",
     500: "internal_server_error",
     503: "service_unavailable",
 }

@@ -27,6 +27,8 @@ from ..slo import CLASS_NAME, RequestSlo, SloClass, SloClasses
 from ..structured_outputs import StructuredOutputsParams
 from ..structured_outputs_limits import StructuredOutputsLimits
 from ..structured_outputs_request import check_constraint
+from ..ttft_predictor import TtftPredictor
+from .admission import Admission, AdmissionConfig
 from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .chat import ChatTemplateError, render_chat, template_messages
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
@@ -94,6 +96,15 @@ class _Job:
     echo_only: bool = False  # echo with max_tokens 0: the one token the engine generates is dropped
     prompt_logprobs: int | None = None  # the request's prompt_logprobs (the response field)
     slo: RequestSlo | None = None  # set when the job is queued (its deadline counts from then)
+    predicted_ttft_s: float | None = None  # admission's prediction, None without a measured rate
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.prompts)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prompts) * self.params.n
 
 
 def streamable_text(text: str, finished: bool, holdback: int) -> str:
@@ -113,9 +124,12 @@ class OpenAIServing:
         served_model_name: str,
         tool_call_parser: str | None = None,
         slo_classes: SloClasses | None = None,
+        admission: AdmissionConfig | None = None,
     ):
         self.engine = engine
         self.slo_classes = slo_classes if slo_classes is not None else SloClasses()
+        predictor = getattr(engine, "ttft_predictor", None)
+        self.admission = Admission(admission or AdmissionConfig(), predictor or TtftPredictor())
         self.model_name = served_model_name
         self.tokenizer = engine.tokenizer
         if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
@@ -374,6 +388,12 @@ class OpenAIServing:
         job.trace_headers = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers} or None
         if self.slo_classes.is_configured:  # else nothing differs from a server without classes
             job.slo = self.slo_classes.request_slo(job.slo_class, time.time())
+        # Before the response starts: a refusal is a 429/503 status, never a cut stream.
+        deadline = job.slo.deadline if job.slo is not None else None
+        decision = self.admission.check(job.slo_class, job.priority, deadline, job.num_prompt_tokens, job.num_seqs)
+        job.predicted_ttft_s = decision.predicted_ttft_s
+        if decision.demoted and job.slo is not None:
+            job.slo = RequestSlo(job.slo.class_name, None, job.slo.tpot_s, None)
         if job.stream:
             return SSEResponse(self._stream(job))
         try:
@@ -384,7 +404,20 @@ class OpenAIServing:
 
     # --- running ------------------------------------------------------------------------
     async def _outputs(self, job: _Job) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-        """(prompt index, cumulative output) from all of the job's prompts, as they come."""
+        """(prompt index, cumulative output) from all of the job's prompts, as they come; the
+        job counts in admission's queue until its first output."""
+        deadline = job.slo.deadline if job.slo is not None else None
+        ticket = self.admission.enter(job.priority, deadline, job.num_prompt_tokens, job.num_seqs)
+        outputs = self._engine_outputs(job)
+        try:
+            async for item in outputs:
+                self.admission.started(ticket)
+                yield item
+        finally:
+            self.admission.leave(ticket)
+            await outputs.aclose()
+
+    async def _engine_outputs(self, job: _Job) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         if len(job.prompts) == 1:
             p = job.prompts[0]
             gen = self.engine.generate(
