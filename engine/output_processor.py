@@ -138,6 +138,7 @@ class OutputProcessor:
                 prefill_time=first_token - scheduled,
                 decode_time=finished - first_token,
                 num_cached_tokens=first.num_cached_tokens,
+                request_id=req.request_id,
             )
         )
         self.counters.requests_finished[first.finish_reason or "abort"] += 1

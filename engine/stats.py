@@ -26,6 +26,7 @@ class FinishedRequestStats:
     prefill_time: float
     decode_time: float
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    request_id: str = ""  # the API joins it to the request's SLO class and predicted TTFT
 
 
 @dataclass(slots=True)

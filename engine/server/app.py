@@ -51,6 +51,7 @@ from .errors import ApiError, error_response, unparsable_body_message
 from .metrics import ServerMetrics, cache_config_labels
 from .middleware import BodyLimitAndMetrics
 from .serving import OpenAIServing
+from .slo_metrics import AdmissionCollector
 from .token_routes import document_token_schemas, make_tokenize_router
 from .tool_parsers import TOOL_PARSERS
 
@@ -390,12 +391,18 @@ class Drain:
 def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: ServerMetrics | None = None) -> FastAPI:
     if metrics is None:
         metrics = ServerMetrics(
-            settings.served_model_name, engine.max_model_len, engine.snapshot, cache_config_labels(engine.config)
+            settings.served_model_name,
+            engine.max_model_len,
+            engine.snapshot,
+            cache_config_labels(engine.config),
+            settings.slo_classes,
         )
         engine.stat_logger = metrics.stats
+        engine.slo_logger = metrics.slo
     serving = OpenAIServing(
         engine, settings.served_model_name, settings.tool_call_parser, settings.slo_classes, settings.admission
     )
+    metrics.registry.register(AdmissionCollector(serving.admission, settings.slo_classes))
     drain = Drain(engine, settings.shutdown_timeout_s)
 
     @contextlib.asynccontextmanager

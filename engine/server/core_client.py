@@ -36,7 +36,7 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
-from ..slo import RequestSlo
+from ..slo import DEFAULT_CLASS, RequestSlo
 from ..tokenizer import Tokenizer
 from ..ttft_predictor import TtftPredictor
 from .core_dirs import make_core_dir, remove_stale_core_dirs
@@ -59,6 +59,7 @@ from .snapshot import EngineSnapshot, empty_snapshot
 
 if TYPE_CHECKING:
     from .metrics import StatLogger
+    from .slo_metrics import SloLogger
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class _Live:
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None
     error: BaseException | None = None
+    slo_class: str = DEFAULT_CLASS
+    predicted_ttft_s: float | None = None  # admission's prediction, judged when it finishes
 
     def apply(self, delta: RequestDelta) -> None:
         for d in delta.seqs:
@@ -179,6 +182,7 @@ class EngineCoreClient:
         self.stall_timeout_s = stall_timeout_s
         self.on_dead = on_dead
         self.stat_logger: StatLogger | None = None  # set by the app
+        self.slo_logger: SloLogger | None = None  # set by the app
         self.ttft_predictor = TtftPredictor()  # the core's measured step rates, for admission
         self._otlp_endpoint = otlp_endpoint
         self._heartbeat_s = heartbeat_s
@@ -322,6 +326,7 @@ class EngineCoreClient:
         trace_headers: dict[str, str] | None = None,
         final_only: bool = False,
         slo: RequestSlo | None = None,
+        predicted_ttft_s: float | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Cumulative outputs of one request until it finishes (with `final_only`, just the
         last). Leaving early (the client went away, the task was cancelled) aborts the
@@ -336,6 +341,8 @@ class EngineCoreClient:
             params,
             [_SeqState() for _ in range(params.n)],
             wake_on_finish_only=final_only,
+            slo_class=slo.class_name if slo is not None else DEFAULT_CLASS,
+            predicted_ttft_s=predicted_ttft_s,
         )
         self._live[request_id] = live
         finished = False
@@ -463,6 +470,12 @@ class EngineCoreClient:
             self.ttft_predictor.observe(msg.stats)
             if stats is not None:
                 stats.record(msg.stats)
+            if self.slo_logger is not None:
+                # The request's finished delta came in this message: it is still live.
+                for f in msg.stats.finished:
+                    live = self._live.get(f.request_id)
+                    if live is not None:
+                        self.slo_logger.record_finished(live.slo_class, f, live.predicted_ttft_s)
 
     def _on_result(self, msg: UtilityResult) -> None:
         future = self._calls.get(msg.call_id)

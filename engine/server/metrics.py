@@ -21,7 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..config import KV_COLD_DTYPES, MODES, PREEMPTION_MODES
+from ..slo import SloClasses
 from ..stats import StepStats
+from .slo_metrics import SloLogger
 from .snapshot import EngineSnapshot
 
 LABELS = ["model_name", "engine"]
@@ -504,6 +506,7 @@ class ServerMetrics:
         max_model_len: int,
         snapshot: Callable[[], EngineSnapshot],
         cache_labels: dict[str, str] | None = None,
+        slo_classes: SloClasses | None = None,
     ):
         self.registry = CollectorRegistry(auto_describe=False)
         # process_*, python_gc_* and python_info, which vLLM's /metrics carries from the
@@ -511,5 +514,6 @@ class ServerMetrics:
         for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(default)
         self.stats = StatLogger(self.registry, model_name, max_model_len)
+        self.slo = SloLogger(self.registry, slo_classes if slo_classes is not None else SloClasses())
         self.http = HttpMetrics(self.registry)
         self.registry.register(SnapshotCollector(snapshot, model_name, cache_labels=cache_labels))

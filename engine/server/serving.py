@@ -429,6 +429,7 @@ class OpenAIServing:
                 job.trace_headers,
                 final_only=not job.stream,
                 slo=job.slo,
+                predicted_ttft_s=job.predicted_ttft_s,
             )
             try:
                 async for out in gen:
@@ -449,6 +450,7 @@ class OpenAIServing:
                 job.trace_headers,
                 final_only=not job.stream,
                 slo=job.slo,
+                predicted_ttft_s=job.predicted_ttft_s,
             )
             try:
                 async for out in gen:
