@@ -21,6 +21,10 @@ def test_every_mix_is_measured_against_greedy_of_the_same_run(tmp_path):
         if run["requests"] == 4:
             assert run["x_greedy"] == run["tok_s"] / (sum(greedy) / len(greedy))
     assert report["batch1_top_p_x_greedy"] > 0
+    steady = report["batch1_steady_step_ms"]
+    assert set(steady) == set(sampling_mixes.STEADY) and all(ms > 0 for ms in steady.values())
+    assert report["batch1_steady_top_p_x_greedy"] == steady["greedy"] / steady["top_p 0.9 (temperature 1.0)"]
+    assert all(run["mode"] == "fast" for run in report["runs"])
 
 
 def test_the_mixes_ask_for_what_their_names_say():
@@ -29,3 +33,5 @@ def test_the_mixes_ask_for_what_their_names_say():
     assert sum(p["temperature"] == 0.0 for p in half) == 4
     assert [p["seed"] for p in mixes["every row seeded (temperature 1.0)"]] == list(range(8))
     assert all(p["logprobs"] == 5 and p["temperature"] == 0.0 for p in mixes["logprobs 5 (greedy)"])
+    every = mixes["every kind of row"]
+    assert {"seed", "logprobs", "frequency_penalty", "logit_bias", "top_k"} <= {k for p in every for k in p}

@@ -4,8 +4,9 @@
 random weights; `--preset tiny` on the CPU). One engine serves, in turn, bursts of
 `--num-requests` requests of `--prompt-len` + `--output-len` tokens: greedy, then each mix
 of MIXES, with greedy again in the middle and at the end, then batch-1 decode greedy and
-with top_p 0.9. Every burst gets prompts of its own (a first token per burst), so no burst
-reads another's prefix from the cache. Each mix is reported against the mean of the
+with top_p 0.9: whole requests, and steady decode steps (timed after the first ones).
+Every burst gets prompts of its own (a first token per burst), so no burst reads
+another's prefix from the cache. Each mix is reported against the mean of the
 greedy bursts ("x greedy"). `inferd bench burst` measures one mix per run, offline and
 through the server; this runs them all on one engine, offline only.
 
@@ -19,6 +20,7 @@ import argparse
 import gc
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -107,8 +109,41 @@ def run(args: argparse.Namespace) -> dict:
     b1_top_p = burst("batch 1 top_p 0.9 (temperature 1.0)", [{"temperature": 1.0, "top_p": 0.9}], one)
     b1_greedy.append(burst("batch 1 greedy (again)", greedy_params(1), one))
     report["batch1_top_p_x_greedy"] = b1_top_p / (sum(b1_greedy) / 2)
+    steady = {name: _steady_step_ms(llm.engine, one[0], sampling) for name, sampling in STEADY.items()}
+    report["batch1_steady_step_ms"] = steady
+    report["batch1_steady_top_p_x_greedy"] = steady["greedy"] / steady["top_p 0.9 (temperature 1.0)"]
     gc.unfreeze()
     return report
+
+
+STEADY = {"greedy": {"temperature": 0.0}, "top_p 0.9 (temperature 1.0)": {"temperature": 1.0, "top_p": 0.9}}
+STEADY_WARM_STEPS, STEADY_TIMED_STEPS = 20, 100
+
+
+def _steady_step_ms(engine, prompt: list[int], sampling: dict) -> float:
+    """Mean wall time of a batch-1 decode step, timed over STEADY_TIMED_STEPS engine steps
+    after STEADY_WARM_STEPS (the prefill and the first decode steps are not in it)."""
+    from .. import SamplingParams
+
+    request_id = f"steady-{len(prompt)}-{sorted(sampling.items())}"
+    max_tokens = STEADY_WARM_STEPS + STEADY_TIMED_STEPS + 8
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling))
+    for _ in range(STEADY_WARM_STEPS):
+        engine.step()
+    _synchronize()
+    start = time.perf_counter()
+    for _ in range(STEADY_TIMED_STEPS):
+        engine.step()
+    _synchronize()
+    elapsed = time.perf_counter() - start
+    while engine.has_unfinished():
+        engine.step()
+    return elapsed / STEADY_TIMED_STEPS * 1e3
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _device_name() -> str:
@@ -133,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sampling_mixes.json").write_text(json.dumps(report, indent=1))
     ratios = [f"{r['name']} {r['x_greedy']:.3f}" for r in report["runs"] if "x_greedy" in r]
+    steady = report["batch1_steady_top_p_x_greedy"]
     print("x greedy: " + "; ".join(ratios) + f"; batch 1 top_p 0.9 {report['batch1_top_p_x_greedy']:.3f}")
+    print(
+        f"batch 1 steady decode, top_p 0.9 against greedy: {steady:.3f} ({report['batch1_steady_step_ms']} ms a step)"
+    )
     return 0
 
 
