@@ -37,7 +37,7 @@ def _tool(name: str) -> str:
 
 def _rules(path: Path = ALERTS / "rules.yml") -> dict[str, dict]:
     groups = yaml.safe_load(path.read_text())["groups"]
-    return {r["alert"]: r for g in groups for r in g["rules"]}
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
 
 
 def test_committed_files_match_the_templates():
@@ -51,7 +51,7 @@ def test_promtool_check_rules():
         [_tool("promtool"), "check", "rules", str(ALERTS / "rules.yml")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 15 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -72,6 +72,33 @@ def test_unit_tests_catch_a_changed_threshold(tmp_path):
     assert "InferdKVCacheThrashing" in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(
+    "override, alert",
+    [
+        ("thresholds.slo_burn_fast=60", "InferdSLOBudgetBurnFast"),  # 50x no longer pages
+        ("thresholds.slo_burn_slow=12", "InferdSLOBudgetBurnSlow"),  # node2's 10x no longer tickets
+        ("thresholds.slo_ttft_objective=0.9", "InferdSLOBudgetBurnSlow"),  # a 10 % budget
+        ("durations.slo_burn_slow_for=6h", "InferdSLOBudgetBurnSlow"),
+    ],
+)
+def test_burn_rate_tests_catch_a_changed_threshold(tmp_path, override, alert):
+    render.write(tmp_path, render.apply_overrides(render.load_params(), [override]))
+    shutil.copy(ALERTS / "tests.yml", tmp_path / "tests.yml")
+    result = subprocess.run(
+        [_tool("promtool"), "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert alert in result.stdout + result.stderr
+
+
+def test_slo_objective_is_recorded():
+    groups = yaml.safe_load((ALERTS / "rules.yml").read_text())["groups"]
+    records = {r["record"]: r["expr"] for g in groups for r in g["rules"] if "record" in r}
+    assert records == {
+        "inferd_slo:ttft_objective": f"vector({render.load_params()['thresholds']['slo_ttft_objective']})"
+    }
+
+
 def test_every_alert_is_complete():
     rules = _rules()
     assert set(rules) == {
@@ -87,6 +114,8 @@ def test_every_alert_is_complete():
         "InferdEngineDown",
         "InferdCollectorDown",
         "InferdPodNUMAMisaligned",
+        "InferdSLOBudgetBurnFast",
+        "InferdSLOBudgetBurnSlow",
     }
     for name, rule in rules.items():
         assert render.parse_duration(rule["for"]) > 0, name
@@ -135,7 +164,7 @@ def test_time_scale_changes_only_durations(tmp_path):
 
 
 def _rules_from_text(text: str) -> dict[str, dict]:
-    return {r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
+    return {r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r}
 
 
 @pytest.mark.parametrize(
