@@ -10,11 +10,15 @@ ALERTMANAGER_UID = "inferd-alertmanager"
 
 HOST = Variable("host", "Host", 'label_values(up{job=~"inferd-.*"}, host)')
 GPU = Variable("gpu", "GPU", 'label_values(DCGM_FI_DEV_GPU_UTIL{host=~"$host"}, gpu)')
+SLO_CLASS = Variable(
+    "slo_class", "SLO class", 'label_values(inferd_slo_time_to_first_token_seconds_count{host=~"$host"}, slo_class)'
+)
 MODEL = Variable("model_name", "Model", 'label_values(vllm:num_requests_running{host=~"$host"}, model_name)')
 
 H = 'host=~"$host"'
 HG = 'host=~"$host", gpu=~"$gpu"'
 HM = 'host=~"$host", model_name=~"$model_name"'
+HC = 'host=~"$host", slo_class=~"$slo_class"'
 
 # Shown on every board, so a change of behaviour can be read against what inferd did.
 REMEDIATION_ANNOTATIONS = (

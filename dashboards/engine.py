@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import ANY_IS_BAD, GPU, HM, HOST, MODEL, H
+from .common import ANY_IS_BAD, GPU, HC, HM, HOST, MODEL, SLO_CLASS, H
 from .spec import Board, Panel, Query, Row, Threshold
 
 LATENCY = (Threshold(None, "green"), Threshold(1, "orange"), Threshold(5, "red"))
@@ -273,10 +273,95 @@ settings = Row(
     ),
 )
 
+
+def _ttft_rate(result: str = "") -> str:
+    match = f', result="{result}"' if result else ""
+    return f'sum by (slo_class) (rate(inferd_slo_requests_total{{{HC}, target="ttft"{match}}}[$__rate_interval]))'
+
+
+slo = Row(
+    "SLO classes",
+    (
+        Panel(
+            "TTFT attainment by class",
+            "Share of each class's finished requests that met its TTFT target (inferd_slo_requests_total), "
+            "against the objective the burn-rate alerts use (inferd_slo:ttft_objective, alerts/params.yml).",
+            "percentunit",
+            (
+                Query(f"{_ttft_rate('met')} / {_ttft_rate()}", "{{slo_class}}"),
+                Query("max(inferd_slo:ttft_objective)", "objective"),
+            ),
+            thresholds=(Threshold(None, "red"), Threshold(0.95, "orange"), Threshold(0.99, "green")),
+            min=0,
+            max=1,
+            requires="slo-classes",
+        ),
+        Panel(
+            "Goodput by class",
+            "Requests per second that met their class's TTFT target: the rate operators are judged on. "
+            "Against the class's offered load (met + missed + shed) it shows what the engine serves in time.",
+            "reqps",
+            (Query(_ttft_rate("met"), "{{slo_class}}"),),
+            stacked=True,
+            requires="slo-classes",
+        ),
+        Panel(
+            "Shed requests by class and reason",
+            "Requests refused at admission per second (inferd_slo_requests_shed_total): slo_unattainable is "
+            "the 429 for a deadline predicted past its margin, max_num_queued_reqs / max_num_queued_tokens the "
+            "503 queue_full; demoted: on_miss=demote requests served as best effort instead. Below saturation "
+            "this stays at 0.",
+            "reqps",
+            (
+                Query(
+                    f"sum by (slo_class, reason) (rate(inferd_slo_requests_shed_total{{{HC}}}[$__rate_interval]))",
+                    "{{slo_class}} {{reason}}",
+                ),
+                Query(
+                    f"sum by (slo_class) (rate(inferd_slo_requests_demoted_total{{{HC}}}[$__rate_interval]))",
+                    "{{slo_class}} demoted",
+                ),
+            ),
+            thresholds=ANY_IS_BAD,
+        ),
+        Panel(
+            "p99 time to first token by class",
+            "p99 TTFT of each class's finished requests (inferd_slo_time_to_first_token_seconds, buckets 5 ms to "
+            "30 min); compare with the class's target (inferd_slo_class_target_seconds). Without classes every "
+            "request is in class default.",
+            "s",
+            (
+                Query(
+                    "histogram_quantile(0.99, sum by (slo_class, le) "
+                    f"(rate(inferd_slo_time_to_first_token_seconds_bucket{{{HC}}}[$__rate_interval])))",
+                    "{{slo_class}}",
+                ),
+            ),
+            thresholds=LATENCY,
+        ),
+        Panel(
+            "TTFT prediction error by class",
+            "p99 of admission's predicted minus actual TTFT (inferd_slo_ttft_prediction_error_seconds), by "
+            "sign: under (the prediction came early) admits requests that then miss; over refuses or demotes "
+            "requests that could have made it.",
+            "s",
+            (
+                Query(
+                    "histogram_quantile(0.99, sum by (slo_class, direction, le) "
+                    f"(rate(inferd_slo_ttft_prediction_error_seconds_bucket{{{HC}}}[$__rate_interval])))",
+                    "{{slo_class}} {{direction}}",
+                ),
+            ),
+            width=24,
+            requires="slo-classes",
+        ),
+    ),
+)
+
 BOARD = Board(
     uid="inferd-engine",
     title="inferd / Engine",
     description="The inference engine: load, latency, throughput, KV cache paging and the current mode and tunables.",
-    rows=(load, latency, kv, settings),
-    variables=(HOST, GPU, MODEL),
+    rows=(load, latency, slo, kv, settings),
+    variables=(HOST, GPU, MODEL, SLO_CLASS),
 )

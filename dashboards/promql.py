@@ -19,7 +19,7 @@ def expand(
     range_: str = "1h",
     variables: dict[str, str] | None = None,
 ) -> str:
-    values = {"host": ".*", "gpu": ".*", "model_name": ".*", "instance": ".*", "job": ".*"}
+    values = {"host": ".*", "gpu": ".*", "model_name": ".*", "slo_class": ".*", "instance": ".*", "job": ".*"}
     values.update(variables or {})
     out = expr.replace("$__rate_interval", rate_interval).replace("$__interval", interval).replace("$__range", range_)
     # longest names first so $model_name is not read as $model

@@ -28,6 +28,7 @@ REQUIREMENT_NOTES = {
     "rollback": "Empty until the remediation loop has rolled an action back.",
     "alert": "Empty while no inferd alert fires.",
     "alert-pending": "Empty while no inferd alert is pending.",
+    "slo-classes": "Needs SLO classes with a TTFT target on the engine (inferd serve --slo-class).",
 }
 
 THRESHOLD_COLORS = ("green", "yellow", "orange", "red", "blue", "purple", "transparent")

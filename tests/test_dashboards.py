@@ -323,6 +323,7 @@ def _requirements_met(window: dict) -> dict[str, bool]:
         "rollback": _present("inferd_remediation_rollbacks_total", window),
         "alert": _present('ALERTS{alertstate="firing", alertname=~"Inferd.*"}', window),
         "alert-pending": _present('ALERTS{alertstate="pending", alertname=~"Inferd.*"}', window),
+        "slo-classes": _present('inferd_slo_requests_total{target="ttft"}', window),
     }
 
 
@@ -425,3 +426,18 @@ def test_generated_boards_parse_back_through_the_sdk_models():
         assert parsed.uid == name
         assert len(parsed.panels) == len(board["panels"])
         assert [v.name for v in parsed.templating.list_val] == [v["name"] for v in board["templating"]["list"]]
+
+
+def test_engine_board_has_an_slo_row_by_class():
+    board = load_boards()["inferd-engine"]
+    assert "slo_class" in {v["name"] for v in board["templating"]["list"]}
+    panels = {p["title"]: p for p in data_panels(board)}
+    for title, metric in (
+        ("TTFT attainment by class", "inferd_slo_requests_total"),
+        ("Goodput by class", 'result="met"'),
+        ("Shed requests by class and reason", "inferd_slo_requests_shed_total"),
+        ("p99 time to first token by class", "inferd_slo_time_to_first_token_seconds_bucket"),
+    ):
+        expr = panels[title]["targets"][0]["expr"]
+        assert metric in expr and "by (slo_class" in expr and 'slo_class=~"$slo_class"' in expr, title
+    assert "reason" in panels["Shed requests by class and reason"]["targets"][0]["expr"]
