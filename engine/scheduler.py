@@ -26,7 +26,11 @@ Since aging lowers the effective priority, a best-effort request that waits
 `priority_aging_steps` steps overtakes every newer deadline request, so a stream of
 interactive requests cannot starve it. When room must be made for a best-effort
 sequence, a running deadline sequence whose time per output token still meets its
-target is not the victim. Without deadlines the order is exactly the one above.
+target is not the victim. When every seat (`max_num_seqs`) is taken and a deadline
+request waits, the least urgent best-effort running sequence no more urgent than it is
+preempted (recompute) so that it is admitted in that step: otherwise its first token
+waits for some best-effort sequence to finish its whole output. Without deadlines the
+order is exactly the one above, and nothing is preempted for a seat.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     num_swapped_in: int = 0
     num_recompute_faults: int = 0
+    num_seat_preemptions: int = 0  # of `preempted`: to seat waiting deadline requests
 
     @property
     def num_batched_tokens(self) -> int:
@@ -166,6 +171,8 @@ class Scheduler:
 
         block_size = bm.block_size
         queue = deque(self._order(self.running))
+        if self.has_deadlines and self.waiting:
+            self._seat_deadline_requests(queue, out)
         still_running: list[Sequence] = []
         while queue:
             seq = queue.popleft()
@@ -193,13 +200,38 @@ class Scheduler:
             token_budget -= num
         self.running = still_running
 
-        if not out.preempted:
+        if len(out.preempted) == out.num_seat_preemptions:  # memory pressure: no swap-in or admission
             self._swap_in(out, token_budget)
             token_budget = self.config.max_num_batched_tokens - out.num_batched_tokens
             if not self.swapped:
                 self._admit(out, token_budget)
         self.num_preemptions += len(out.preempted)
         return out
+
+    def _seat_deadline_requests(self, queue: deque[Sequence], out: SchedulerOutput) -> None:
+        """When every seat (max_num_seqs) is taken, free one for each waiting deadline request
+        by preempting the least urgent best-effort running sequence no more urgent than it
+        (recompute: its seat must be free this step, and a swapped sequence would hold up
+        admission). Without this a deadline request waits for a best-effort sequence to
+        finish, however long its output. A sequence that has aged past the deadline request
+        is not taken, so best effort is not starved."""
+        seats = self.config.max_num_seqs - len(self.running)
+        for seq in self._order(self.waiting):
+            if seq.slo is None or seq.slo.deadline is None:
+                continue
+            if seats > 0:
+                seats -= 1
+                continue
+            urgency = self.effective_priority(seq)
+            victim = next(
+                (v for v in reversed(queue) if v.slo is None or v.slo.deadline is None),
+                None,
+            )
+            if victim is None or self.effective_priority(victim) < urgency:
+                return
+            queue.remove(victim)
+            self._preempt(victim, out, recompute=True)
+            out.num_seat_preemptions += 1
 
     def _swap_in(self, out: SchedulerOutput, token_budget: int) -> None:
         bm = self.block_manager
@@ -258,14 +290,19 @@ class Scheduler:
                 return other.num_output_tokens == 0
         return False
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, recompute: bool = False) -> None:
         bm = self.block_manager
         if seq in self.running:
             self.running.remove(seq)
         seq.num_preemptions += 1
         self.slots.release(seq)
         out.preempted.append(seq)
-        use_swap = self.config.preemption_mode == "swap" and self.config.swap_space_bytes > 0 and bm.can_swap_out(seq)
+        use_swap = (
+            not recompute
+            and self.config.preemption_mode == "swap"
+            and self.config.swap_space_bytes > 0
+            and bm.can_swap_out(seq)
+        )
         if use_swap:
             out.swap_out += bm.swap_out(seq)
             seq.status = SequenceStatus.SWAPPED

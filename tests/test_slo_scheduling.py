@@ -121,3 +121,39 @@ def test_a_deadline_sequence_missing_its_tpot_may_be_preempted(tiny_model):
     batch, interactive, finished = _squeeze(tiny_model, interactive_tpot=1e-4)
     assert interactive.num_preemptions >= 1 and batch.num_preemptions == 0
     assert finished == ["batch", "interactive"]
+
+
+def _seats(tiny_model, deadline: bool, batch_priority: int = 0) -> tuple[LLMEngine, list[str]]:
+    """Two seats held by long best-effort requests; then one more request arrives."""
+    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=2, preemption_mode="swap"))
+    long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for name in ("batch-a", "batch-b"):
+        engine.add_request(name, [5] * 12, long, priority=batch_priority, slo=RequestSlo("batch"))
+    for _ in range(3):
+        engine.step()
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    engine.add_request("late", [6] * 12, short, slo=slo(60.0) if deadline else RequestSlo("batch"))
+    engine.step()
+    return engine, [s.request_id for s in engine.scheduler.running]
+
+
+def test_a_deadline_request_takes_a_best_effort_seat_in_the_step_it_waits(tiny_model):
+    engine, running = _seats(tiny_model, deadline=True)
+    assert "late" in running and len(running) == 2
+    late_seq = engine.requests["late"].seqs[0]
+    assert late_seq.num_computed_tokens > 0  # prefilled in that step, not one later
+    victims = [rid for rid in ("batch-a", "batch-b") if engine.requests[rid].seqs[0].num_preemptions]
+    assert victims == ["batch-b"]  # the least urgent: the later arrival
+    assert engine.requests["batch-b"].seqs[0].status.name == "WAITING"  # recomputed, not swapped
+    finished = []
+    while engine.has_unfinished():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert sorted(finished) == ["batch-a", "batch-b", "late"]
+
+
+def test_best_effort_waits_for_a_seat_and_a_more_urgent_sequence_is_not_taken(tiny_model):
+    _, running = _seats(tiny_model, deadline=False)
+    assert "late" not in running  # best effort: no seat is taken for it
+    engine, running = _seats(tiny_model, deadline=True, batch_priority=-1)
+    assert "late" not in running  # the running ones are more urgent by priority
+    assert all(engine.requests[r].seqs[0].num_preemptions == 0 for r in ("batch-a", "batch-b"))
