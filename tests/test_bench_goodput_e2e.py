@@ -10,6 +10,7 @@ import pytest
 
 from inferd.agent.cli import main
 from inferd.agent.doctor.saturation import sweep_levels
+from inferd.engine.slo import SloClass, SloClasses
 
 from server_fixtures import one_torch_thread, running_server  # noqa: F401
 
@@ -29,10 +30,14 @@ def bench(url: str, out, *extra: str) -> int:
 
 
 def test_goodput_per_class_against_the_tiny_model(tiny_model, tmp_path):
-    """With --send-slo-class: the server ignores (and logs once) a body field it does not
-    declare, so every request completes; one that refused the field would fail them all."""
+    """With --send-slo-class, against a server with the same classes: "impossible" demotes
+    (served best effort, not refused), so every request completes and the client scores
+    its attainment; a server without the classes would refuse them all (400)."""
     out = tmp_path / "goodput"
-    with running_server(tiny_model) as server:
+    classes = SloClasses.build(
+        [SloClass.parse("roomy:ttft=30,tpot=5"), SloClass.parse("impossible:ttft=0.001,on_miss=demote")]
+    )
+    with running_server(tiny_model, slo_classes=classes) as server:
         assert bench(server.url, out, "--send-slo-class") == 0
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["model"] == "tiny" and report["requests"]["token_counts"] == "server /tokenize"
