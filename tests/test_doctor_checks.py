@@ -444,6 +444,25 @@ def test_knee_from_the_prometheus_window_without_a_sweep(healthy):
     assert knee.status == "fail" and "requests in the engine" in knee.summary
 
 
+def test_knee_without_data_says_no_data(healthy, tmp_path):
+    from inferd.agent.doctor import saturation
+
+    roots, replay = healthy
+    with FakeHttp() as prometheus, engine_server() as engine:  # Prometheus answers, with no series
+        knee = diagnose(roots, replay, engine, prometheus=prometheus, only=("saturation.knee",))["saturation.knee"]
+    assert knee.status == "skip"
+    assert knee.reason.startswith("no data: Prometheus has no ") and saturation.TOKENS in knee.reason
+    assert "never stops rising" not in knee.reason
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text('{"levels": []}')
+    knee = diagnose(roots, replay, only=("saturation.knee",), sweep_path=str(sweep))["saturation.knee"]
+    assert knee.reason == f"no data: sweep file {sweep} has no levels"
+    two = [{"offered_rps": r, "output_tokens_per_s": 10.0 * r} for r in (1, 2)]
+    sweep.write_text(json.dumps({"levels": two}))
+    knee = diagnose(roots, replay, only=("saturation.knee",), sweep_path=str(sweep))["saturation.knee"]
+    assert knee.reason == "too little data: 2 load level(s), a knee needs 3"
+
+
 def test_nvml_back_end_reads_throttle_reasons_ecc_remaps_and_xids_for_gpu_health(tmp_path):
     from inferd.agent.doctor import gpu_health
     from inferd.agent.doctor.inputs import Inputs

@@ -156,9 +156,17 @@ def _knee(inputs: Inputs, t: Thresholds) -> Finding:
         current_src = f"{inputs.engine.source} running + waiting" if inputs.engine is not None else ""
     else:
         return skip(ID, "knee", LAYER, title, f"{inputs.why('sweep')}, and {inputs.prometheus_reason()}")
+    if not levels:
+        if inputs.sweep is not None:
+            where = f"sweep file {inputs.options.sweep_path} has no levels"
+        else:
+            where = f"Prometheus has no {TOKENS} while {CONCURRENCY} > 0 over the window"
+        return skip(ID, "knee", LAYER, title, f"no data: {where}")
+    if len(levels) < 3:
+        return skip(ID, "knee", LAYER, title, f"too little data: {len(levels)} load level(s), a knee needs 3")
     knee = knee_of(levels)
     if knee is None:
-        return skip(ID, "knee", LAYER, title, f"no knee in {len(levels)} level(s): throughput never stops rising")
+        return skip(ID, "knee", LAYER, title, f"no knee in {len(levels)} levels: throughput never stops rising")
     evidence += [
         Evidence("knee_load", knee.load, src, unit),
         Evidence("knee_throughput", knee.throughput, src, "tokens/s"),
