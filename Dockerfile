@@ -38,7 +38,9 @@ ARG WHEELS=
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # With WHEELS the build uses those wheels and no index (this pip.conf stays in this stage).
-COPY pyproject.toml ${WHEELS} /wheels/
+# scripts/install_deps.py installs pyproject.toml's dependencies as `make run` gets them
+# (xgrammar without triton: [tool.inferd.install.without]).
+COPY pyproject.toml scripts/install_deps.py ${WHEELS} /wheels/
 RUN if ls /wheels/*.whl >/dev/null 2>&1; then \
         printf '[global]\nno-index = true\nfind-links = /wheels\n' > /etc/pip.conf; fi \
  && python3 -m venv /opt/inferd \
@@ -46,9 +48,6 @@ RUN if ls /wheels/*.whl >/dev/null 2>&1; then \
         mkdir -p /opt/inferd/distbcc \
      && ln -s /usr/lib/python3/dist-packages/bcc /opt/inferd/distbcc/bcc \
      && echo /opt/inferd/distbcc > "$(/opt/inferd/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/inferd-distbcc.pth"; fi
-# The project's runtime dependencies (torch aside: each variant pins its own build first).
-RUN python -c 'import sys, tomllib; print("\n".join(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if not d.startswith("torch")))' \
-        /wheels/pyproject.toml > /requirements.txt
 
 # ---- the project as a wheel (not an editable install) ----------------------------------
 FROM build AS project
@@ -66,7 +65,7 @@ FROM build AS build-gpu
 ARG TORCH_VERSION=2.13.0
 # PyPI's torch for Linux x86_64 is the CUDA build (with its nvidia-* wheels and Triton).
 RUN pip install "torch==${TORCH_VERSION}"
-RUN pip install -r /requirements.txt \
+RUN python /wheels/install_deps.py run --pyproject /wheels/pyproject.toml \
  && python -c 'import sys, torch; sys.exit(None if torch.version.cuda else "the gpu target needs the CUDA build of torch, got " + torch.__version__)'
 
 FROM runtime AS gpu
@@ -84,7 +83,7 @@ FROM build AS build-cpu
 ARG TORCH_VERSION=2.13.0
 # torch's own index serves its CPU build (2.13.0+cpu); PyPI's would be the CUDA one.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
-RUN pip install -r /requirements.txt \
+RUN python /wheels/install_deps.py run --pyproject /wheels/pyproject.toml \
  && python -c 'import sys, torch; sys.exit("the cpu target got the CUDA build of torch " + torch.__version__ if torch.version.cuda else None)'
 
 # ---- the default target: the CPU variant -----------------------------------------------

@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: setup run stop serve test test-fast lint
+.PHONY: setup setup-test run stop serve test test-fast lint
 
 # The suite runs on every core (pytest-xdist), a file per worker at a time, the longest
 # files first (tests/conftest.py); the tests that bring up the live stack on its fixed
@@ -8,8 +8,13 @@
 PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 8 ? n + 1 : 8 )))
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# setup: what `make run` runs; setup-test: that and the test extras (pytest, ruff, mypy,
+# lm-eval, triton, ...) for make test and make lint.
 setup:
 	scripts/setup.sh
+
+setup-test:
+	scripts/setup.sh --test
 
 run: setup
 	.venv/bin/inferd stack up
@@ -20,14 +25,14 @@ stop:
 serve: setup
 	.venv/bin/inferd serve
 
-test: setup
+test: setup-test
 	.venv/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
-test-fast:
+test-fast: setup-test
 	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_PARALLEL)
 
 # ruff lint and format (pyproject.toml), the import contracts (.importlinter), mypy (pyproject.toml)
-lint: setup
+lint: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports

@@ -46,6 +46,11 @@ from pathlib import Path
 
 import tomllib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import install_deps  # scripts/install_deps.py: what the image installs, and in what order
+
+install_deps.PREFIX = "compose_podman:"
+
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = os.environ.get("COMPOSE_PROJECT_NAME", "inferd")
 STATE = Path(os.environ.get("INFERD_PODMAN_DIR", REPO / ".out" / "podman"))
@@ -161,12 +166,22 @@ def dockerfile_arg(name: str) -> str:
     return match.group(1)
 
 
-def wheel_requirements() -> list[str]:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    deps = [d for d in pyproject["project"]["dependencies"] if not d.startswith("torch")]
+def torch_requirement() -> str:
     # the CPU build by its local version: only that wheel can match, never a CUDA build
-    torch = f"torch=={dockerfile_arg('TORCH_VERSION')}+cpu"
-    return [torch, *deps, *pyproject["build-system"]["requires"], "wheel"]
+    return f"torch=={dockerfile_arg('TORCH_VERSION')}+cpu"
+
+
+def wheel_requirements() -> list[str]:
+    """What the wheels folder is made from: torch, the run set as scripts/install_deps.py
+    installs it (a step that reads a package's own requirements is named by them), and the
+    build backend that makes the project's wheel."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    described = []
+    for step in install_deps.plan("run", pyproject):
+        if step.requirements_of:
+            described.append(f"<requirements of {step.requirements_of} less {','.join(step.skip)}>")
+        described += [("--no-deps " if step.no_deps else "") + r for r in step.requirements]
+    return [torch_requirement(), *described, *pyproject["build-system"]["requires"], "wheel"]
 
 
 def base_python(base: str) -> str:
@@ -190,24 +205,18 @@ def ensure_wheels(base: str) -> Path:
     cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "inferd" / "wheels"
     cache = cache_root / digest(python, *requirements)[:16]
     if not cache.is_dir():
-        log(f"downloading {len(requirements)} requirements' wheels for Python {python} into {cache}")
+        log(f"downloading the image's wheels for Python {python} into {cache}")
         cache_root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".tmp-"))
         try:
-            argv = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--quiet",
-                "--only-binary=:all:",
-                "--dest",
-                str(tmp),
-            ]
-            if python != "{}.{}".format(*sys.version_info[:2]):
-                argv.append(f"--python-version={python}")
-            sh(*argv, *requirements, env=dict(os.environ))
+            pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+            other = None if python == "{}.{}".format(*sys.version_info[:2]) else python
+            pip_log = STATE / "pip-download.log"
+            STATE.mkdir(parents=True, exist_ok=True)
+            steps = install_deps.plan("run", pyproject, torch_requirement())
+            install_deps.download(steps, tmp, other, pip_log)
+            build = [*pyproject["build-system"]["requires"], "wheel"]
+            install_deps.download([install_deps.Step("the build backend", build)], tmp, other, pip_log)
             tmp.rename(cache)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -226,7 +235,7 @@ def tree_digest() -> str:
     """A hash of everything the agent image is built from (the build context as Dockerfile
     copies it), so an unchanged tree reuses the image."""
     parts: list[str | bytes] = []
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml"):
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "scripts/install_deps.py"):
         parts += [name, (REPO / name).read_bytes()]
     for path in sorted((REPO / "inferd").glob("*.py")):  # the namespace's own modules
         parts += [str(path.relative_to(REPO)), path.read_bytes()]

@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# The developer set-up on a Debian machine (`make setup`; `make run` and `make test` run it
-# first). Idempotent, and quick once done.
-# - As root: the Debian packages below, system-wide, without their recommends; the services
-#   they bring are left stopped and disabled (INFERD_SETUP_KEEP_SERVICES=1 keeps them as the
-#   packages set them); /usr/local/bin/inferd -> .venv/bin/inferd; the kernel-headers link
-#   bcc needs. INFERD_SETUP_SYSTEM=0 skips all of this, even as root.
-# - Always: .venv with the CPU build of PyTorch and the project (editable) with its test extras.
-# The agent image does not run this script: Dockerfile installs the runtime alone.
+# The developer set-up on a Debian machine. Idempotent, and quick once done.
+#   scripts/setup.sh         what `make run` runs (make setup)
+#   scripts/setup.sh --test  that, then what the tests and linters need (make test, make lint)
+# - As root: the Debian packages below, system-wide, without their recommends (--test adds the
+#   container tools); the services they bring are left stopped and disabled
+#   (INFERD_SETUP_KEEP_SERVICES=1 keeps them as the packages set them);
+#   /usr/local/bin/inferd -> .venv/bin/inferd; the kernel-headers link bcc needs.
+#   INFERD_SETUP_SYSTEM=0 skips all of this, even as root.
+# - Always: .venv with the CPU build of PyTorch, the project (editable) and what it runs
+#   (scripts/install_deps.py run); with --test, the test extras on top (install_deps.py test).
+#   pip's whole output goes to .venv/setup-pip.log.
+# The agent image does not run this script: Dockerfile runs scripts/install_deps.py itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # prometheus, prometheus-alertmanager: `inferd stack up`; python3-bpfcc, bpfcc-tools,
-# linux-headers-amd64: the eBPF probes and their tests; docker-compose (v1), podman, netavark,
-# aardvark-dns, mmdebstrap, iproute2: the compose.yaml checks and the live compose test
-# (scripts/compose_podman.py). No Docker engine: podman serves docker-compose instead.
-# netavark (podman's network stack) runs iptables, only a Recommends of it; runc, since
-# podman's default crun fails on hybrid cgroups
-APT_PACKAGES=(prometheus prometheus-alertmanager python3-bpfcc bpfcc-tools linux-headers-amd64
-              docker-compose podman runc netavark aardvark-dns iptables mmdebstrap iproute2)
+# linux-headers-amd64: the agent's eBPF probes (and their tests)
+APT_PACKAGES=(prometheus prometheus-alertmanager python3-bpfcc bpfcc-tools linux-headers-amd64)
+# --test: docker-compose (v1), podman, netavark, aardvark-dns, mmdebstrap, iproute2: the
+# compose.yaml checks and the live compose test (scripts/compose_podman.py). No Docker engine:
+# podman serves docker-compose instead. netavark (podman's network stack) runs iptables, only a
+# Recommends of it; runc, since podman's default crun fails on hybrid cgroups
+APT_TEST_PACKAGES=(docker-compose podman runc netavark aardvark-dns iptables mmdebstrap iproute2)
+
+with_tests=0
+case "${1:-}" in
+    --test) with_tests=1; APT_PACKAGES+=("${APT_TEST_PACKAGES[@]}") ;;
+    "") ;;
+    *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
 
 # Disable (and stop, where systemd runs) the systemd units of packages installed just now.
 quiet_new_services() {
@@ -91,20 +102,34 @@ else
     echo "setup: not root (or INFERD_SETUP_SYSTEM=0): no system packages; install them yourself: ${APT_PACKAGES[*]}" >&2
 fi
 
-# The virtual environment: redone only when pyproject.toml or this script changed.
+# The virtual environment: each part redone only when pyproject.toml or the set-up scripts
+# changed. torch first, pinned: a bare 'torch' would pull a multi-GB CUDA build.
 PY=${PYTHON:-python3}
-stamp=.venv/.inferd-setup
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [ -x .venv/bin/inferd ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-    echo "setup: .venv is up to date"
+TORCH=torch==2.13.0
+want=$(cat pyproject.toml scripts/setup.sh scripts/install_deps.py | sha256sum | cut -d' ' -f1)
+pip_log=$PWD/.venv/setup-pip.log
+if [ -x .venv/bin/inferd ] && [ "$(cat .venv/.inferd-setup 2>/dev/null)" = "$want" ]; then
+    echo "setup: .venv is up to date (what inferd runs)"
 else
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
-    # torch first, pinned: a bare 'torch' would pull a multi-GB CUDA build.
-    .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-    scripts/link_bcc.sh || echo "setup: distribution bcc not reachable from .venv; eBPF tests will skip" >&2
-    echo "$want" > "$stamp"
-    echo "setup: .venv ready (CPU build of torch, the project editable, test extras)"
+    rm -f .venv/.inferd-setup .venv/.inferd-setup-test
+    echo "setup: .venv: the CPU build of torch, then what inferd runs; pip's output: $pip_log"
+    .venv/bin/python scripts/install_deps.py run --torch "$TORCH" --log "$pip_log"
+    # the project itself, editable; its dependencies are in already
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . >>"$pip_log" 2>&1 \
+        || { tail -20 "$pip_log" >&2; echo "setup: pip install -e . failed; see $pip_log" >&2; exit 1; }
+    scripts/link_bcc.sh || echo "setup: distribution bcc not reachable from .venv; eBPF probes stay off" >&2
+    echo "$want" > .venv/.inferd-setup
+    echo "setup: .venv ready for make run ($(du -sh .venv | cut -f1): the CPU build of torch, the project editable, what it runs)"
+fi
+if [ $with_tests = 1 ]; then
+    if [ "$(cat .venv/.inferd-setup-test 2>/dev/null)" = "$want" ]; then
+        echo "setup: .venv has the test extras"
+    else
+        .venv/bin/python scripts/install_deps.py test --log "$pip_log"
+        echo "$want" > .venv/.inferd-setup-test
+        echo "setup: .venv ready for make test and make lint ($(du -sh .venv | cut -f1), test extras included)"
+    fi
 fi
 
 if [ $is_root = 1 ]; then
