@@ -36,6 +36,8 @@ TUNABLE_BOUNDS: dict[str, tuple[int, int] | tuple[str, ...]] = {
 def check_range(name: str, value: Any, low: float, high: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {value!r}")
+    if value != value:  # NaN passes every comparison below
+        raise ValueError(f"{name} must be a number, got {value!r}")
     if value < low or (high is not None and value > high):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
@@ -82,6 +84,9 @@ class EngineConfig:
     """Share of KV blocks kept free at admission, so running sequences can grow [0, 0.5]."""
     priority_aging_steps: int = 256
     """A waiting request gains one priority level per this many steps (stops starvation)."""
+    best_effort_seat_share: float = 0.25
+    """With SLO classes: the share of max_num_seqs kept for best-effort requests (at least one
+    seat unless 0), so deadline requests, which go first, cannot starve them [0, 1]."""
     kv_cold_dtype: str = "none"
     """Cold-KV quantization: none, int8, int4."""
     kv_hot_window: int = 128
@@ -129,6 +134,7 @@ class EngineConfig:
         check_range("max_model_len", self.max_model_len, 0)
         check_range("watermark", self.watermark, 0.0, 0.5)
         check_range("priority_aging_steps", self.priority_aging_steps, 1)
+        check_range("best_effort_seat_share", self.best_effort_seat_share, 0.0, 1.0)
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be true or false, got {self.async_scheduling!r}")
         if not isinstance(self.enable_prefix_caching, bool):

@@ -18,19 +18,24 @@ arrival. Urgency is the effective priority, the request's priority less one leve
 `priority_aging_steps` steps since it arrived, so a request that waits long enough
 overtakes any newer one and low priorities are never starved.
 
-SLO classes (engine/slo.py) refine the order within one effective priority: requests
-with a TTFT deadline come before best-effort ones, least slack first (the deadline less
-the predicted time to compute what is left of the prompt, at the engine's measured
-prefill rate: engine/ttft_predictor.py); best-effort ones keep today's arrival order.
-Since aging lowers the effective priority, a best-effort request that waits
-`priority_aging_steps` steps overtakes every newer deadline request, so a stream of
-interactive requests cannot starve it. When room must be made for a best-effort
-sequence, a running deadline sequence whose time per output token still meets its
-target is not the victim. When every seat (`max_num_seqs`) is taken and a deadline
-request waits, the least urgent best-effort running sequence no more urgent than it is
-preempted (recompute) so that it is admitted in that step: otherwise its first token
-waits for some best-effort sequence to finish its whole output. Without deadlines the
-order is exactly the one above, and nothing is preempted for a seat.
+SLO classes (engine/slo.py) split the queue in two tiers: requests with a TTFT deadline
+come before best-effort ones, whatever their priorities. Within the deadline tier the
+order is effective priority, then least slack (the deadline less the predicted time to
+compute what is left of the prompt, at the engine's measured prefill rate:
+engine/ttft_predictor.py); within the best-effort tier, effective priority then arrival.
+Aging works within a tier and never lifts a best-effort request past a deadline one: under
+sustained overload every best-effort request would age past every newer deadline request
+and the order would become first-come-first-served, so interactive requests would miss.
+What keeps best effort from starving is its share of the seats (`best_effort_seat_share`
+of `max_num_seqs`): while best-effort sequences hold fewer seats than that, the most
+urgent waiting ones are admitted before deadline requests, and a deadline request never
+takes a seat that would leave best effort with fewer.
+Running sequences keep that order when blocks run out, so a running deadline sequence is
+never preempted for a best-effort one. When every seat is taken and a
+deadline request waits, the least urgent best-effort running sequence is preempted
+(recompute) so that it is admitted in that step, as long as best effort keeps its share:
+otherwise its first token waits for some best-effort sequence to finish its whole output.
+Without deadlines the order is exactly the one above, and nothing is preempted for a seat.
 """
 
 from __future__ import annotations
@@ -123,8 +128,8 @@ class Scheduler:
         return seq.slo.deadline - (self.predictor.prefill_seconds(seq.num_uncomputed_tokens) or 0.0)
 
     def _order(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Most urgent first: lowest effective priority, then deadline requests by least
-        slack, then earliest arrival."""
+        """Most urgent first: with deadlines, deadline requests before best-effort ones; then
+        lowest effective priority, then (deadline requests) least slack, then earliest arrival."""
         step, aging = self.step_count, self.config.priority_aging_steps  # effective_priority, inlined
         if not self.has_deadlines:
             return sorted(
@@ -134,32 +139,39 @@ class Scheduler:
         def key(s: Sequence) -> tuple[float, ...]:
             slack = self.slack(s)
             tier = (0, slack) if slack is not None else (1, 0.0)
-            return (s.priority - (step - s.arrival_step) // aging, *tier, s.times.arrival, s.seq_id)
+            return (tier[0], s.priority - (step - s.arrival_step) // aging, tier[1], s.times.arrival, s.seq_id)
 
         return sorted(seqs, key=key)
 
-    @staticmethod
-    def meets_tpot(seq: Sequence) -> bool:
-        """A deadline sequence whose time per output token so far is within its target."""
-        slo = seq.slo
-        if slo is None or slo.deadline is None:
-            return False
-        times = seq.times
-        if slo.tpot_s is None or seq.num_output_tokens < 2 or times.first_token is None or times.last_token is None:
-            return True
-        return (times.last_token - times.first_token) / (seq.num_output_tokens - 1) <= slo.tpot_s
+    @property
+    def best_effort_seats(self) -> int:
+        """Seats kept for best-effort sequences when deadline requests compete for them:
+        `best_effort_seat_share` of max_num_seqs, at least one unless the share is 0."""
+        share = self.config.best_effort_seat_share
+        return 0 if share <= 0.0 else max(1, int(share * self.config.max_num_seqs))
 
-    def _victim(self, queue: deque[Sequence], seq: Sequence) -> Sequence:
-        """The least urgent of `queue` that may be preempted for `seq`, taken out of it; `seq`
-        itself when none may. A best-effort sequence does not preempt a deadline sequence
-        whose TPOT target holds."""
-        if self.has_deadlines and (seq.slo is None or seq.slo.deadline is None):
-            for i in range(len(queue) - 1, -1, -1):
-                if not self.meets_tpot(queue[i]):
-                    victim = queue[i]
-                    del queue[i]
-                    return victim
-            return seq
+    def _admission_order(self) -> list[Sequence]:
+        """The waiting queue in admission order: `_order`, except that while best-effort
+        sequences hold fewer than their seats, that many of the most urgent waiting best-effort
+        requests go first."""
+        order = self._order(self.waiting)
+        if not self.has_deadlines:
+            return order
+        missing = self.best_effort_seats - sum(1 for s in self.running if not _has_deadline(s))
+        if missing <= 0:
+            return order
+        lifted = [s for s in order if not _has_deadline(s)][:missing]
+        if not lifted or len(lifted) == len(order):
+            return order
+        lifted_ids = {id(s) for s in lifted}
+        return lifted + [s for s in order if id(s) not in lifted_ids]
+
+    @staticmethod
+    def _victim(queue: deque[Sequence], seq: Sequence) -> Sequence:
+        """The least urgent of `queue` (the running sequences not yet scheduled this step),
+        taken out of it; `seq` itself when none is left. With deadlines the order puts every
+        deadline sequence before every best-effort one, so a best-effort sequence never
+        preempts a deadline one."""
         return queue.pop() if queue else seq
 
     # --- the step -------------------------------------------------------------
@@ -210,28 +222,29 @@ class Scheduler:
 
     def _seat_deadline_requests(self, queue: deque[Sequence], out: SchedulerOutput) -> None:
         """When every seat (max_num_seqs) is taken, free one for each waiting deadline request
-        by preempting the least urgent best-effort running sequence no more urgent than it
-        (recompute: its seat must be free this step, and a swapped sequence would hold up
-        admission). Without this a deadline request waits for a best-effort sequence to
-        finish, however long its output. A sequence that has aged past the deadline request
-        is not taken, so best effort is not starved."""
+        by preempting the least urgent best-effort running sequence (recompute: its seat must
+        be free this step, and a swapped sequence would hold up admission), as long as best
+        effort keeps its seats (`best_effort_seats`). Without this a deadline request waits for
+        a best-effort sequence to finish, however long its output."""
+        best_effort_running = sum(1 for s in queue if not _has_deadline(s))
         seats = self.config.max_num_seqs - len(self.running)
+        if any(not _has_deadline(s) for s in self.waiting):  # admission gives them their missing seats first
+            seats -= max(0, self.best_effort_seats - best_effort_running)
         for seq in self._order(self.waiting):
-            if seq.slo is None or seq.slo.deadline is None:
-                continue
+            if not _has_deadline(seq):
+                continue  # the rest of the order is best effort
             if seats > 0:
                 seats -= 1
                 continue
-            urgency = self.effective_priority(seq)
-            victim = next(
-                (v for v in reversed(queue) if v.slo is None or v.slo.deadline is None),
-                None,
-            )
-            if victim is None or self.effective_priority(victim) < urgency:
+            if best_effort_running <= self.best_effort_seats:
+                return
+            victim = next((v for v in reversed(queue) if not _has_deadline(v)), None)
+            if victim is None:
                 return
             queue.remove(victim)
             self._preempt(victim, out, recompute=True)
             out.num_seat_preemptions += 1
+            best_effort_running -= 1
 
     def _swap_in(self, out: SchedulerOutput, token_budget: int) -> None:
         bm = self.block_manager
@@ -252,7 +265,7 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, token_budget: int) -> None:
         bm = self.block_manager
-        for seq in self._order(self.waiting):
+        for seq in self._admission_order():
             if len(self.running) >= self.config.max_num_seqs or token_budget <= 0:
                 break
             if seq.index > 0 and self._first_sibling_prefilling(seq):
@@ -313,3 +326,7 @@ class Scheduler:
             seq.status = SequenceStatus.WAITING
             seq.needs_recompute_fault = True
             self.waiting.append(seq)
+
+
+def _has_deadline(seq: Sequence) -> bool:
+    return seq.slo is not None and seq.slo.deadline is not None

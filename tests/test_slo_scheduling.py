@@ -1,6 +1,7 @@
-"""Deadline-aware scheduling: slack order within an effective priority, best-effort
-requests aged past a stream of deadline ones, deadline sequences meeting their TPOT not
-preempted for best-effort ones; the TTFT predictor on recorded step timings."""
+"""Deadline-aware scheduling: deadline requests before best effort, slack order within an
+effective priority, best effort kept from starving by its share of the seats (not by aging
+past deadline requests), deadline sequences meeting their TPOT not preempted for
+best-effort ones; the TTFT predictor on recorded step timings."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def test_engine_feeds_its_predictor(tiny_model):
     assert engine.scheduler.predictor is p
 
 
-def test_waiting_order_is_priority_then_slack_then_arrival(tiny_model):
+def test_waiting_order_is_deadline_tier_then_priority_then_slack_then_arrival(tiny_model):
     engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8))
     engine.ttft_predictor.prefill_tokens_per_s = 100.0  # 10 tokens: 0.1 s
     p = SamplingParams(max_tokens=2)
@@ -65,7 +66,12 @@ def test_waiting_order_is_priority_then_slack_then_arrival(tiny_model):
     add("near", [5] * 10, p, slo=RequestSlo("i", 0.5, None, now + 0.5))  # now + 0.4
     add("long", [5] * 60, p, slo=RequestSlo("i", 0.8, None, now + 0.8))  # now + 0.2
     order = [s.request_id for s in engine.scheduler._order(engine.scheduler.waiting)]
-    assert order == ["urgent-be", "long", "near", "far", "best-effort", "plain"]
+    assert order == ["long", "near", "far", "urgent-be", "best-effort", "plain"]
+    for seq in engine.scheduler.waiting:  # long waits: aging moves no best-effort request past a deadline one
+        if seq.slo is None or seq.slo.deadline is None:
+            seq.arrival_step -= 100 * engine.config.priority_aging_steps
+    order = [s.request_id for s in engine.scheduler._order(engine.scheduler.waiting)]
+    assert order[:3] == ["long", "near", "far"]
 
 
 def test_without_deadlines_the_order_is_priority_and_arrival(tiny_model):
@@ -78,21 +84,43 @@ def test_without_deadlines_the_order_is_priority_and_arrival(tiny_model):
     assert [s.request_id for s in engine.scheduler._order(engine.scheduler.waiting)] == ["b", "a", "c"]
 
 
-def test_deadline_requests_are_admitted_first_and_best_effort_is_not_starved(tiny_model):
-    """One slot, a deadline request arriving every step: they go ahead of an older
-    best-effort request only until it has aged a level; then it runs."""
-    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=1, priority_aging_steps=2))
-    p = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    engine.add_request("batch", "x", p, slo=RequestSlo("batch"))
-    admitted: list[str] = []
-    for i in range(40):
-        engine.add_request(f"i{i}", "y", p, slo=slo(60.0))
-        engine.step()
-        admitted += [s.request_id for s in engine.scheduler.running if s.request_id not in admitted]
-        if "batch" in admitted:
-            break
-    assert admitted[0] == "i0"  # the deadline request overtook the older best-effort one
-    assert "batch" in admitted and admitted.index("batch") <= 3
+def _stream_of_deadline_requests(tiny_model, share: float, steps: int = 60) -> tuple[list[int], list[str]]:
+    """Four seats, three best-effort requests waiting from the start, and two deadline
+    requests arriving every step, more than the seats serve (aging every 2 steps, so every
+    best-effort request ages past every newer deadline request many times over). Returns the
+    best-effort sequences running after each step, and the requests finished."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=tiny_model, block_size=8, max_num_seqs=4, priority_aging_steps=2, best_effort_seat_share=share
+        )
+    )
+    p = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"batch{i}", "x", p, slo=RequestSlo("batch"))
+    best_effort_running: list[int] = []
+    finished: list[str] = []
+    for i in range(steps):
+        for j in range(2):
+            engine.add_request(f"i{i}-{j}", "y", p, slo=slo(60.0))
+        finished += [o.request_id for o in engine.step() if o.finished]
+        best_effort_running.append(sum(s.request_id.startswith("batch") for s in engine.scheduler.running))
+    return best_effort_running, finished
+
+
+def test_deadline_requests_go_first_and_best_effort_keeps_its_seat(tiny_model):
+    best_effort_running, finished = _stream_of_deadline_requests(tiny_model, share=0.25)  # one seat of four
+    assert {"batch0", "batch1", "batch2"} <= set(finished)  # one at a time, in its own seat
+    last_batch_step = max(i for i, n in enumerate(best_effort_running) if n)
+    held = best_effort_running[1 : last_batch_step + 1]
+    assert max(held) == 1  # deadline requests hold the other three seats
+    assert all(a or b for a, b in zip(held, held[1:]))  # a finished one's seat goes to the next at once
+    assert sum(r.startswith("i") for r in finished) >= 3 * 3
+
+
+def test_without_a_best_effort_share_a_stream_of_deadline_requests_starves_best_effort(tiny_model):
+    best_effort_running, finished = _stream_of_deadline_requests(tiny_model, share=0.0)
+    assert not any(r.startswith("batch") for r in finished)
+    assert not any(best_effort_running[1:])
 
 
 def _squeeze(tiny_model, interactive_tpot: float) -> tuple:
@@ -111,36 +139,36 @@ def _squeeze(tiny_model, interactive_tpot: float) -> tuple:
     return batch, interactive, finished
 
 
-def test_a_deadline_sequence_meeting_its_tpot_is_not_preempted_for_best_effort(tiny_model):
-    batch, interactive, finished = _squeeze(tiny_model, interactive_tpot=60.0)
+@pytest.mark.parametrize("interactive_tpot", [60.0, 1e-4])
+def test_a_deadline_sequence_is_not_preempted_for_a_more_urgent_best_effort_one(tiny_model, interactive_tpot):
+    batch, interactive, finished = _squeeze(tiny_model, interactive_tpot)
     assert interactive.num_preemptions == 0 and batch.num_preemptions >= 1
-    assert sorted(finished) == ["batch", "interactive"]
+    assert finished == ["interactive", "batch"]
 
 
-def test_a_deadline_sequence_missing_its_tpot_may_be_preempted(tiny_model):
-    batch, interactive, finished = _squeeze(tiny_model, interactive_tpot=1e-4)
-    assert interactive.num_preemptions >= 1 and batch.num_preemptions == 0
-    assert finished == ["batch", "interactive"]
-
-
-def _seats(tiny_model, deadline: bool, batch_priority: int = 0) -> tuple[LLMEngine, list[str]]:
-    """Two seats held by long best-effort requests; then one more request arrives."""
-    engine = LLMEngine(EngineConfig(model=tiny_model, block_size=8, max_num_seqs=2, preemption_mode="swap"))
+def _seats(tiny_model, deadline: bool, num_late: int = 1) -> tuple[LLMEngine, list[str]]:
+    """Two seats held by long best-effort requests; then more requests arrive."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=tiny_model, block_size=8, max_num_seqs=2, preemption_mode="swap", best_effort_seat_share=0.25
+        )
+    )
     long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     for name in ("batch-a", "batch-b"):
-        engine.add_request(name, [5] * 12, long, priority=batch_priority, slo=RequestSlo("batch"))
+        engine.add_request(name, [5] * 12, long, priority=-1, slo=RequestSlo("batch"))  # priority: no protection
     for _ in range(3):
         engine.step()
     short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    engine.add_request("late", [6] * 12, short, slo=slo(60.0) if deadline else RequestSlo("batch"))
+    for i in range(num_late):
+        engine.add_request(f"late{i}", [6] * 12, short, slo=slo(60.0) if deadline else RequestSlo("batch"))
     engine.step()
     return engine, [s.request_id for s in engine.scheduler.running]
 
 
 def test_a_deadline_request_takes_a_best_effort_seat_in_the_step_it_waits(tiny_model):
     engine, running = _seats(tiny_model, deadline=True)
-    assert "late" in running and len(running) == 2
-    late_seq = engine.requests["late"].seqs[0]
+    assert "late0" in running and len(running) == 2
+    late_seq = engine.requests["late0"].seqs[0]
     assert late_seq.num_computed_tokens > 0  # prefilled in that step, not one later
     victims = [rid for rid in ("batch-a", "batch-b") if engine.requests[rid].seqs[0].num_preemptions]
     assert victims == ["batch-b"]  # the least urgent: the later arrival
@@ -148,12 +176,12 @@ def test_a_deadline_request_takes_a_best_effort_seat_in_the_step_it_waits(tiny_m
     finished = []
     while engine.has_unfinished():
         finished += [o.request_id for o in engine.step() if o.finished]
-    assert sorted(finished) == ["batch-a", "batch-b", "late"]
+    assert sorted(finished) == ["batch-a", "batch-b", "late0"]
 
 
-def test_best_effort_waits_for_a_seat_and_a_more_urgent_sequence_is_not_taken(tiny_model):
+def test_best_effort_waits_for_a_seat_and_keeps_its_share(tiny_model):
     _, running = _seats(tiny_model, deadline=False)
-    assert "late" not in running  # best effort: no seat is taken for it
-    engine, running = _seats(tiny_model, deadline=True, batch_priority=-1)
-    assert "late" not in running  # the running ones are more urgent by priority
-    assert all(engine.requests[r].seqs[0].num_preemptions == 0 for r in ("batch-a", "batch-b"))
+    assert "late0" not in running  # best effort: no seat is taken for it
+    engine, running = _seats(tiny_model, deadline=True, num_late=2)
+    assert running.count("batch-a") == 1 and len(running) == 2  # best effort keeps its one seat of two
+    assert engine.requests["batch-a"].seqs[0].num_preemptions == 0
