@@ -41,7 +41,7 @@ DASHBOARD_METRICS = {
     "vllm:request_time_per_output_token_seconds",
     "http_requests",
 }
-REFERENCE_DIR = Path("/work/shared/reference/vllm")
+REFERENCE_DIR = Path(__file__).parent / "fixtures" / "reference" / "vllm"  # README.md there: source, version
 
 EXPECTED_TYPES = {
     "vllm:num_requests_running": "gauge",
@@ -136,9 +136,10 @@ def test_values_follow_the_requests(server):
 
 def test_reference_dashboards_are_answerable(server):
     names = set(DASHBOARD_METRICS)
-    if REFERENCE_DIR.is_dir():
-        for path in REFERENCE_DIR.glob("*.txt"):
-            names |= set(re.findall(r"vllm:[a-z0-9_]+|http_request[a-z_]+", path.read_text()))
+    lists = sorted(REFERENCE_DIR.glob("*.txt"))
+    assert lists, f"no query lists in {REFERENCE_DIR}"
+    for path in lists:
+        names |= set(re.findall(r"vllm:[a-z0-9_]+|http_request[a-z_]+", path.read_text()))
     exposed = set()
     for fam in text_string_to_metric_families(scrape(server.url)):
         exposed.add(fam.name)
