@@ -60,6 +60,7 @@ AGENT_IMAGE = "localhost/inferd:cpu"
 MONITORING_IMAGE = "localhost/inferd-local/monitoring:debian"
 HASH_LABEL = "inferd.content-hash"
 CONTEXT_DIRS = ("agent", "engine", "exporters", "ebpf", "dashboards")  # what Dockerfile copies
+CONTEXT_FILES = ("Dockerfile", ".dockerignore", "pyproject.toml", "scripts/install_deps.py")
 NEEDED = ("podman", "mmdebstrap", "docker-compose", "unshare", "nsenter", "ip")
 
 
@@ -235,7 +236,7 @@ def tree_digest() -> str:
     """A hash of everything the agent image is built from (the build context as Dockerfile
     copies it), so an unchanged tree reuses the image."""
     parts: list[str | bytes] = []
-    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "scripts/install_deps.py"):
+    for name in CONTEXT_FILES:
         parts += [name, (REPO / name).read_bytes()]
     for path in sorted((REPO / "inferd").glob("*.py")):  # the namespace's own modules
         parts += [str(path.relative_to(REPO)), path.read_bytes()]

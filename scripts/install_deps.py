@@ -156,8 +156,8 @@ def clock(seconds: float) -> str:
 def pip(argv: list[str], what: str, minutes: float, log_path: Path) -> None:
     """Run pip, printing a line of progress every HEARTBEAT_S seconds and when it starts
     installing; its whole output goes to log_path (the tail is printed if it fails)."""
-    about = f"about {minutes:g} min on a fresh machine" if minutes >= 1 else "under a minute on a fresh machine"
-    log(f"installing {what} ({about})")
+    about = f"about {minutes:g} min" if minutes >= 1 else "under a minute"
+    log(f"{argv[0]}ing {what}: {about} on a fresh 2-core machine")
     command = [sys.executable, "-m", "pip", *argv, "--disable-pip-version-check", "--progress-bar", "off"]
     state = {"collected": 0, "now": "resolving"}
     started = time.monotonic()
@@ -171,25 +171,25 @@ def pip(argv: list[str], what: str, minutes: float, log_path: Path) -> None:
             for line in process.stdout:
                 out.write(line)
                 text = line.strip()
-                if text.startswith("Collecting "):
+                if text.startswith(("Collecting ", "Processing ")):
                     state["collected"] += 1
                     state["now"] = text.split(" (")[0].lower()
                 elif text.startswith("Downloading "):
                     state["now"] = "downloading " + text.split()[1].split("/")[-1] + " " + " ".join(text.split()[2:])
                 elif text.startswith("Installing collected packages:"):
                     names = text.split(":", 1)[1].split(",")
-                    state["now"] = f"unpacking {len(names)} packages"
+                    state["now"] = f"unpacking {len(names)} package(s)"
                     log(
-                        f"  {clock(time.monotonic() - started)} unpacking {len(names)} packages: {', '.join(n.strip() for n in names[:8])}{', ...' if len(names) > 8 else ''}"
+                        f"  {clock(time.monotonic() - started)} unpacking {len(names)} package(s): {', '.join(n.strip() for n in names[:8])}{', ...' if len(names) > 8 else ''}"
                     )
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        while process.poll() is None:
+        while reader.is_alive():  # until pip closes its output
             reader.join(timeout=HEARTBEAT_S)
-            if process.poll() is None:
+            if reader.is_alive():
                 log(f"  {clock(time.monotonic() - started)} {state['collected']} collected; {state['now']}")
-        reader.join()
+        process.wait()
     if process.returncode != 0:
         tail = log_path.read_text().splitlines()[-40:]
         print("\n".join(tail), file=sys.stderr)

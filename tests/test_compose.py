@@ -171,6 +171,12 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
     for word in ("scripts/setup.sh", "[test]", "pip install -e", "--editable", "prometheus", "docker-compose"):
         assert word not in instructions, f"Dockerfile runs {word}"
     assert "download.pytorch.org/whl/cpu" in stages["build-cpu"]
+    # both variants install what `make run` installs, the same way (xgrammar without triton),
+    # after their own torch
+    for variant in ("cpu", "gpu"):
+        stage = stages[f"build-{variant}"]
+        assert "python /wheels/install_deps.py run --pyproject /wheels/pyproject.toml" in stage
+        assert stage.index('"torch==${TORCH_VERSION}"') < stage.index("install_deps.py run")
     assert "--index-url" not in stages["build-gpu"], "the GPU variant takes PyPI's (CUDA) torch"
     for variant in ("cpu", "gpu"):
         assert f"COPY --from=build-{variant} /opt/inferd /opt/inferd" in stages[variant]
@@ -190,7 +196,9 @@ def test_dockerfile_installs_the_runtime_only_from_an_official_base():
         if s and not s.startswith("#")
     ]
     assert lines[0] == "*", "everything is left out unless named"
-    assert {"!pyproject.toml", "!.whl", "!inferd/*.py", *(f"!{p}" for p in linked)} <= set(lines)
+    assert {"!pyproject.toml", "!scripts/install_deps.py", "!.whl", "!inferd/*.py", *(f"!{p}" for p in linked)} <= set(
+        lines
+    )
     assert not {"!.git", "!.venv", "!.out", "!tests"} & set(lines)
 
 
@@ -202,16 +210,23 @@ def test_podman_image_hash_covers_what_the_dockerfile_copies():
     spec = importlib.util.spec_from_file_location("compose_podman", ROOT / "scripts" / "compose_podman.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    copied = re.findall(r"^COPY (\w+) /src/inferd/\1$", (ROOT / "Dockerfile").read_text(), flags=re.M)
+    text = (ROOT / "Dockerfile").read_text()
+    copied = re.findall(r"^COPY (\w+) /src/inferd/\1$", text, flags=re.M)
     assert set(copied) == set(module.CONTEXT_DIRS)
+    files = {w for line in re.findall(r"^COPY (.+) /wheels/$", text, flags=re.M) for w in line.split() if "$" not in w}
+    assert files == {"pyproject.toml", "scripts/install_deps.py"}
+    assert files | {"Dockerfile", ".dockerignore"} == set(module.CONTEXT_FILES)
     assert module.dockerfile_arg("TORCH_VERSION") in module.wheel_requirements()[0]
 
 
 def test_setup_installs_no_docker_engine_and_leaves_services_off():
     text = (ROOT / "scripts/setup.sh").read_text()
-    packages = re.search(r"APT_PACKAGES=\(([^)]*)\)", text).group(1).split()
-    assert not {"docker.io", "containerd", "docker-ce"} & set(packages)
-    assert {"podman", "mmdebstrap", "docker-compose", "prometheus", "prometheus-alertmanager"} <= set(packages)
+    run = set(re.search(r"APT_PACKAGES=\(([^)]*)\)", text).group(1).split())
+    test = set(re.search(r"APT_TEST_PACKAGES=\(([^)]*)\)", text).group(1).split())
+    assert not {"docker.io", "containerd", "docker-ce"} & (run | test)
+    # make run gets what the stack runs; the container tools come with --test (make test)
+    assert {"prometheus", "prometheus-alertmanager", "python3-bpfcc"} <= run
+    assert {"podman", "mmdebstrap", "docker-compose"} <= test and not {"podman", "docker-compose"} & run
     assert "--no-install-recommends" in text  # docker-compose recommends docker.io
     assert "policy-rc.d" in text and "systemctl disable" in text
     assert "/usr/local/bin/inferd" in text
