@@ -61,6 +61,7 @@ class OutputProcessor:
             times.first_token = now
             if seq.index == 0:
                 stats.time_to_first_tokens.append(now - times.arrival)
+                stats.first_token_request_ids.append(seq.request_id)
         elif times.last_token is not None:
             stats.inter_token_latencies.append(now - times.last_token)
         times.last_token = now

@@ -49,6 +49,7 @@ from .block_pool import BlockCopy
 from .config import EngineConfig
 from .sampling.slot_table import SlotTable
 from .sequence import Sequence, SequenceStatus
+from .slo import best_effort_seats
 from .ttft_predictor import TtftPredictor
 
 
@@ -145,10 +146,8 @@ class Scheduler:
 
     @property
     def best_effort_seats(self) -> int:
-        """Seats kept for best-effort sequences when deadline requests compete for them:
-        `best_effort_seat_share` of max_num_seqs, at least one unless the share is 0."""
-        share = self.config.best_effort_seat_share
-        return 0 if share <= 0.0 else max(1, int(share * self.config.max_num_seqs))
+        """Seats kept for best-effort sequences when deadline requests compete for them."""
+        return best_effort_seats(self.config.max_num_seqs, self.config.best_effort_seat_share)
 
     def _admission_order(self) -> list[Sequence]:
         """The waiting queue in admission order: `_order`, except that while best-effort

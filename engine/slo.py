@@ -201,3 +201,10 @@ def load_slo_classes_file(path: str | Path) -> list[SloClass]:
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a list of SLO classes, got {type(data).__name__}")
     return [SloClass.from_dict(item) for item in data]
+
+
+def best_effort_seats(max_num_seqs: int, share: float) -> int:
+    """Seats kept for best-effort sequences while deadline requests compete for them: `share`
+    of max_num_seqs, at least one unless the share is 0 (the scheduler's rule, which
+    admission's seat count follows)."""
+    return 0 if share <= 0.0 else max(1, int(share * max_num_seqs))

@@ -42,6 +42,7 @@ class StepStats:
     num_generation_tokens: int = 0
     kv_tokens_read: int = 0  # context tokens the step's attention reads (decode bytes accounting)
     time_to_first_tokens: list[float] = field(default_factory=list)
+    first_token_request_ids: list[str] = field(default_factory=list)  # admission: no longer waiting for prefill
     inter_token_latencies: list[float] = field(default_factory=list)
     finished: list[FinishedRequestStats] = field(default_factory=list)
 

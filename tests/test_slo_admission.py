@@ -62,13 +62,33 @@ def test_only_what_the_scheduler_serves_first_counts_as_ahead():
     a = admission()
     a.enter(0, 20.0, 5000, 1)  # a later deadline: behind
     a.enter(0, None, 5000, 1)  # best effort at the same priority: behind
+    a.enter(-5, None, 5000, 1)  # best effort of any priority: behind every deadline request
     a.enter(1, 5.0, 5000, 1)  # a less urgent priority: behind
-    started = a.enter(-1, None, 5000, 1)
+    started = a.enter(-1, 1.0, 5000, 1)
     a.started(started)  # already past its first token
-    a.enter(-1, None, 300, 1)  # more urgent priority: ahead
+    a.enter(-1, 30.0, 300, 2)  # more urgent priority: ahead
     a.enter(0, 10.0, 200, 1)  # same deadline: ahead
-    assert a.tokens_ahead(0, 10.0) == 500
+    assert a.ahead(0, 10.0) == (500, 3)
     assert a.check(INTERACTIVE, 0, 10.0, 100, 1).predicted_ttft_s == pytest.approx(0.6)
+
+
+def test_the_wait_for_a_seat_counts_when_deadline_sequences_hold_every_seat_they_may():
+    a = admission()
+    a.predictor.seat_s = 4.0  # a finished request held its seat 4 s: 4 seats free one a second
+    for _ in range(3):
+        a.started(a.enter(0, 1.0, 100, 1))  # decoding deadline sequences
+    for _ in range(6):
+        a.started(a.enter(0, None, 100, 1))  # decoding best effort: its seats are not counted
+    a.enter(0, 5.0, 100, 1)  # a deadline request ahead, waiting for its first token
+    # 3 decoding + 1 ahead + 1 own = 5 > 4 seats: one short, 1 s; prefill 200 tokens: 0.2 s.
+    assert a.check(INTERACTIVE, 0, 10.0, 100, 1, deadline_seats=4).predicted_ttft_s == pytest.approx(1.2)
+    assert a.check(INTERACTIVE, 0, 10.0, 100, 1, deadline_seats=5).predicted_ttft_s == pytest.approx(0.2)
+    assert a.check(INTERACTIVE, 0, 10.0, 100, 1).predicted_ttft_s == pytest.approx(0.2)  # no seat limit given
+    with pytest.raises(ApiError) as err:  # 3 short of 2 seats: 6 s + 0.2 s > 2 x 1 s
+        a.check(INTERACTIVE, 0, 10.0, 100, 1, deadline_seats=2)
+    assert err.value.status == 429 and "6.200 s" in err.value.message
+    a.predictor.seat_s = None  # nothing finished yet: no seat wait is assumed
+    assert a.check(INTERACTIVE, 0, 10.0, 100, 1, deadline_seats=2).predicted_ttft_s == pytest.approx(0.2)
 
 
 def test_demote_instead_of_refusing():
@@ -193,6 +213,32 @@ def test_two_classes_under_overload(tiny_model):
         assert r.status_code == 400 and r.json()["error"]["param"] == "slo_class"
         r = httpx.post(url, json=body | {"slo_class": "batch"}, timeout=30)
         assert r.status_code == 200
+
+
+def test_a_non_streaming_request_leaves_the_prefill_queue_at_its_first_token(tiny_model):
+    """Admission counts a request's prompt as waiting until its first token: the engine
+    reports it in its step statistics, so a non-streaming request, whose output comes only
+    at the end, stops counting then too."""
+    with running_server(tiny_model, slo_classes=_classes()) as server:
+        admission = server.app.state.admission
+        body = {"model": MODEL_NAME, "prompt": "hi " * 8, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+        result: dict[str, int] = {}
+
+        def send() -> None:
+            result["status"] = httpx.post(
+                f"{server.url}/v1/completions", json=body | {"slo_class": "interactive"}, timeout=120
+            ).status_code
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        seen: set[bool] = set()
+        while thread.is_alive():
+            seen |= {q.started for q in list(admission.queued.values())}
+            time.sleep(0.002)
+        thread.join()
+        assert result == {"status": 200}
+        assert True in seen  # decoding, and no longer counted as waiting for prefill
+        assert not admission.queued
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 from inferd.engine import EngineConfig, LLMEngine, SamplingParams
 from inferd.engine.slo import RequestSlo
-from inferd.engine.stats import StepStats
+from inferd.engine.stats import FinishedRequestStats, StepStats
 from inferd.engine.ttft_predictor import TtftPredictor
 
 
@@ -38,6 +38,12 @@ def test_predictor_on_recorded_steps():
     assert p.decode_step_s == pytest.approx(0.03)
     assert (p.num_prefill_steps, p.num_decode_steps) == (2, 2)
     assert p.predict(13010, 2000) == pytest.approx(1.0)
+    assert p.seat_s is None and p.predict(13010, 2000, seats_short=2, num_seats=4) == pytest.approx(1.0)
+    done = step(1, 1, 0.01)
+    done.finished = [FinishedRequestStats("length", 10, 5, 9.0, 1.0, 2.0, 6.0)]  # 8 s in its seat
+    p.observe(done)
+    assert p.seat_s == pytest.approx(8.0) and p.num_finished == 1
+    assert p.predict(13010, 2000, seats_short=2, num_seats=4) == pytest.approx(5.0)  # + 2 x 8 / 4
     with pytest.raises(ValueError):
         TtftPredictor(alpha=0)
 

@@ -2,13 +2,17 @@
 the queue.
 
 The server knows every request it has queued and not yet seen a first token of (the
-`queued` table here), and the engine's measured prefill rate (a `TtftPredictor` fed the
-step statistics the core sends). A deadline request's predicted TTFT is the prompt
-tokens queued ahead of it (a more urgent priority, or the same priority and an earlier
-or equal deadline: the scheduler's order) plus its own, at that rate. When the
-prediction exceeds the class's TTFT target by more than `margin` (a share of the target)
-the request is refused with 429 and Retry-After, or, for an `on_miss=demote` class,
-served as best effort. Best-effort requests are never shed by the deadline check.
+`queued` table here; the engine reports first tokens in its step statistics, streamed or
+not), the requests decoding, and the engine's measured rates (a `TtftPredictor` fed the
+step statistics the core sends). A deadline request's predicted TTFT is the prompt tokens
+of the deadline requests queued ahead of it (a more urgent priority, or the same priority
+and an earlier or equal deadline: the scheduler's order, in which best effort comes after
+every deadline request) plus its own, at the prefill rate; plus, when the deadline
+sequences decoding, those ahead and its own need more seats than deadline requests may
+hold (`max_num_seqs` less best effort's share), the wait for that many seats to free up.
+When the prediction exceeds the class's TTFT target by more than `margin` (a share of the
+target) the request is refused with 429 and Retry-After, or, for an `on_miss=demote`
+class, served as best effort. Best-effort requests are never shed by the deadline check.
 
 The margin defaults to 1.0 (refuse past twice the target): the predictor extrapolates
 recent rates, and a request predicted to miss by less may still make it as the queue
@@ -90,23 +94,34 @@ class Admission:
     def num_queued_tokens(self) -> int:
         return sum(q.num_prompt_tokens for q in self.queued.values() if not q.started)
 
-    def tokens_ahead(self, priority: int, deadline: float | None) -> int:
-        """Prompt tokens queued that the scheduler serves before a request of this priority
-        and deadline (aging aside)."""
-        total = 0
+    def ahead(self, priority: int, deadline: float) -> tuple[int, int]:
+        """(prompt tokens, sequences) of the deadline requests still before their first token
+        that the scheduler serves before a deadline request of this priority and deadline
+        (aging aside)."""
+        tokens = seqs = 0
         for q in self.queued.values():
-            if q.started:
+            if q.started or q.deadline is None:
                 continue
-            if q.priority < priority or (
-                q.priority == priority and q.deadline is not None and (deadline is None or q.deadline <= deadline)
-            ):
-                total += q.num_prompt_tokens
-        return total
+            if q.priority < priority or (q.priority == priority and q.deadline <= deadline):
+                tokens += q.num_prompt_tokens
+                seqs += q.num_seqs
+        return tokens, seqs
+
+    @property
+    def num_decoding_deadline_seqs(self) -> int:
+        return sum(q.num_seqs for q in self.queued.values() if q.started and q.deadline is not None)
 
     def check(
-        self, slo_class: SloClass, priority: int, deadline: float | None, num_prompt_tokens: int, num_seqs: int
+        self,
+        slo_class: SloClass,
+        priority: int,
+        deadline: float | None,
+        num_prompt_tokens: int,
+        num_seqs: int,
+        deadline_seats: int | None = None,
     ) -> Decision:
-        """Admit, demote, or raise the ApiError that refuses the request."""
+        """Admit, demote, or raise the ApiError that refuses the request. `deadline_seats`:
+        the seats deadline sequences may hold now (None: no seat limit is counted)."""
         cfg = self.config
         if cfg.max_num_queued_reqs and self.num_queued_seqs + num_seqs > cfg.max_num_queued_reqs:
             self.shed[slo_class.name, SHED_QUEUE_REQS] += 1
@@ -123,7 +138,11 @@ class Admission:
             )
         if deadline is None or slo_class.ttft_s is None:
             return Decision()
-        predicted = self.predictor.predict(self.tokens_ahead(priority, deadline), num_prompt_tokens)
+        tokens_ahead, seqs_ahead = self.ahead(priority, deadline)
+        seats_short = 0
+        if deadline_seats is not None:
+            seats_short = self.num_decoding_deadline_seqs + seqs_ahead + num_seqs - deadline_seats
+        predicted = self.predictor.predict(tokens_ahead, num_prompt_tokens, seats_short, deadline_seats or 1)
         if predicted is None or predicted <= slo_class.ttft_s * (1.0 + cfg.slo_admission_margin):
             return Decision(predicted_ttft_s=predicted)
         if slo_class.on_miss == "demote":

@@ -421,6 +421,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
 
     app = FastAPI(title="inferd engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
+    app.state.admission = serving.admission
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.drain = drain

@@ -107,6 +107,7 @@ class _Live:
     error: BaseException | None = None
     slo_class: str = DEFAULT_CLASS
     predicted_ttft_s: float | None = None  # admission's prediction, judged when it finishes
+    on_first_token: Callable[[], None] | None = None  # called once, streamed or not
 
     def apply(self, delta: RequestDelta) -> None:
         for d in delta.seqs:
@@ -327,10 +328,12 @@ class EngineCoreClient:
         final_only: bool = False,
         slo: RequestSlo | None = None,
         predicted_ttft_s: float | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Cumulative outputs of one request until it finishes (with `final_only`, just the
-        last). Leaving early (the client went away, the task was cancelled) aborts the
-        request in the engine at once."""
+        last). `on_first_token` is called when the engine reports the first token, even when
+        the outputs come only at the end. Leaving early (the client went away, the task was
+        cancelled) aborts the request in the engine at once."""
         self.check_can_serve()
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -343,6 +346,7 @@ class EngineCoreClient:
             wake_on_finish_only=final_only,
             slo_class=slo.class_name if slo is not None else DEFAULT_CLASS,
             predicted_ttft_s=predicted_ttft_s,
+            on_first_token=on_first_token,
         )
         self._live[request_id] = live
         finished = False
@@ -467,6 +471,11 @@ class EngineCoreClient:
         if msg.snapshot is not None:
             self._snapshot = msg.snapshot
         if msg.stats is not None:
+            for request_id in msg.stats.first_token_request_ids:
+                live = self._live.get(request_id)
+                if live is not None and live.on_first_token is not None:
+                    live.on_first_token()
+                    live.on_first_token = None
             self.ttft_predictor.observe(msg.stats)
             if stats is not None:
                 stats.record(msg.stats)

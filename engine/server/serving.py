@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
-from ..slo import CLASS_NAME, RequestSlo, SloClass, SloClasses
+from ..slo import CLASS_NAME, RequestSlo, SloClass, SloClasses, best_effort_seats
 from ..structured_outputs import StructuredOutputsParams
 from ..structured_outputs_limits import StructuredOutputsLimits
 from ..structured_outputs_request import check_constraint
@@ -390,7 +390,9 @@ class OpenAIServing:
             job.slo = self.slo_classes.request_slo(job.slo_class, time.time())
         # Before the response starts: a refusal is a 429/503 status, never a cut stream.
         deadline = job.slo.deadline if job.slo is not None else None
-        decision = self.admission.check(job.slo_class, job.priority, deadline, job.num_prompt_tokens, job.num_seqs)
+        decision = self.admission.check(
+            job.slo_class, job.priority, deadline, job.num_prompt_tokens, job.num_seqs, self._deadline_seats()
+        )
         job.predicted_ttft_s = decision.predicted_ttft_s
         if decision.demoted and job.slo is not None:
             job.slo = RequestSlo(job.slo.class_name, None, job.slo.tpot_s, None)
@@ -402,13 +404,21 @@ class OpenAIServing:
             return Response(status_code=499)
         return JSONResponse(self._final_body(job, finals))
 
+    def _deadline_seats(self) -> int | None:
+        """Seats deadline sequences may hold now: max_num_seqs (as tuned) less best effort's."""
+        config = getattr(self.engine, "config", None)
+        if config is None:
+            return None
+        seats = self.engine.snapshot().tunables.get("max_num_seqs", config.max_num_seqs)
+        return seats - best_effort_seats(seats, config.best_effort_seat_share)
+
     # --- running ------------------------------------------------------------------------
     async def _outputs(self, job: _Job) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         """(prompt index, cumulative output) from all of the job's prompts, as they come; the
         job counts in admission's queue until its first output."""
         deadline = job.slo.deadline if job.slo is not None else None
         ticket = self.admission.enter(job.priority, deadline, job.num_prompt_tokens, job.num_seqs)
-        outputs = self._engine_outputs(job)
+        outputs = self._engine_outputs(job, lambda: self.admission.started(ticket))
         try:
             async for item in outputs:
                 self.admission.started(ticket)
@@ -417,7 +427,9 @@ class OpenAIServing:
             self.admission.leave(ticket)
             await outputs.aclose()
 
-    async def _engine_outputs(self, job: _Job) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    async def _engine_outputs(
+        self, job: _Job, on_first_token: Callable[[], None]
+    ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
         if len(job.prompts) == 1:
             p = job.prompts[0]
             gen = self.engine.generate(
@@ -430,6 +442,7 @@ class OpenAIServing:
                 final_only=not job.stream,
                 slo=job.slo,
                 predicted_ttft_s=job.predicted_ttft_s,
+                on_first_token=on_first_token,
             )
             try:
                 async for out in gen:
@@ -451,6 +464,7 @@ class OpenAIServing:
                 final_only=not job.stream,
                 slo=job.slo,
                 predicted_ttft_s=job.predicted_ttft_s,
+                on_first_token=on_first_token,
             )
             try:
                 async for out in gen:
