@@ -238,11 +238,21 @@ _MEAN_TTFT = (
     " / sum(rate(vllm:time_to_first_token_seconds_count{{{sel}}}[{window}]))"
 )
 
+# Where SLO classes with a TTFT target serve traffic, the share of their requests that
+# missed it: what the SLO promises, which the mean does not track (a step can lower the
+# mean TTFT while more requests miss, e.g. by speeding up short prompts only). Without
+# such classes the series are absent and `or` takes the mean TTFT.
+_TTFT_MISSED_SHARE = (
+    'sum(rate(inferd_slo_requests_total{{{sel},target="ttft",result="missed"}}[{window}]))'
+    ' / sum(rate(inferd_slo_requests_total{{{sel},target="ttft"}}[{window}]))'
+)
+_TTFT = f"({_TTFT_MISSED_SHARE}) or ({_MEAN_TTFT})"
+
 DEFAULT_RULES: dict[str, Rule] = {
     r.alert: r
     for r in (
         Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", (_lower_seqs, _cold_kv), _FAULTS),
-        Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _MEAN_TTFT, uses_facts=True),
+        Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _TTFT, uses_facts=True),
         Rule(
             "InferdGPUUnderutilizedWithQueue",
             "raise_batch",
