@@ -2,8 +2,9 @@
 
 For people without Grafana at hand: queries Prometheus for the last N minutes with the
 very expressions the boards use (dashboards/spec.py panels marked `headline`), draws
-each panel with matplotlib and writes `index.html` beside the PNGs, in `--output`
-(default `./inferd-report`); it prints the page's absolute path. The page opens with a
+each panel with matplotlib and writes `index.html` beside the PNGs, in `--output` (default
+`.out/report` in the repository when run inside the checkout, where git ignores it;
+`./inferd-report` elsewhere); it prints the page's absolute path. The page opens with a
 diagnosis section: the `inferd doctor` checks over the same window.
 """
 
@@ -171,6 +172,18 @@ def write_report(
     return index
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def default_output(cwd: Path | None = None) -> Path:
+    """`.out/report` in the repository when `cwd` is inside the checkout (git ignores
+    `.out/`), else `inferd-report` under `cwd`."""
+    cwd = (cwd or Path.cwd()).resolve()
+    if (REPO / ".git").exists() and cwd.is_relative_to(REPO):
+        return REPO / ".out" / "report"
+    return cwd / "inferd-report"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prometheus", default="http://localhost:9090", help="Prometheus base URL (default %(default)s)"
@@ -183,9 +196,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         dest="out",
         type=Path,
-        default=Path("inferd-report"),
+        default=None,
         help="output directory, created if needed; index.html and the PNGs go there "
-        "(default: ./%(default)s, under the directory the command runs in)",
+        "(default: .out/report in the repository when run inside the checkout, else ./inferd-report)",
     )
     parser.add_argument("--agent", default=None, help="the agent's base URL, for the diagnosis section")
     parser.add_argument("--engine", default=None, help="the engine's base URL, for the diagnosis section")
@@ -213,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     from inferd.dashboards.boards import BOARDS
 
     try:
-        config = ReportConfig(args.prometheus, args.minutes, args.out.expanduser().resolve(), args.step)
+        out = default_output() if args.out is None else args.out.expanduser().resolve()
+        config = ReportConfig(args.prometheus, args.minutes, out, args.step)
         diagnosis = "" if getattr(args, "no_diagnosis", False) else diagnosis_section(args, config)
         index = write_report(config, BOARDS, diagnosis_html=diagnosis)
     except (ValueError, RuntimeError) as exc:

@@ -110,9 +110,9 @@ def test_report_cli_is_registered():
 def test_report_prints_the_absolute_path_of_the_page(prometheus, tmp_path, capsys, monkeypatch):
     from inferd.agent.cli import command_parser
 
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # outside the checkout: ./inferd-report
     args = command_parser("report").parse_args(["--prometheus", prometheus, "--minutes", "5", "--step", "5"])
-    assert args.out == Path("inferd-report")
+    assert args.out is None
     assert report.run(args) == 0
     printed = Path(capsys.readouterr().out.strip())
     assert printed.is_absolute() and printed == tmp_path / "inferd-report" / "index.html"
@@ -120,3 +120,19 @@ def test_report_prints_the_absolute_path_of_the_page(prometheus, tmp_path, capsy
     elsewhere = command_parser("report").parse_args(["--prometheus", prometheus, "--output", "sub/dir"])
     assert report.run(elsewhere) == 0
     assert Path(capsys.readouterr().out.strip()) == tmp_path / "sub" / "dir" / "index.html"
+
+
+def test_the_default_output_inside_the_checkout_is_ignored_by_git(monkeypatch):
+    import shutil
+    import subprocess
+
+    repo = Path(report.__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout (or no git): nothing for the report to dirty")
+    monkeypatch.chdir(repo / "docs")  # anywhere inside the checkout
+    out = report.default_output()
+    assert out == repo / ".out" / "report"
+    # a page written there, or in ./inferd-report as older versions did, leaves `git status` clean
+    for page in (out / "index.html", repo / "inferd-report" / "index.html"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(page)], cwd=repo)
+        assert ignored.returncode == 0, f"{page} is not ignored by git"
