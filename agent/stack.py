@@ -8,7 +8,8 @@ reason (Grafana not installed, the OpenTelemetry Collector, which it never start
 and returns. `down` stops them.
 
 State lives in a run directory (default `.out/stack` in the repository): `state.json`
-(pid and process group of each component), one log per component, Prometheus' and
+(pid and process group of each component, the base URL of each endpoint, the model name
+clients send; `inferd doctor` finds the stack there), one log per component, Prometheus' and
 Alertmanager's data, and `admin-token` (mode 0600), the engine's admin bearer token,
 made on the first `up` and handed to the agent with --admin-token-file; `token` prints
 it. Every process started gets `INFERD_STACK_RUN_DIR` in its environment, so `down`
@@ -40,6 +41,13 @@ MARKER = "INFERD_STACK_RUN_DIR"
 STATE_FILE = "state.json"
 ADMIN_TOKEN_FILE = "admin-token"
 DEFAULT_RUN_DIR = REPO / ".out" / "stack"
+
+# The stack's endpoints (base URLs): fixed ports, as compose.yaml has them.
+AGENT_URL = "http://localhost:10400"
+ENGINE_URL = "http://localhost:8000"
+PROMETHEUS_URL = "http://localhost:9090"
+ALERTMANAGER_URL = "http://localhost:9093"
+GRAFANA_URL = "http://localhost:3000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +195,10 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
                 str(token),
                 *config.agent_args,
             ),
-            "http://localhost:10400/healthz",
-            "http://localhost:10400/metrics",
+            f"{AGENT_URL}/healthz",
+            f"{AGENT_URL}/metrics",
             (10400, 8000) if config.model else (10400,),
-            extra_health_urls=("http://localhost:8000/ready",) if config.model else (),
+            extra_health_urls=(f"{ENGINE_URL}/ready",) if config.model else (),
         ),
         Component(
             "prometheus",
@@ -200,8 +208,8 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
                 f"--storage.tsdb.path={run / 'prometheus-data'}",
                 "--web.listen-address=127.0.0.1:9090",
             ),
-            "http://localhost:9090/-/ready",
-            "http://localhost:9090",
+            f"{PROMETHEUS_URL}/-/ready",
+            PROMETHEUS_URL,
             (9090,),
         ),
         Component(
@@ -213,8 +221,8 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
                 "--web.listen-address=127.0.0.1:9093",
                 "--cluster.listen-address=",
             ),
-            "http://localhost:9093/-/ready",
-            "http://localhost:9093",
+            f"{ALERTMANAGER_URL}/-/ready",
+            ALERTMANAGER_URL,
             (9093,),
         ),
     ]
@@ -238,8 +246,8 @@ def components(config: StackConfig) -> tuple[list[Component], list[str]]:
             Component(
                 "grafana",
                 tuple(argv),
-                "http://localhost:3000/api/health",
-                "http://localhost:3000",
+                f"{GRAFANA_URL}/api/health",
+                GRAFANA_URL,
                 (3000,),
                 env=(
                     ("GF_PATHS_PROVISIONING", str(REPO / "dashboards" / "provisioning")),
@@ -302,12 +310,43 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def answers(url: str) -> bool:
+def answers(url: str, timeout_s: float = 2.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def served_model(engine_url: str, timeout_s: float = 2.0) -> str | None:
+    """The model name clients send (`"model": ...`): the first id the engine's /v1/models
+    lists; None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{engine_url.rstrip('/')}/v1/models", timeout=timeout_s) as response:
+            return str(json.load(response)["data"][0]["id"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def engine_summary(engine_url: str, name: str | None, checkpoint: Path | None) -> str:
+    """The start-up line for the engine: where clients send requests and the model name
+    they send (`served_model`), which is not the checkpoint's path."""
+    model = f'send "model": "{name}"' if name else "its /v1/models did not answer"
+    weights = f"; checkpoint {checkpoint}" if checkpoint else ""
+    return f"{'engine':<14} {engine_url}/v1 (OpenAI API: {model}{weights})"
+
+
+def endpoints(config: StackConfig, started: list[Component]) -> dict[str, str]:
+    """Base URL of each endpoint the stack serves, by name (state.json's `endpoints`)."""
+    names = {c.name for c in started}
+    known = {
+        "agent": AGENT_URL,
+        "engine": ENGINE_URL if config.model else None,
+        "prometheus": PROMETHEUS_URL,
+        "alertmanager": ALERTMANAGER_URL,
+        "grafana": GRAFANA_URL,
+    }
+    return {n: url for n, url in known.items() if url and (n in names or n == "engine")}
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -431,8 +470,11 @@ def up(config: StackConfig) -> int:
         print(f"inferd stack: {exc}\nstopping what was started", file=sys.stderr)
         down(config)
         return 1
+    state["endpoints"] = endpoints(config, wanted)
+    state["model"] = served_model(ENGINE_URL) if config.model else None
+    write_state(run_dir, state)
     if config.model:
-        print(f"{'engine':<14} http://localhost:8000/v1 (OpenAI API, model {config.model})")
+        print(engine_summary(ENGINE_URL, state["model"], config.model))
         print(
             f"{'admin token':<14} {admin_token_path(run_dir)} (bearer token of /admin/* on :8000; "
             f"`{inferd_command()} stack token` prints it)"
@@ -472,7 +514,35 @@ def status(config: StackConfig) -> int:
         alive = is_running(entry["pid"])
         healthy &= alive
         print(f"{name:<14} {'up' if alive else 'DOWN':<5} pid {entry['pid']:<8} {entry['url']}")
+        if name == "agent" and "engine" in state.get("endpoints", {}):
+            healthy &= print_engine(config.run_dir, state, entry["pid"])
     return 0 if healthy else 1
+
+
+def print_engine(run_dir: Path, state: dict, agent_pid: int) -> bool:
+    """The engine's status line (the agent runs it, so it has no state entry of its own):
+    up when it answers /ready; its pid, the served model name clients send."""
+    url = state["endpoints"]["engine"]
+    alive = answers(f"{url}/ready")
+    pid = engine_pid(run_dir, agent_pid)
+    name = served_model(url) if alive else state.get("model")
+    model = f' (send "model": "{name}")' if name else ""
+    print(f"{'engine':<14} {'up' if alive else 'DOWN':<5} pid {pid or '-':<8} {url}/v1{model}")
+    return alive
+
+
+def engine_pid(run_dir: Path, agent_pid: int) -> int | None:
+    """The `inferd serve` process the agent started: a child of the agent carrying the
+    stack's marker whose command line runs `serve`."""
+    for pid in marked_pids(run_dir):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == agent_pid and b"serve" in argv:
+            return pid
+    return None
 
 
 def token(config: StackConfig) -> int:

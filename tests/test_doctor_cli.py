@@ -42,6 +42,7 @@ def doctor(roots, replay, *args: str) -> subprocess.CompletedProcess:
             f"replay:{replay}",
             "--engine-pid",
             str(ENGINE_PID),
+            "--no-discover",  # this node's own stack, if one runs, stays out of it
             *args,
         ],
         cwd=REPO,

@@ -48,6 +48,7 @@ def test_real_agent_and_engine_give_only_ok_and_skips_with_reasons(tiny_model, m
                 agent.url,
                 "--engine",
                 engine_url,
+                "--no-discover",  # no Prometheus: a stack on this node stays out of it
             ],
             cwd=REPO,
             capture_output=True,

@@ -157,6 +157,49 @@ def test_up_refuses_when_this_run_dir_is_already_running(tmp_path, capsys):
         sleeper.wait()
 
 
+def engine_stand_in(model: str = "tiny"):
+    from doctor_nodes import FakeHttp
+
+    models = {"object": "list", "data": [{"id": model, "object": "model"}]}
+    return FakeHttp({"/ready": (200, "text/plain", "ok"), "/v1/models": (200, "application/json", json.dumps(models))})
+
+
+def test_startup_summary_names_the_model_clients_send_not_the_checkpoint_path(tmp_path):
+    checkpoint = tmp_path / "models" / "tiny-checkpoint"
+    with engine_stand_in("tiny") as engine:
+        name = stack.served_model(engine.url)
+        line = stack.engine_summary(engine.url, name, checkpoint)
+    assert name == "tiny"
+    assert line.split()[:2] == ["engine", f"{engine.url}/v1"]
+    assert 'send "model": "tiny"' in line
+    assert line.index(str(checkpoint)) > line.index("checkpoint")  # the path only as the checkpoint
+    assert stack.served_model("http://127.0.0.1:9") is None  # nothing there
+
+
+def test_status_lists_the_engine_the_agent_runs(tmp_path, capsys):
+    agent = spawn_marked(tmp_path, "sleep 300")  # the agent: a process of this stack
+    try:
+        with engine_stand_in("tiny") as engine:
+            state = {
+                "components": {"agent": {"pid": agent.pid, "pgid": agent.pid, "url": "http://localhost:10400/metrics"}},
+                "endpoints": {"agent": "http://localhost:10400", "engine": engine.url},
+                "model": "tiny",
+            }
+            stack.write_state(tmp_path, state)
+            assert stack.status(stack.StackConfig(run_dir=tmp_path)) == 0
+            lines = capsys.readouterr().out.splitlines()
+        assert [line.split()[0] for line in lines] == ["agent", "engine"]
+        engine_line = lines[1].split()
+        assert engine_line[1] == "up" and f"{engine.url}/v1" in engine_line
+        assert lines[1].endswith('(send "model": "tiny")')
+        # the engine stopped: DOWN, and status says the stack is not healthy
+        assert stack.status(stack.StackConfig(run_dir=tmp_path)) == 1
+        assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["engine", "DOWN"]
+    finally:
+        agent.kill()
+        agent.wait()
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="timeout"):
         stack.StackConfig(run_dir=Path("/tmp/x"), timeout_s=0)
@@ -232,6 +275,31 @@ def test_stack_up_answers_every_url_and_down_leaves_nothing(tmp_path):
         with urllib.request.urlopen(request, timeout=5) as response:
             assert "max_num_seqs" in json.loads(response.read())["config"]
         assert "not started" in started.stdout and "stack down" in started.stdout
+        # the summary names the model clients send, and status lists the engine the agent runs
+        assert 'send "model": "tiny"' in started.stdout, started.stdout
+        status = cli("status", "--run-dir", str(run_dir), timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        engine_line = next(line for line in status.stdout.splitlines() if line.startswith("engine"))
+        assert engine_line.split()[1] == "up" and "http://localhost:8000/v1" in engine_line
+        # `inferd doctor` with no endpoint flag reads this stack: from its state, and from the default ports
+        endpoints = {"agent": stack.AGENT_URL, "engine": stack.ENGINE_URL, "prometheus": stack.PROMETHEUS_URL}
+        for args, where in (
+            (("--run-dir", str(run_dir)), f"the running stack's {run_dir / stack.STATE_FILE}"),
+            ((), None),
+        ):
+            doctor = subprocess.run(
+                [sys.executable, "-m", "inferd.agent.cli", "doctor", "--json", *args],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            report = json.loads(doctor.stdout)
+            assert {n: report["inputs"][n] for n in endpoints} == endpoints, doctor.stderr
+            for name, url in endpoints.items():
+                assert report["inputs"]["found"][name] == (where or f"the default port: {url} answered")
+            if where:  # the engine's admin config read with the admin token in the stack's run directory
+                assert "engine_config" not in report["inputs"]["missing"], report["inputs"]["missing"]
         _, am = get("http://localhost:9093/api/v2/status")
         assert json.loads(am)["config"]["original"].count("inferd-agent") >= 1
         # `inferd report` against the real Prometheus: the engine's gauges are always there

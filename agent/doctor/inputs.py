@@ -53,6 +53,8 @@ class DoctorOptions:
     engine_pid: int | None = None
     admin_token_file: str | None = None
     sweep_path: str | None = None
+    # (agent|engine|prometheus, where its URL came from or what was tried), when the doctor looked
+    found: tuple[tuple[str, str], ...] = ()
     gpu_reads: int = 3  # live NVML reads, `gpu_read_interval_s` apart (a replay gives all of its own)
     gpu_read_interval_s: float = 0.5
     timeout_s: float = 5.0
@@ -188,6 +190,11 @@ def _reason(what: str, url: str, exc: Exception) -> str:
     return f"{what} at {url} unreadable: {exc}"
 
 
+def _not_given(options: DoctorOptions, name: str, default: str) -> str:
+    """Why an endpoint is missing: what the doctor tried to find it, else `default`."""
+    return dict(options.found).get(name, default)
+
+
 def gather(options: DoctorOptions, now: float | None = None) -> Inputs:
     inputs = Inputs(options=options, now=time.time() if now is None else now)
     _gather_agent(inputs)
@@ -203,7 +210,7 @@ def gather(options: DoctorOptions, now: float | None = None) -> Inputs:
 def _gather_agent(inputs: Inputs) -> None:
     url = inputs.options.agent_url
     if url is None:
-        inputs.missing["agent"] = "no --agent given"
+        inputs.missing["agent"] = _not_given(inputs.options, "agent", "no --agent given")
         return
     metrics_url = f"{url.rstrip('/')}/metrics"
     try:
@@ -216,7 +223,7 @@ def _gather_engine(inputs: Inputs) -> None:
     url = inputs.options.engine_url
     if url is None:
         for name in ("engine", "engine_config", "engine_model"):
-            inputs.missing[name] = "no --engine given"
+            inputs.missing[name] = _not_given(inputs.options, "engine", "no --engine given")
         return
     base = url.rstrip("/")
     timeout = inputs.options.timeout_s
@@ -249,7 +256,8 @@ def _gather_engine(inputs: Inputs) -> None:
 def _gather_prometheus(inputs: Inputs) -> None:
     url = inputs.options.prometheus_url
     if url is None:
-        inputs.missing["prometheus"] = "no --prometheus given: instant values only"
+        reason = _not_given(inputs.options, "prometheus", "no --prometheus given")
+        inputs.missing["prometheus"] = f"{reason}: instant values only"
         return
     since = inputs.options.since_s
     # about 120 points over the window, none closer than 5 s

@@ -33,6 +33,7 @@ def to_dict(diagnosis: Diagnosis) -> dict[str, Any]:
             "gpu_backend": options.gpu_backend,
             "active": options.active,
             "missing": dict(sorted(diagnosis.inputs.missing.items())),
+            "found": dict(options.found),
         },
         "findings": [f.to_dict() for f in diagnosis.findings],
     }
@@ -54,7 +55,8 @@ def to_text(diagnosis: Diagnosis, colour: bool = False) -> str:
 
     findings = diagnosis.findings
     width = max((len(f.id) for f in findings), default=10)
-    lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  SUMMARY"]
+    lines = endpoint_lines(diagnosis)
+    lines.append(f"{'STATUS':<6}  {'CHECK':<{width}}  SUMMARY")
     for f in findings:
         lines.append(
             f"{paint(f.status, f.status.upper()):<6}  {f.id:<{width}}  {f.summary if f.status != 'skip' else f.reason}"
@@ -72,6 +74,20 @@ def to_text(diagnosis: Diagnosis, colour: bool = False) -> str:
     counts = Counter(f.status for f in findings)
     lines += ["", ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES) + f"; exit status {diagnosis.exit_status}"]
     return "\n".join(lines) + "\n"
+
+
+def endpoint_lines(diagnosis: Diagnosis) -> list[str]:
+    """The endpoints the doctor read and where each came from, then a blank line; nothing
+    when it did not look (--no-discover)."""
+    options = diagnosis.inputs.options
+    if not options.found:
+        return []
+    urls = {"agent": options.agent_url, "engine": options.engine_url, "prometheus": options.prometheus_url}
+    lines = []
+    for name, where in options.found:
+        url = urls.get(name)
+        lines.append(f"{name:<11} {url}  ({where})" if url else f"{name:<11} {where}")
+    return [*lines, ""]
 
 
 def to_html(diagnosis: Diagnosis) -> str:

@@ -100,6 +100,12 @@ SCHEMA: dict[str, Any] = {
                 "gpu_backend": {"type": ["string", "null"]},
                 "active": {"type": "boolean"},
                 "missing": {"type": "object", "additionalProperties": {"type": "string"}},
+                "found": {
+                    "description": "where each endpoint came from, or what was tried (empty with --no-discover)",
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {n: {"type": "string"} for n in ("agent", "engine", "prometheus")},
+                },
             },
         },
         "findings": {"type": "array", "items": _FINDING},
