@@ -172,20 +172,30 @@ def test_413_reaches_a_client_whose_connection_already_carried_a_request(server,
 
 
 @pytest.mark.parametrize(
-    "content, fragments",
+    "content, fragments, param, code",
     [
-        (b"{not json", ["JSON"]),
-        (b'{"model": "tiny", "prompt": "hi", "max_tokens": "ten"}', ["max_tokens"]),
-        (b'{"model": "tiny", "max_tokens": 3}', ["prompt", "Field required"]),
-        (b'{"model": "tiny", "prompt": {"a": 1}}', ["prompt"]),
-        (b'{"model": "tiny", "prompt": "hi", "stream": "yes"}', ["stream"]),
-        (b"[1, 2, 3]", []),
-        (b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', ["temperature", "finite"]),
-        (b'{"model": "tiny", "prompt": "hi", "top_p": Infinity}', ["top_p", "finite"]),
+        (b"{not json", ["not valid JSON"], None, "invalid_json"),
+        (b'{"model": "tiny", "prompt": "hi", "max_tokens": "ten"}', ["max_tokens"], "max_tokens", "invalid_type"),
+        (b'{"model": "tiny", "max_tokens": 3}', ["prompt", "Field required"], "prompt", "missing_required_parameter"),
+        (
+            b'{"model": "tiny", "prompt": {"a": 1}}',
+            ["prompt: Input should be a valid string"],
+            "prompt",
+            "invalid_type",
+        ),
+        (b'{"model": "tiny", "prompt": "hi", "stop": ["a", 7]}', ["stop[1]"], "stop", "invalid_type"),
+        (b'{"model": "tiny", "prompt": "hi", "stream": "yes"}', ["stream"], "stream", "invalid_type"),
+        (b"[1, 2, 3]", ["body: "], None, "invalid_type"),
+        (b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', ["temperature", "finite"], "temperature", None),
+        (b'{"model": "tiny", "prompt": "hi", "top_p": Infinity}', ["top_p", "finite"], "top_p", None),
     ],
 )
-def test_malformed_422(server, content, fragments):
-    assert_error(post(server, "/v1/completions", content=content), 422, *fragments)
+def test_malformed_bodies_are_400_naming_the_field(server, content, fragments, param, code):
+    """As OpenAI and vLLM answer them: 400, not FastAPI's 422."""
+    error = assert_error(post(server, "/v1/completions", content=content), 400, *fragments, param=param)
+    assert error["type"] == "invalid_request_error"
+    if code is not None:
+        assert error["code"] == code
 
 
 def chat(**overrides):
@@ -302,11 +312,20 @@ def test_made_up_methods_and_paths_fold_into_other(server):
     assert all(dict(labels)["handler"] in ("/v1/completions", "other") for labels in added), added
 
 
-def test_chat_malformed_422(server):
-    assert_error(post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": "hi"}), 422, "messages")
-    assert_error(
-        post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"content": "hi"}]}), 422, "role"
-    )
+def test_chat_malformed_bodies_are_400_naming_the_field(server):
+    r = post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": "hi"})
+    assert_error(r, 400, "messages: Input should be a valid list", param="messages")
+    r = post(server, "/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user"}, {"content": "hi"}]})
+    error = assert_error(r, 400, "messages[1].role: Field required", param="messages[1].role")
+    assert error["code"] == "missing_required_parameter"
+    r = post(server, "/v1/chat/completions", chat(parallel_tool_calls="yes"))
+    assert_error(r, 400, "parallel_tool_calls", param="parallel_tool_calls")
+
+
+def test_openai_client_raises_bad_request_for_a_wrong_type(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens="ten")  # type: ignore[arg-type]
 
 
 def test_openai_client_raises_its_usual_errors(server):
@@ -397,3 +416,52 @@ def test_server_healthy_after_fuzzing(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     with pytest.raises(KeyError):
         metric_value(scrape(server.url), "http_requests_total", {"status": "5xx"})
+
+
+# --- X-Request-Id -------------------------------------------------------------------------------
+
+
+def test_request_id_is_the_body_id_when_the_client_sends_none(server):
+    r = post(server, "/v1/completions", completion())
+    assert r.status_code == 200, r.text
+    assert r.headers["x-request-id"] == r.json()["id"] and r.json()["id"].startswith("cmpl-")
+    r = post(server, "/v1/chat/completions", chat())
+    assert r.headers["x-request-id"] == r.json()["id"] and r.json()["id"].startswith("chatcmpl-")
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=chat(stream=True), timeout=30) as r:
+        first = json.loads(next(r.iter_lines()).removeprefix("data: "))
+        assert r.headers["x-request-id"] == first["id"]
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/v1/completions", completion()),
+        ("POST", "/v1/chat/completions", chat(stream=True)),
+        ("POST", "/v1/completions", completion(temperature=-1)),  # 400 from the route
+        ("POST", "/v1/completions", {"prompt": 1.5}),  # 400 from validation
+        ("POST", "/v1/completions", completion(prompt="x" * (MAX_BODY + 100))),  # 413 before routing
+        ("GET", "/v1/models", None),
+        ("GET", "/v1/models/nope", None),
+        ("POST", "/tokenize", {"prompt": "hi"}),
+        ("GET", "/no/such/route", None),
+    ],
+)
+def test_a_clients_request_id_comes_back_on_every_response(server, method, path, body):
+    sent = "3f2b9c1e-7d4a-4e8b-9a6f-0c5d2e1b8a77"
+    r = httpx.request(method, f"{server.url}{path}", json=body, headers={"X-Request-Id": sent}, timeout=30)
+    assert r.headers.get_list("x-request-id") == [sent], (r.status_code, r.text)
+
+
+@pytest.mark.parametrize("sent", ["x" * 129, "two words", "tab\there", ""])
+def test_a_malformed_request_id_is_replaced_by_the_servers_own(server, sent):
+    r = post(server, "/v1/completions", completion(), headers={"X-Request-Id": sent})
+    assert r.status_code == 200, r.text  # a tracing header never fails the request
+    assert r.headers["x-request-id"] == r.json()["id"]
+
+
+def test_errors_before_a_request_id_is_made_get_a_fresh_one(server):
+    r = post(server, "/v1/completions", {"prompt": 1.5})
+    assert r.status_code == 400
+    first = r.headers["x-request-id"]
+    second = post(server, "/v1/completions", {"prompt": 1.5}).headers["x-request-id"]
+    assert first.startswith("req-") and second.startswith("req-") and first != second

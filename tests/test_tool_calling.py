@@ -368,12 +368,10 @@ def test_bad_tool_requests_are_400(family_server):
     for extra, param in BAD_REQUESTS:
         body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4, **extra}
         r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
-        assert r.status_code in (400, 422), (extra, r.text)
+        assert r.status_code == 400, (extra, r.text)  # a wrong type too, as OpenAI and vLLM answer it
         error = r.json()["error"]
         assert error["type"] == "invalid_request_error"
-        assert (error["param"] or "").startswith(param.split(".")[0]), (extra, error)
-        if r.status_code == 400:
-            assert error["param"] == param, (extra, error)
+        assert error["param"] == param, (extra, error)
 
 
 def test_parser_choice(tiny_model):

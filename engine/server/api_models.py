@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI-compatible endpoints.
 
-Types are checked here (a wrong type is a malformed request: 422); values are checked by
+Types are checked here (a wrong type is a malformed request: 400 naming the field, as
+OpenAI and vLLM answer it; errors.validation_error); values are checked by
 `SamplingParams` (a bad value: 400 naming the parameter), except that every integer
 field is bounded to a signed 64-bit integer here (a 400 naming it too). Non-finite
-numbers are malformed (422).
+numbers are malformed.
 Besides OpenAI's fields, vLLM's sampling extras (top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), `priority`, `slo_class` and
 `prompt_logprobs` are accepted; completions take `echo` (with `max_tokens` 0: the prompt
@@ -64,7 +65,7 @@ def _within_int64(value: int, info: ValidationInfo) -> int:
     digits = len(str(abs(value)))
     shown = str(value) if digits <= 40 else f"an integer of {digits} digits"
     # An ApiError, not a ValueError: pydantic passes it on instead of collecting it, so a
-    # number out of range is a 400 naming its field (a bad value), not a 422 (a bad shape).
+    # number out of range gets its own message (a bad value), not pydantic's (a bad type).
     raise bad_request(
         f"{info.field_name}: {shown} is outside the signed 64-bit integer range [{INT64_MIN}, {INT64_MAX}]",
         info.field_name,

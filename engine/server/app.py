@@ -47,9 +47,9 @@ from .api_models import (
     CompletionRequest,
 )
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
-from .errors import ApiError, error_response, unparsable_body_message
+from .errors import ApiError, error_response, unparsable_body_message, validation_error
 from .metrics import ServerMetrics, cache_config_labels
-from .middleware import BodyLimitAndMetrics
+from .middleware import BodyLimitAndMetrics, RequestIdHeader, response_request_id
 from .serving import OpenAIServing
 from .slo_metrics import AdmissionCollector
 from .token_routes import document_token_schemas, make_tokenize_router
@@ -123,10 +123,10 @@ ERROR_SCHEMA = {
 # The body-limit middleware runs before routing: any request can get it.
 COMMON_ERRORS = {413: "the request body is larger than --max-body-bytes"}
 GENERATION_ERRORS = {
-    400: "a value out of range or not supported (a field this server refuses, api_models.py), a prompt too long "
-    "for the context, a string with a lone surrogate, or a body that is not UTF-8 or nests too deeply",
+    400: "the body is not a JSON object of the documented types (param names the field), a value out of range or "
+    "not supported (a field this server refuses, api_models.py), a prompt too long for the context, a string with "
+    "a lone surrogate, or a body that is not UTF-8 or nests too deeply",
     404: "the model does not exist",
-    422: "the body is not a JSON object of the documented types",
     429: "the request's SLO class cannot meet its TTFT target now (code slo_unattainable; Retry-After)",
     500: "the engine failed while serving the request (code engine_error)",
     503: "the engine is loading, stalled, draining or not running, or the queue is at --max-num-queued-reqs or "
@@ -298,6 +298,14 @@ SLO_CLASS_PARAMETER = {
 }
 
 
+# Every response's header (middleware.py).
+REQUEST_ID_RESPONSE_HEADER = {
+    "description": "the client's own X-Request-Id when it sent one of 1-128 visible ASCII characters, else the "
+    "request's id (a generation's response id)",
+    "schema": {"type": "string", "minLength": 1},
+}
+
+
 def _generation_ok(choice: dict) -> dict:
     body = {
         "type": "object",
@@ -334,32 +342,25 @@ def _json_ok(description: str, schema: dict) -> dict:
 def _document_errors(doc: dict, error_schema: dict, common: dict[int, str]) -> dict:
     """`doc` with the common errors added to every operation and the error schema on
     every 4xx/5xx response; FastAPI's own validation-error schemas, which this server
-    never sends, are dropped."""
+    never sends, are dropped, and its automatic 422 is the 400 this server answers."""
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     schemas["Error"] = error_schema
     for operation in (op for item in doc["paths"].values() for op in item.values()):
         responses = operation["responses"]
+        fastapi_422 = responses.get("422", {}).get("content", {}).get("application/json", {}).get("schema", {})
+        if fastapi_422.get("$ref") == "#/components/schemas/HTTPValidationError":
+            del responses["422"]  # a path parameter alone (a string) never fails validation
+            if "requestBody" in operation or any(p["in"] != "path" for p in operation.get("parameters", [])):
+                responses.setdefault("400", {"description": "the request is not of the documented types"})
         for code, text in common.items():
             responses.setdefault(str(code), {"description": text})
         for code, response in responses.items():
+            response.setdefault("headers", {})["X-Request-Id"] = REQUEST_ID_RESPONSE_HEADER
             if code[0] in "45":
                 response["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     return doc
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    parts, first = [], None
-    for err in exc.errors()[:5]:
-        if err.get("type") == "json_invalid":  # FastAPI puts the position where a field name would be
-            reason = (err.get("ctx") or {}).get("error", "JSON decode error")
-            return f"request body is not valid JSON: {reason} at position {err['loc'][-1]}", None
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        where = ".".join(loc) or "body"
-        first = first or (loc[0] if loc else None)
-        parts.append(f"{where}: {err.get('msg')}")
-    return "; ".join(parts) or "malformed request", first
 
 
 class Drain:
@@ -431,9 +432,9 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
         return error_response(exc.status, exc.message, exc.param, exc.code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return error_response(422, message, param, "invalid_request_shape")
+    async def request_validation_error(request: Request, exc: RequestValidationError):
+        err = validation_error(exc.errors(), exc.body)  # a 400, as OpenAI and vLLM answer it
+        return error_response(err.status, err.message, err.param, err.code)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
@@ -477,7 +478,9 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception):
         # Starlette still logs the exception; the client gets the error shape, not plain text.
-        return error_response(500, f"internal error: {type(exc).__name__}", None, "internal_error")
+        # It sends this response outside every middleware, RequestIdHeader included.
+        headers = {"X-Request-Id": response_request_id(request.scope)}
+        return error_response(500, f"internal error: {type(exc).__name__}", None, "internal_error", headers=headers)
 
     text_choice = {"text": {"type": "string"}, "finish_reason": {"anyOf": [{"type": "string"}, {"type": "null"}]}}
     chat_choice = {
@@ -573,6 +576,7 @@ def create_app(engine: EngineCoreClient, settings: ServerSettings, metrics: Serv
     app.include_router(make_tokenize_router(serving))
     app.include_router(make_admin_router(engine, settings.admin_token, settings.enable_fault_injection))
     app.add_middleware(BodyLimitAndMetrics, max_body_bytes=settings.max_body_bytes, http_metrics=metrics.http)
+    app.add_middleware(RequestIdHeader)  # added last: outermost
 
     def openapi() -> dict:
         if app.openapi_schema is None:

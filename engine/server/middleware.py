@@ -1,4 +1,4 @@
-"""ASGI middleware: the request-body limit (413) and http_requests_total.
+"""ASGI middleware: the request-body limit (413), http_requests_total, and X-Request-Id.
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would stand between a
 streaming response and the client's disconnect.
@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
+import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,6 +42,56 @@ KNOWN_HANDLERS = frozenset(
 KNOWN_METHODS = frozenset({"GET", "POST", "PATCH", "PUT", "DELETE", "HEAD", "OPTIONS"})
 DISCARD_LIMIT_BYTES = 64 << 20
 DISCARD_TIMEOUT_S = 10.0
+REQUEST_ID_HEADER = b"x-request-id"
+# A client's X-Request-Id is echoed when it is 1-128 visible ASCII characters (a UUID, a
+# trace id, "Root=1-...;Parent=..."); anything else is not written back into a header or
+# a log line, and the response carries the server's id instead.
+CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+REQUEST_ID_STATE_KEY = "request_id"
+
+
+class RequestIdHeader:
+    """Sets `X-Request-Id` on every response, as vLLM's XRequestIdMiddleware does:
+    `response_request_id`. Outermost, so a 413 from the body limit carries it too
+    (a 500 from an unexpected exception is sent outside every middleware: its handler
+    sets the header itself)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers") or [] if k.lower() != REQUEST_ID_HEADER]
+                headers.append((REQUEST_ID_HEADER, response_request_id(scope).encode("ascii")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def client_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The request's first X-Request-Id when it is well-formed (CLIENT_REQUEST_ID), else None."""
+    for name, value in headers:
+        if name.lower() == REQUEST_ID_HEADER:
+            value = value.strip()
+            return value.decode("ascii") if CLIENT_REQUEST_ID.fullmatch(value) else None
+    return None
+
+
+def response_request_id(scope: Scope) -> str:
+    """The id a response's X-Request-Id carries: the client's own when it sent a
+    well-formed one, else the id a route gave the request (`request.state.request_id`: a
+    generation's `chatcmpl-...`/`cmpl-...`, the response body's `id`, which the engine's
+    log lines name), else a fresh `req-...`, kept for the rest of the request."""
+    state = scope.setdefault("state", {})
+    request_id = client_request_id(scope.get("headers") or []) or state.get(REQUEST_ID_STATE_KEY)
+    if not isinstance(request_id, str):
+        request_id = state[REQUEST_ID_STATE_KEY] = f"req-{uuid.uuid4().hex}"
+    return request_id
 
 
 class BodyLimitAndMetrics:

@@ -385,6 +385,7 @@ class OpenAIServing:
         return message, "tool_calls"
 
     async def _respond(self, job: _Job, request: Request) -> Response:
+        request.state.request_id = job.request_id  # X-Request-Id, unless the client sent its own (middleware.py)
         job.trace_headers = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers} or None
         if self.slo_classes.is_configured:  # else nothing differs from a server without classes
             job.slo = self.slo_classes.request_slo(job.slo_class, time.time())

@@ -132,9 +132,11 @@ def make_tokenize_router(serving: OpenAIServing) -> APIRouter:
         "/tokenize",
         responses={
             **_ok("the prompt's token ids", TOKENIZE_RESPONSE),
-            400: {"description": "neither or both of prompt and messages, a refused field, or a bad message"},
+            400: {
+                "description": "the body is not a JSON object of the documented types, neither or both of prompt "
+                "and messages, a refused field, or a bad message"
+            },
             404: {"description": "the model does not exist"},
-            422: {"description": "the body is not a JSON object of the documented types"},
         },
     )
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
@@ -171,9 +173,11 @@ def make_tokenize_router(serving: OpenAIServing) -> APIRouter:
         "/detokenize",
         responses={
             **_ok("the text of the token ids", DETOKENIZE_RESPONSE),
-            400: {"description": "a token id outside the tokenizer's vocabulary"},
+            400: {
+                "description": "the body is not a JSON object of the documented types, or a token id outside the "
+                "tokenizer's vocabulary"
+            },
             404: {"description": "the model does not exist"},
-            422: {"description": "the body is not a JSON object of the documented types"},
         },
     )
     async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
