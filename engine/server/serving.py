@@ -43,6 +43,7 @@ from .logprobs import (
 )
 from .streaming import SSE_DONE, ClientDisconnected, SSEResponse, sse, until_disconnected
 from .tool_parsers import TOOL_PARSERS, ToolCallStream, ToolParser, detect_tool_parser, make_tool_parser
+from .tool_parsers.forced_json import forced_json_parser
 from .tool_parsers.tool_choice import ToolRequest, check_forced_schemas, forced_call_constraint, tool_request
 from .tracing import TRACE_HEADERS
 
@@ -340,14 +341,16 @@ class OpenAIServing:
     def _tool_parser(self, tools: ToolRequest | None) -> ToolParser | None:
         if tools is None or not tools.parses_calls:
             return None
-        if self.tool_call_parser is None:
-            raise bad_request(
-                f'tool_choice "{tools.choice}" needs a tool call format: this model\'s chat template names none; '
-                f"start the server with --tool-call-parser ({', '.join(sorted(TOOL_PARSERS))}), "
-                'or send tool_choice "none"',
-                "tool_choice",
-            )
-        return make_tool_parser(self.tool_call_parser, self.tokenizer.eos_token)
+        if self.tool_call_parser is not None:
+            return make_tool_parser(self.tool_call_parser, self.tokenizer.eos_token)
+        if tools.is_forced:  # vLLM's JSON, generated under structured outputs: any template will do
+            return forced_json_parser(tools.choice, tools.named)
+        raise bad_request(
+            'tool_choice "auto" needs a tool call format: this model\'s chat template names none; '
+            f"start the server with --tool-call-parser ({', '.join(sorted(TOOL_PARSERS))}), "
+            'or send tool_choice "none", "required" or a named function',
+            "tool_choice",
+        )
 
     @staticmethod
     def _tool_params(

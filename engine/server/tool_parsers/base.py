@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 _DECODER = json.JSONDecoder()
 _WS = re.compile(r"\s*")
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
 def new_call_id() -> str:
@@ -167,6 +168,25 @@ def partial_call_object(text: str, i: int, argument_keys: tuple[str, ...]) -> tu
     return PartialCall(name, text[start:], False), len(text)
 
 
+def hoist_defs(parameters: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The tools' parameters schemas without their `$defs`, and those definitions joined:
+    nested inside a call's schema, a `#/$defs/...` reference must find them at the root.
+    ValueError when two tools define one name differently (vLLM refuses that too)."""
+    stripped: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    for schema in parameters:
+        own = schema.get("$defs")
+        if not isinstance(own, dict):
+            stripped.append(schema)
+            continue
+        for name, definition in own.items():
+            if name in defs and defs[name] != definition:
+                raise ValueError(f"$defs {name!r} is defined differently by two tools")
+            defs[name] = definition
+        stripped.append({k: v for k, v in schema.items() if k != "$defs"})
+    return stripped, defs
+
+
 class ToolParser:
     """A tool-call format. Subclasses set `name`, `markers` and the three methods."""
 
@@ -205,19 +225,23 @@ class ToolParser:
     # --- shared -------------------------------------------------------------------------
     def call_schema(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
         """JSON schema of one call's object to any of `tools` (OpenAI tool definitions)."""
-        branches = []
-        for tool in tools:
-            function = tool["function"]
-            parameters = function.get("parameters") or {"type": "object", "properties": {}}
-            branches.append(
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": function["name"]}, self.argument_key: parameters},
-                    "required": ["name", self.argument_key],
-                    "additionalProperties": False,
-                }
-            )
-        return branches[0] if len(branches) == 1 else {"anyOf": branches}
+        parameters, defs = hoist_defs([t["function"].get("parameters") or NO_PARAMETERS for t in tools])
+        branches = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool["function"]["name"]}, self.argument_key: params},
+                "required": ["name", self.argument_key],
+                "additionalProperties": False,
+            }
+            for tool, params in zip(tools, parameters, strict=True)
+        ]
+        schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+        return {**schema, "$defs": defs} if defs else schema
+
+    def forced_schema(self, tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+        """JSON schema a forced call to one of `tools` is generated under, between
+        `call_before` and `call_after`: one call in the format's own JSON."""
+        return self.call_schema(tools)
 
     def strip_eos(self, text: str) -> str:
         if self.eos_token and text.endswith(self.eos_token):

@@ -5,7 +5,8 @@ tool_choice (OpenAI's meaning): "none" never parses calls; "auto" (the default w
 parses the calls the model writes; "required" and {"type": "function", "function":
 {"name": ...}} force a call: the output is generated under a JSON schema of one call in
 the model's own format (the format's text before and after the JSON, a `name` constant
-and the tool's parameters), so it always parses.
+and the tool's parameters), so it always parses. A model with no format gets vLLM's
+(forced_json.py): a JSON array of calls, or the named function's arguments alone.
 """
 
 from __future__ import annotations
@@ -126,9 +127,10 @@ def check_forced_schemas(request: ToolRequest, limits: StructuredOutputsLimits) 
 
 
 def forced_call_constraint(parser: ToolParser, request: ToolRequest) -> dict[str, Any]:
-    """Keyword arguments of StructuredOutputsParams for a forced call in `parser`'s format."""
-    return {
-        "json": parser.call_schema(request.forced_tools()),
-        "before": parser.call_before,
-        "after": parser.call_after,
-    }
+    """Keyword arguments of StructuredOutputsParams for a forced call in `parser`'s format;
+    a 400 naming `tools` when their schemas cannot be joined into one."""
+    try:
+        schema = parser.forced_schema(request.forced_tools(), request.parallel)
+    except ValueError as exc:
+        raise bad_request(f"tools cannot constrain a forced call: {exc}", "tools") from None
+    return {"json": schema, "before": parser.call_before, "after": parser.call_after}
