@@ -72,7 +72,7 @@ class Step:
     no_deps: bool = False
     requirements_of: str | None = None
     skip: tuple[str, ...] = ()
-    minutes: float = 0.0  # how long it took on a fresh 2-core machine (pip's own index and caches)
+    minutes: float = 0.0  # about how long it took on a fresh 2-core machine
 
 
 def load_pyproject(path: Path) -> dict:
@@ -84,7 +84,7 @@ def plan(mode: str, pyproject: dict, torch: str | None = None) -> list[Step]:
     if mode == "test":
         extras = pyproject["project"]["optional-dependencies"]["test"]
         return [
-            Step("the test extras (pytest, ruff, mypy, lm-eval, triton, transformers, ...)", list(extras), minutes=3)
+            Step("the test extras (pytest, ruff, mypy, lm-eval, triton, transformers, ...)", list(extras), minutes=1)
         ]
     without = {
         canonical(k): tuple(v)
@@ -93,12 +93,12 @@ def plan(mode: str, pyproject: dict, torch: str | None = None) -> list[Step]:
     deps = [d for d in pyproject["project"]["dependencies"] if req_name(d) != "torch"]
     steps = []
     if torch:
-        steps.append(Step(f"{torch} (about 750 MB unpacked)", [torch], minutes=1))
+        steps.append(Step(f"{torch} (about 750 MB unpacked)", [torch], minutes=0.5))
     steps.append(
         Step(
             "the dependencies in pyproject.toml",
             [d for d in deps if req_name(d) not in without],
-            minutes=1.5,
+            minutes=1,
         )
     )
     for dep in deps:

@@ -331,6 +331,38 @@ class Stack:
         )
 
 
+def readme_image_size_gb() -> float:
+    text = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+    match = re.search(r"target `cpu` \(default, the CPU build of torch; ([\d.]+) GB", text)
+    assert match, "README.md states no size for the cpu image"
+    return float(match.group(1))
+
+
+def check_agent_image(stack: Stack) -> None:
+    """The image the stack runs: what runs and no more (no triton, no test extras), at the
+    size README.md states."""
+    image = "localhost/inferd:cpu"  # scripts/compose_podman.py AGENT_IMAGE
+    env = {**stack.env, "CONTAINERS_CONF": str(Path(stack.env["INFERD_PODMAN_DIR"]) / "containers.conf")}
+    size = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Size}}", image], capture_output=True, text=True, env=env
+    )
+    assert size.returncode == 0, size.stderr
+    measured, stated = int(size.stdout) / 1e9, readme_image_size_gb()
+    assert abs(measured - stated) <= 0.05 * stated, f"{image} is {measured:.2f} GB; README.md says {stated} GB"
+    probe = (
+        "import importlib.util as u, sys; import xgrammar; "
+        "sys.exit(', '.join(m for m in ('triton', 'pytest', 'lm_eval', 'schemathesis', 'mypy') if u.find_spec(m)) or None)"
+    )
+    found = subprocess.run(
+        ["podman", "run", "--rm", "--network=none", image, "python", "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert found.returncode == 0, f"the image holds what does not run there: {found.stderr[-2000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("live_ports")  # not beside `inferd stack up` (same ports), one .out/podman-test at a time
 def test_compose_stack_serves_scrapes_and_alerts_under_podman():
@@ -375,6 +407,15 @@ def test_compose_stack_serves_scrapes_and_alerts_under_podman():
         )
         assert status == 200, completion
         assert completion["usage"]["completion_tokens"] >= 1 and isinstance(completion["choices"][0]["text"], str)
+        # structured outputs: xgrammar runs in the image, which holds no triton
+        status, choice = stack.http(
+            "POST",
+            "http://localhost:8000/v1/completions",
+            {"model": model, "prompt": "Pick:", "max_tokens": 8, "guided_choice": ["red", "green", "blue"]},
+        )
+        assert status == 200, choice
+        assert choice["choices"][0]["text"] in ("red", "green", "blue"), choice
+        check_agent_image(stack)
 
         # Prometheus: both targets up, every rule of alerts/rules.yml loaded.
         def targets_up():
