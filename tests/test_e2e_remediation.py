@@ -9,6 +9,7 @@ engine serving the tiny model.
 3. injected fast-path failure -> InferdEngineFastPathFailing -> fallback -> restored to
    fast; no request in flight fails.
 
+The stack is agent/scenario/stack.py's (the scenario benchmark runs the same one).
 Timings are recorded in BENCHMARKS.md by scripts/bench_remediation.py, not asserted here.
 """
 
@@ -16,30 +17,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from inferd.agent.remediation_rules import Bounds
+from inferd.agent.scenario.stack import MissingBinary, Stack, binary, make_tiny_model, wait_for
 
 from server_fixtures import child_pids, metric_value
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
 TIME_SCALE = 1 / 30  # 2m -> 4s, 5m -> 10s, 1m -> 2s
 ADMIN_TOKEN = "e2e-admin-token"
-WEBHOOK_TOKEN = "e2e-webhook-token"
 # The engine: a KV pool of 24 blocks of 16 tokens; 16 sequences of 64 tokens need 64.
 ENGINE_ARGS = [
     "--kv-cache-bytes=196608",
@@ -58,226 +52,6 @@ POLICY = {
     "verify_window_s": float(os.environ.get("INFERD_E2E_VERIFY_WINDOW_S", "6")),
     "restore_after_s": 3,
 }
-
-
-def _binary(*names: str) -> str:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.skip(f"{names[0]} not installed (Debian packages prometheus and prometheus-alertmanager)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, stack=None, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (httpx.HTTPError, OSError, KeyError, ValueError) as exc:
-            last_exc = exc
-        time.sleep(interval)
-    logs = stack.log_tails() if stack else ""
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_exc})\n{logs}")
-
-
-class Stack:
-    """Prometheus, Alertmanager and the agent (which runs the engine), on free ports."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.ports = {name: _free_port() for name in ("engine", "agent", "prometheus", "alertmanager")}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.audit = tmp / "audit.jsonl"
-        self.http = httpx.Client(timeout=10)
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}"
-
-    # -- set-up --
-
-    def write_configs(self) -> None:
-        (self.tmp / "webhook-token").write_text(WEBHOOK_TOKEN)
-        alerts = self.tmp / "alerts"
-        subprocess.run(
-            [
-                PY,
-                str(ROOT / "alerts" / "render.py"),
-                "--out",
-                str(alerts),
-                "--time-scale",
-                str(TIME_SCALE),
-                "--set",
-                f"alertmanager.webhook_url={self.url('agent')}/v1/alerts",
-                "--set",
-                f"alertmanager.token_file={self.tmp / 'webhook-token'}",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        host_label = [
-            {"source_labels": ["__address__"], "regex": "(.+):[0-9]+", "target_label": "host", "replacement": "$1"}
-        ]
-        prometheus = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-            "rule_files": [str(alerts / "rules.yml")],
-            "alerting": {
-                "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.ports['alertmanager']}"]}]}]
-            },
-            "scrape_configs": [
-                {
-                    "job_name": "inferd-agent",
-                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports['agent']}"]}],
-                    "relabel_configs": host_label,
-                },
-                {
-                    "job_name": "inferd-engine",
-                    "static_configs": [{"targets": [f"127.0.0.1:{self.ports['engine']}"]}],
-                    "relabel_configs": host_label,
-                },
-            ],
-        }
-        (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus))
-        (self.tmp / "policy.yml").write_text(yaml.safe_dump(POLICY))
-
-    def start(self, model: Path) -> None:
-        prometheus = _binary("prometheus")
-        alertmanager = _binary("prometheus-alertmanager", "alertmanager")
-        self.write_configs()
-        self._spawn(
-            "prometheus",
-            [
-                prometheus,
-                f"--config.file={self.tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={self.tmp / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
-                "--rules.alert.resend-delay=1s",
-                "--log.level=warn",
-            ],
-        )
-        self._spawn(
-            "alertmanager",
-            [
-                alertmanager,
-                f"--config.file={self.tmp / 'alerts' / 'alertmanager.yml'}",
-                f"--storage.path={self.tmp / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
-                "--cluster.listen-address=",
-                "--log.level=warn",
-            ],
-        )
-        agent = [
-            PY,
-            "-m",
-            "inferd.agent.cli",
-            "agent",
-            "--model",
-            str(model),
-            "--port",
-            str(self.ports["agent"]),
-            "--engine-port",
-            str(self.ports["engine"]),
-            "--no-collector",
-            "gpu",
-            "--no-collector",
-            "ebpf",
-            "--webhook-token-file",
-            str(self.tmp / "webhook-token"),
-            "--audit-log",
-            str(self.audit),
-            "--prometheus-url",
-            self.url("prometheus"),
-            "--remediation-config",
-            str(self.tmp / "policy.yml"),
-        ]
-        agent += [f"--engine-arg={arg}" for arg in ENGINE_ARGS]
-        self._spawn("agent", agent, env={**os.environ, "INFERD_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONPATH": str(ROOT)})
-        wait_for(
-            lambda: self.http.get(f"{self.url('prometheus')}/-/ready").status_code == 200, 60, "prometheus ready", self
-        )
-        wait_for(
-            lambda: self.http.get(f"{self.url('alertmanager')}/-/ready").status_code == 200,
-            60,
-            "alertmanager ready",
-            self,
-        )
-        wait_for(lambda: self.http.get(f"{self.url('engine')}/ready").status_code == 200, 120, "engine ready", self)
-
-    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
-        log = open(self.tmp / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
-        )
-
-    def stop(self) -> None:
-        engine_pid = self.engine_pid()
-        for name in ("agent", "alertmanager", "prometheus"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if engine_pid:
-            try:
-                os.kill(engine_pid, 0)
-            except ProcessLookupError:
-                pass
-            else:
-                os.killpg(engine_pid, signal.SIGKILL)  # the agent failed to stop its engine
-        self.http.close()
-
-    def log_tails(self, lines: int = 25) -> str:
-        out = []
-        for path in sorted(self.tmp.glob("*.log")):
-            text = path.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"--- {path.name} ---\n" + "\n".join(text))
-        return "\n".join(out)
-
-    # -- reading the state --
-
-    def engine_pid(self) -> int | None:
-        try:
-            return self.http.get(f"{self.url('agent')}/healthz").json()["engine"]["pid"]
-        except (httpx.HTTPError, KeyError, TypeError, ValueError):
-            return None
-
-    def records(self) -> list[dict]:
-        return self.http.get(f"{self.url('agent')}/v1/actions", params={"limit": 0}).json()["records"]
-
-    def find(self, since: float = 0.0, **match) -> dict | None:
-        """The first audit record at or after `since` (Unix time) with these fields."""
-        for record in self.records():
-            if record["ts"] >= since and all(record.get(k) == v for k, v in match.items()):
-                return record
-        return None
-
-    def engine_config(self) -> dict:
-        response = self.http.get(
-            f"{self.url('engine')}/admin/config", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        )
-        return response.json()["config"]
-
-    def query(self, promql: str) -> float | None:
-        body = self.http.get(f"{self.url('prometheus')}/api/v1/query", params={"query": promql}).json()
-        result = body["data"]["result"]
-        return float(result[0]["value"][1]) if result else None
-
-    def firing(self, alertname: str) -> bool:
-        alerts = self.http.get(f"{self.url('prometheus')}/api/v1/alerts").json()["data"]["alerts"]
-        return any(a["labels"]["alertname"] == alertname and a["state"] == "firing" for a in alerts)
 
 
 class Load:
@@ -329,17 +103,14 @@ class Load:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    _binary("prometheus")
-    _binary("prometheus-alertmanager", "alertmanager")
+    try:
+        binary("prometheus")
+        binary("prometheus-alertmanager", "alertmanager")
+    except MissingBinary as exc:
+        pytest.skip(str(exc))
     tmp = tmp_path_factory.mktemp("e2e-remediation")
-    model = tmp / "tiny"
-    subprocess.run(
-        [PY, "-m", "inferd.agent.cli", "make-model", str(model), "--preset", "tiny"],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-    )
-    s = Stack(tmp)
+    model = make_tiny_model(tmp / "tiny")
+    s = Stack(tmp, time_scale=TIME_SCALE, engine_args=ENGINE_ARGS, policy=POLICY, admin_token=ADMIN_TOKEN)
     try:
         s.start(model)
         yield s
@@ -487,9 +258,7 @@ def test_fast_path_failure_falls_back_and_is_restored(stack):
     with Load(stack.url("engine"), workers=3, max_tokens=24) as load:
         wait_for(lambda: len(load.statuses) >= 3, 30, "requests in flight", stack)
         r = stack.http.post(
-            f"{stack.url('engine')}/admin/fault",
-            json={"kind": "fastpath"},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            f"{stack.url('engine')}/admin/fault", json={"kind": "fastpath"}, headers=stack.admin_headers
         )
         assert r.status_code == 200, r.text
         applied = wait_for(

@@ -1,0 +1,1 @@
+"""Scenario benchmarks of the closed loop: the real stack under a scripted workload, recorded."""
