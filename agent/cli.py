@@ -19,7 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("inferd.engine.make_model", "write a random Llama-family checkpoint (HF format)"),
     "generate": ("inferd.engine.generate_cmd", "generate text offline with the engine"),
     "serve": ("inferd.engine.server.cli", "run the OpenAI-compatible engine server"),
-    "bench": ("inferd.engine.bench.cli", "benchmarks: serve, burst, throughput, tp-decode, gpu-decode"),
+    "bench": (
+        "inferd.agent.scenario.bench_cmd",
+        "benchmarks: serve, burst, throughput, tp-decode, gpu-decode, scenario",
+    ),
     "agent": ("inferd.agent.main", "run the node agent (collectors, /metrics, engine supervision)"),
     "topo": ("inferd.agent.topo_cmd", "print GPU / PCIe / NUMA topology"),
     "doctor": ("inferd.agent.doctor.cli", "diagnose this node: ranked findings with evidence and the fix"),

@@ -26,22 +26,23 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _chosen(argv: list[str]) -> str | None:
-    return next((a for a in argv if a in SUBCOMMANDS), None)
+def _chosen(argv: list[str], subcommands: dict[str, tuple[str, str]]) -> str | None:
+    return next((a for a in argv if a in subcommands), None)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, subcommands: dict[str, tuple[str, str]] = SUBCOMMANDS) -> None:
+    """`subcommands`: these, or a table that adds to them (the agent's `bench scenario`)."""
     import sys
 
-    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    chosen = _chosen(sys.argv[1:])
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    sub = parser.add_subparsers(dest="bench_command", required=True, metavar="{" + ",".join(subcommands) + "}")
+    chosen = _chosen(sys.argv[1:], subcommands)
+    for name, (module_name, help_text) in subcommands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         # Build only the chosen subcommand's options (or all of them for --help).
         if chosen in (None, name):
             importlib.import_module(module_name).add_arguments(p)
 
 
-def run(args: argparse.Namespace) -> int:
-    module_name, _ = SUBCOMMANDS[args.bench_command]
+def run(args: argparse.Namespace, subcommands: dict[str, tuple[str, str]] = SUBCOMMANDS) -> int:
+    module_name, _ = subcommands[args.bench_command]
     return int(importlib.import_module(module_name).run(args) or 0)

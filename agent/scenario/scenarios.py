@@ -1,0 +1,133 @@
+"""The scenarios, as data: phases, SLO, the default configuration, what a sweep tries.
+
+Durations (phases, the policy's cooldown, verification and restore) are at production
+intervals; a run at `--time-scale F` multiplies each by F, as alerts/render.py does the
+rules'. Rates and lengths are not scaled: the engine serves at its own speed.
+
+The numbers are for the tiny model on a CPU (what CI has): a KV pool of 24 blocks of 16
+tokens (`--kv-cache-bytes=196608`), as tests/test_e2e_remediation.py sets up thrashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.engine.bench.slo_classes import SloClass
+from inferd.engine.config import validate_tunable
+
+from .workload import Phase
+
+POLICY_DURATIONS = ("cooldown_s", "verify_window_s", "restore_after_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    phases: tuple[Phase, ...]  # durations at production intervals
+    ttft_s: float  # a request meets its SLO when TTFT <= ttft_s and TPOT <= tpot_s
+    tpot_s: float
+    attainment_target: float  # the share of requests per interval that must meet the SLO
+    engine_args: tuple[str, ...]  # the default configuration (`inferd serve` options)
+    policy: Mapping[str, Any]  # the agent's remediation settings, durations at production intervals
+    sweep: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # knob -> values a best-static sweep tries
+    shift_phase: str | None = None  # recovery is measured from this phase's start
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.phases]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"scenario {self.name!r}: phases need distinct names, got {names}")
+        if self.shift_phase is not None and self.shift_phase not in names:
+            raise ValueError(f"scenario {self.name!r}: no phase {self.shift_phase!r}")
+        if not 0 < self.attainment_target <= 1:
+            raise ValueError(f"scenario {self.name!r}: attainment_target must be in (0, 1]")
+        for knob, values in self.sweep.items():
+            for value in values:
+                validate_tunable(knob, value)
+
+    @property
+    def slo(self) -> SloClass:
+        return SloClass(self.name, 1.0, ttft_s=self.ttft_s, tpot_s=self.tpot_s)
+
+    @property
+    def duration_s(self) -> float:
+        return sum(p.duration_s for p in self.phases)
+
+    def scaled_phases(self, time_scale: float) -> list[Phase]:
+        return [p.scaled(time_scale) for p in self.phases]
+
+    def scaled_policy(self, time_scale: float) -> dict[str, Any]:
+        policy = dict(self.policy)
+        for key in POLICY_DURATIONS:
+            if key in policy:
+                policy[key] = policy[key] * time_scale
+        return policy
+
+
+def engine_args_with(args: Sequence[str], settings: Mapping[str, Any]) -> list[str]:
+    """`args` with each setting (a tunable, checked against its bounds) as its
+    `--kebab-case=value` option, replacing the option where `args` has it."""
+    for knob, value in settings.items():
+        validate_tunable(knob, value)
+    flags = {f"--{knob.replace('_', '-')}": value for knob, value in settings.items()}
+    kept = [a for a in args if a.split("=", 1)[0] not in flags]
+    return kept + [f"{flag}={value}" for flag, value in flags.items()]
+
+
+# ---- the tiny model's node: a KV pool that 16 sequences of 64 tokens overrun ----------
+
+TINY_SMALL_POOL = (
+    "--kv-cache-bytes=196608",  # 24 blocks of 16 tokens
+    "--max-num-seqs=16",
+    "--served-model-name=tiny",
+    "--log-level=WARNING",
+)
+# The remediation settings of tests/test_e2e_remediation.py at production intervals
+# (x 1/30: cooldown 20 s, verification 6 s, restore 3 s): one step 16 -> 4.
+TINY_POLICY = {
+    "max_num_seqs": {"minimum": 1, "maximum": 64, "max_step": 12},
+    "step_fraction": 0.75,
+    "cooldown_s": 600,
+    "verify_window_s": 180,
+    "restore_after_s": 90,
+}
+TTFT_S, TPOT_S, TARGET = 2.0, 0.25, 0.9
+STEADY = Phase("steady", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16)
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            name="control",
+            description="30 minutes of steady load with noise (Poisson arrivals, prompt lengths drawn), "
+            "no fault: the agent must take no action and no alert may fire",
+            phases=(Phase("steady", 1800, rate=2.0, prompt_len=(8, 16), max_tokens=16),),
+            ttft_s=TTFT_S,
+            tpot_s=TPOT_S,
+            attainment_target=TARGET,
+            engine_args=TINY_SMALL_POOL,
+            policy=TINY_POLICY,
+            sweep={"max_num_seqs": (4, 8, 12, 16)},
+        ),
+        Scenario(
+            name="kv_thrash",
+            description="steady load, then a shift to long prompts and many sequences on a small KV pool "
+            "(the pool holds 6 of them, max_num_seqs lets 16 in), then back to steady",
+            phases=(
+                STEADY,
+                Phase("shift", 1500, rate=12.0, prompt_len=(16, 24), max_tokens=120),
+                Phase("recovery", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16),
+            ),
+            ttft_s=TTFT_S,
+            tpot_s=TPOT_S,
+            attainment_target=TARGET,
+            engine_args=TINY_SMALL_POOL,
+            policy=TINY_POLICY,
+            sweep={"max_num_seqs": (4, 8, 12, 16)},
+            shift_phase="shift",
+        ),
+    )
+}
