@@ -30,6 +30,16 @@ def admission(rate: float | None = 1000.0, **config) -> Admission:
     return Admission(AdmissionConfig(**config), predictor)
 
 
+def test_the_default_margin_refuses_past_the_target():
+    a = admission()
+    for _ in range(9):
+        a.enter(0, 10.0, 100, 1)  # 900 tokens ahead + 100: 1.0 s, just the target
+    assert a.check(INTERACTIVE, 0, 10.0, 100, 1).predicted_ttft_s == pytest.approx(1.0)
+    a.enter(0, 10.0, 100, 1)  # 1.1 s
+    with pytest.raises(ApiError):
+        a.check(INTERACTIVE, 0, 10.0, 100, 1)
+
+
 def test_below_saturation_nothing_is_shed():
     a = admission()
     for _ in range(5):
@@ -73,7 +83,7 @@ def test_only_what_the_scheduler_serves_first_counts_as_ahead():
 
 
 def test_the_wait_for_a_seat_counts_when_deadline_sequences_hold_every_seat_they_may():
-    a = admission()
+    a = admission(slo_admission_margin=1.0)
     a.predictor.seat_s = 4.0  # a finished request held its seat 4 s: 4 seats free one a second
     for _ in range(3):
         a.started(a.enter(0, 1.0, 100, 1))  # decoding deadline sequences

@@ -165,9 +165,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument(
         "--slo-admission-margin",
         type=float,
-        default=1.0,
+        default=0.0,
         help="refuse (429) a request whose predicted TTFT exceeds its class's target by more than this share of "
-        "it (default 1.0: past twice the target)",
+        "it (default 0: past the target; 1.0: past twice the target)",
     )
     slo.add_argument(
         "--max-num-queued-reqs",
@@ -223,7 +223,7 @@ def admission_from_args(args: argparse.Namespace) -> AdmissionConfig:
     """The admission settings; a ValueError naming the flag for a bad one."""
     try:
         return AdmissionConfig(
-            getattr(args, "slo_admission_margin", 1.0),
+            getattr(args, "slo_admission_margin", 0.0),
             getattr(args, "max_num_queued_reqs", 0),
             getattr(args, "max_num_queued_tokens", 0),
         )
