@@ -5,9 +5,9 @@
   takes no action, no alert fires, no request is lost, and the SLO attainment meets the
   scenario's own target;
 - kv_thrash: the shift overruns the KV pool; the agent acts at least once, the records
-  show max_num_seqs lowered from the default in force before, and the KV page-fault
-  rate of the shift after the change (past one verification window) below the rate
-  before it; no request is lost.
+  show max_num_seqs lowered from the default in force before, and the shift's KV
+  page-fault rate while the lowered value is in force below its rate under the default;
+  no request is lost.
 
 With INFERD_SCENARIO_OUT=DIR each run's JSON is also written there.
 """
@@ -75,20 +75,18 @@ def test_kv_thrash_with_the_agent_lowers_max_num_seqs_and_the_faults_fall(model,
     assert seen_before == {default}, seen_before
     assert min(seen_after) < default, seen_after
 
+    # The fault rate during the shift, by the max_num_seqs in force at both ends of an interval.
     shift = next(p for p in result["phases"] if p["name"] == scenario.shift_phase)
-    shift_end = shift["start_s"] + shift["duration_s"]
-    settled = acted + result["policy"]["verify_window_s"]
-    assert settled < shift_end, "the agent acted too late to judge the shift after it"
-
-    def faults_at(t: float) -> tuple[float, float]:
-        """(time, cumulative faults) of the last record at or before t."""
-        r = [r for r in records if r["t"] <= t and r["kv_page_faults"] is not None][-1]
-        return r["t"], r["kv_page_faults"]
-
-    t0, f0 = faults_at(shift["start_s"])
-    t1, f1 = faults_at(acted)
-    t2, f2 = faults_at(settled)
-    t3, f3 = faults_at(shift_end)
-    before, after = (f1 - f0) / (t1 - t0), (f3 - f2) / (t3 - t2)
-    assert before > 0, (before, after)
-    assert after < before, (before, after)
+    in_shift = [r for r in records if shift["start_s"] < r["t"] <= shift["start_s"] + shift["duration_s"]]
+    faults = {"default": [0.0, 0.0], "lowered": [0.0, 0.0]}  # faults, seconds
+    for before, after in zip(in_shift, in_shift[1:]):
+        if None in (before["tunables"], after["tunables"], before["kv_page_faults"], after["kv_page_faults"]):
+            continue
+        knob = {before["tunables"]["max_num_seqs"], after["tunables"]["max_num_seqs"]}
+        if len(knob) == 1 and after["kv_page_faults"] >= before["kv_page_faults"]:
+            kind = "default" if knob == {default} else "lowered"
+            faults[kind][0] += after["kv_page_faults"] - before["kv_page_faults"]
+            faults[kind][1] += after["t"] - before["t"]
+    rates = {kind: count / seconds if seconds else None for kind, (count, seconds) in faults.items()}
+    assert rates["default"] and rates["lowered"] is not None, rates
+    assert rates["lowered"] < rates["default"], rates

@@ -86,13 +86,14 @@ TINY_SMALL_POOL = (
     "--log-level=WARNING",
 )
 # The remediation settings of tests/test_e2e_remediation.py at production intervals
-# (x 1/30: cooldown 20 s, verification 6 s, restore 3 s): one step 16 -> 4.
+# (x 1/30: cooldown 20 s, verification 6 s), one step 16 -> 4, but the agent's default
+# restore_after_s (x 1/30: 20 s), so a lowered value outlasts a short lull in the faults.
 TINY_POLICY = {
     "max_num_seqs": {"minimum": 1, "maximum": 64, "max_step": 12},
     "step_fraction": 0.75,
     "cooldown_s": 600,
     "verify_window_s": 180,
-    "restore_after_s": 90,
+    "restore_after_s": 600,
 }
 TTFT_S, TPOT_S, TARGET = 2.0, 0.25, 0.9
 STEADY = Phase("steady", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16)
@@ -114,11 +115,12 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="kv_thrash",
-            description="steady load, then a shift to long prompts and many sequences on a small KV pool "
-            "(the pool holds 6 of them, max_num_seqs lets 16 in), then back to steady",
+            description="steady load, then a shift to many sequences of long replies on a small KV pool "
+            "(16 req/s of 140-token sequences: each grows to 9 of the pool's 24 blocks, max_num_seqs lets "
+            "16 in), then back to steady",
             phases=(
                 STEADY,
-                Phase("shift", 1500, rate=12.0, prompt_len=(16, 24), max_tokens=120),
+                Phase("shift", 1500, rate=16.0, prompt_len=(16, 24), max_tokens=120),
                 Phase("recovery", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16),
             ),
             ttft_s=TTFT_S,

@@ -87,7 +87,8 @@ def plan(phases: Sequence[Phase], seed: int) -> list[Planned]:
 
 def phase_starts(phases: Sequence[Phase]) -> dict[str, float]:
     """Each phase's start, seconds from the workload's start."""
-    starts, t = {}, 0.0
+    starts: dict[str, float] = {}
+    t = 0.0
     for phase in phases:
         starts.setdefault(phase.name, t)
         t += phase.duration_s
