@@ -43,7 +43,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inferd.agent.audit import AuditLog
 from inferd.agent.engine_client import EngineError
-from inferd.agent.remediation_rules import DEFAULT_RULES, Bounds, Facts, Plan, PolicyConfig, Rule, credit, judge  # noqa: F401 (re-exported)
+from inferd.agent.remediation_rules import (
+    DEFAULT_RULES,
+    Bounds,  # noqa: F401 (re-exported)
+    Facts,
+    Plan,
+    PolicyConfig,
+    Rule,
+    credit,
+    guarded,
+    judge,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +146,7 @@ class Verification:
     fingerprint: str = ""
     demand: float | None = None
     noise: float | None = None  # the target's standard deviation over the window before the step
+    guard: float | None = None  # the guard (output tokens/s) before the step
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -146,6 +157,7 @@ class Verification:
             "reversible": self.reversible,
             "demand": self.demand,
             "noise": self.noise,
+            "guard": self.guard,
         }
 
 
@@ -292,7 +304,7 @@ class RemediationPolicy:
             self._end_episode(alert.fingerprint, plan["result"])
             return plan
         query = self._target_query(rule, alert)
-        baseline = demand = noise = None
+        baseline = demand = noise = guard = None
         if query and self.metrics:
             answer = self._query(query)
             if answer == []:  # Prometheus has no value: the condition is gone or unmeasured, nothing to verify by
@@ -305,6 +317,7 @@ class RemediationPolicy:
                 baseline = max(answer)
                 demand = self.metrics.value(self.config.demand_query.format(engine=self.config.engine_selector))
                 noise = self.metrics.value(f"stddev_over_time(({query})[{self._window()}:])")
+                guard = self._guard_value()
         if self.config.dry_run:
             self._last_applied[rule.action] = now
             return self._decide(alert, rule, plan.action, "dry_run", old=plan.old, new=plan.new, baseline=baseline)
@@ -364,6 +377,7 @@ class RemediationPolicy:
                 alert.fingerprint,
                 demand,
                 noise,
+                guard,
             )
             self._verifying[action_id] = verification
         self.audit.append(
@@ -552,6 +566,13 @@ class RemediationPolicy:
             waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),
         )
 
+    def _guard_value(self) -> float | None:
+        if not self.metrics or not self.config.guard_query:
+            return None
+        return self.metrics.value(
+            self.config.guard_query.format(engine=self.config.engine_selector, window=self._window())
+        )
+
     def _selector(self, alert: Alert) -> str:
         sel = ",".join(f'{k}="{alert.labels[k]}"' for k in ("job", "instance") if alert.labels.get(k))
         return sel or self.config.engine_selector  # an empty selector is not valid PromQL
@@ -644,17 +665,27 @@ class RemediationPolicy:
             if self.metrics
             else None
         )
-        outcome = credit(
-            judge(v.baseline, after, v.better, self.config.worse_tolerance, v.noise),
+        guard = self._guard_value() if v.plan.kind == "config" else None
+        outcome = guarded(
+            credit(
+                judge(v.baseline, after, v.better, self.config.worse_tolerance, v.noise),
+                v.demand,
+                demand,
+                self.config.demand_drop_tolerance,
+            ),
+            v.guard,
+            guard,
             v.demand,
             demand,
+            self.config.guard_tolerance,
             self.config.demand_drop_tolerance,
         )
         del self._verifying[v.action_id]
         # No value after a change (Prometheus answered, empty) is no evidence it helped: roll it
         # back. A Prometheus that did not answer leaves the change as it is.
         unproven = outcome == "no_data" and answer == []
-        roll_back = (outcome == "worse" or unproven) and v.reversible and v.plan.kind == "config"
+        worse = outcome in ("worse", "worse_guard")
+        roll_back = (worse or unproven) and v.reversible and v.plan.kind == "config"
         self.audit.append(
             "verified",
             id=v.action_id,
@@ -665,6 +696,8 @@ class RemediationPolicy:
             after=after,
             demand_before=v.demand,
             demand_after=demand,
+            guard_before=v.guard,
+            guard_after=guard,
             outcome=outcome,
             decision="rolled_back" if roll_back else "kept",
         )
@@ -915,6 +948,7 @@ class RemediationPolicy:
                 fingerprint,
                 verify.get("demand"),
                 verify.get("noise"),
+                verify.get("guard"),
             )
 
 

@@ -78,6 +78,13 @@ class PolicyConfig:
     """The demand on the engine (requests running + waiting), read with each baseline and after."""
     demand_drop_tolerance: float = 0.25
     """An improvement seen while the demand fell by more than this share is not credited."""
+    guard_query: str = "sum(rate(vllm:generation_tokens_total{{{engine}}}[{window}]))"
+    """What a config step must not cost: the engine's output tokens/s, read with each baseline
+    and after. A step that fixes its target by serving much less (max_num_seqs lowered to 1
+    ends KV thrashing and most of the throughput) is rolled back. Empty: no guard."""
+    guard_tolerance: float = 0.25
+    """The guard counts as worse when it fell by more than this share while the demand did not
+    fall by more than demand_drop_tolerance."""
     dry_run: bool = False
 
     def __post_init__(self) -> None:
@@ -95,7 +102,14 @@ class PolicyConfig:
             or self.max_episode_steps < 1
         ):
             raise ValueError(f"max_episode_steps must be an integer >= 1, got {self.max_episode_steps!r}")
-        for name in ("cooldown_s", "verify_window_s", "restore_after_s", "worse_tolerance", "demand_drop_tolerance"):
+        for name in (
+            "cooldown_s",
+            "verify_window_s",
+            "restore_after_s",
+            "worse_tolerance",
+            "demand_drop_tolerance",
+            "guard_tolerance",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -300,6 +314,25 @@ def judge(
     if change < -margin:
         return "improved"
     return "unchanged"
+
+
+def guarded(
+    outcome: str,
+    guard_before: float | None,
+    guard_after: float | None,
+    demand_before: float | None,
+    demand_after: float | None,
+    guard_tolerance: float,
+    demand_tolerance: float,
+) -> str:
+    """`outcome`, or worse_guard when the guard (higher is better: output tokens/s) fell by
+    more than `guard_tolerance` while the demand held (fell by no more than
+    `demand_tolerance`): the step cost more than it fixed. No guard reading changes nothing."""
+    if outcome in ("worse", "no_data") or guard_before is None or guard_after is None or guard_before <= 0:
+        return outcome
+    if demand_before is not None and demand_after is not None and demand_after < (1 - demand_tolerance) * demand_before:
+        return outcome  # less to serve: serving less is no verdict on the step
+    return "worse_guard" if guard_after < (1 - guard_tolerance) * guard_before else outcome
 
 
 def credit(outcome: str, demand_before: float | None, demand_after: float | None, tolerance: float) -> str:

@@ -244,6 +244,31 @@ def test_verification_that_sees_improvement_keeps_the_change(engine, prom, audit
     assert (verified["outcome"], verified["decision"]) == ("improved", "kept")
 
 
+@pytest.mark.parametrize(
+    "generation, demand, outcome, decision",
+    [
+        ([100.0, 20.0], [40.0, 40.0], "worse_guard", "rolled_back"),  # faults gone, and most of the throughput
+        ([100.0, 90.0], [40.0, 40.0], "improved", "kept"),  # throughput within the guard's tolerance
+        ([100.0, 20.0], [40.0, 10.0], "demand_fell", "kept"),  # the load went away: serving less is no verdict
+    ],
+)
+def test_a_step_that_fixes_its_target_by_serving_much_less_is_rolled_back(
+    engine, prom, audit_path, clock, generation, demand, outcome, decision
+):
+    prom.series["inferd_kv_page_faults_total"] = [10.0, 1.0]
+    prom.series["generation_tokens_total"] = list(generation)
+    prom.series["num_requests_running"] = list(demand)
+    policy = make_policy(engine, prom, audit_path, clock)
+    policy.handle(firing())
+    assert engine.config["max_num_seqs"] == 48
+    clock.advance(60)
+    policy.tick()
+    verified = next(json.loads(line) for line in audit_path.read_text().splitlines() if '"verified"' in line)
+    assert (verified["outcome"], verified["decision"]) == (outcome, decision)
+    assert (verified["guard_before"], verified["guard_after"]) == tuple(generation)
+    assert engine.config["max_num_seqs"] == (64 if decision == "rolled_back" else 48)
+
+
 def test_cold_kv_once_max_num_seqs_is_at_its_minimum_then_at_limit(audit_path, prom, clock):
     engine = FakeEngine(TOKEN, audit_path, max_num_seqs=4)
     try:
