@@ -12,7 +12,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     **engine_bench.SUBCOMMANDS,
     "scenario": (
         "inferd.agent.scenario.run",
-        "the closed loop under a scripted workload, one way (default, best static, agent): SLO attainment timeline",
+        "the closed loop under a scripted workload, one way or (--ways all) default, best static and agent: "
+        "SLO attainment timeline, summary table, targets",
     ),
 }
 

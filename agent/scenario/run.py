@@ -23,6 +23,11 @@ Ways: `default` is the scenario's engine arguments with the agent in --dry-run (
 stack, every decision recorded, nothing acted on); `static` is the same with `--set
 KNOB=VALUE` options (one point of a best-static sweep); `agent` acts. Every duration
 measured is wall time at the run's time scale; nothing here converts it to production.
+A timeline PNG is written beside the JSON (agent/scenario/timeline_plot.py).
+
+`--ways all` runs each scenario named every way into the folder `--out`: the default,
+its whole sweep, the agent, then the summary table and the target checks
+(agent/scenario/ways.py).
 """
 
 from __future__ import annotations
@@ -74,13 +79,29 @@ def parse_setting(text: str) -> tuple[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("scenario", choices=sorted(SCENARIOS), help="the scenario (agent/scenario/scenarios.py)")
+    parser.add_argument(
+        "scenario",
+        nargs="+",
+        choices=sorted(SCENARIOS),
+        help="the scenario (agent/scenario/scenarios.py); several with --ways all",
+    )
     parser.add_argument(
         "--way",
         choices=WAYS,
-        default="agent",
-        help="default: the default configuration, agent in dry run; static: the default with --set; agent: acting",
+        help="default: the default configuration, agent in dry run; static: the default with --set; "
+        "agent: acting (the default)",
     )
+    parser.add_argument(
+        "--ways",
+        choices=("all",),
+        help="all: the default, every point of the scenario's sweep and the agent, same seed; --out is a folder "
+        "that gets each run's JSON, timelines, ways.json and summary.md",
+    )
+    parser.add_argument("--resume", action="store_true", help="with --ways all: reuse matching run JSONs in --out")
+    parser.add_argument(
+        "--check", action="store_true", help="with --ways all: exit 1 when a scenario misses one of its targets"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="write no timeline PNG")
     parser.add_argument(
         "--set",
         dest="settings",
@@ -102,21 +123,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--run-dir", type=Path, help="configs, logs and data of the stack (default: a folder beside --out)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the JSON file to write (with --ways all: the folder to write into)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request and per collector call is noise
-    scenario = SCENARIOS[args.scenario]
     try:
-        settings = check_way(args.way, dict(args.settings))
+        if args.ways == "all":
+            if args.way or args.settings:
+                raise ValueError("--ways all runs every way: no --way or --set with it")
+            from . import ways
+
+            return ways.run(args)
+        if len(args.scenario) != 1:
+            raise ValueError("one scenario per run, or several with --ways all")
+        way = args.way or "agent"
+        settings = check_way(way, dict(args.settings))
     except ValueError as exc:
         print(f"inferd bench scenario: {exc}", file=sys.stderr)
         return 2
+    scenario = SCENARIOS[args.scenario[0]]
     run_dir = args.run_dir or args.out.with_suffix("").with_name(args.out.stem + "-run")
     result = run_scenario(
         scenario,
-        args.way,
+        way,
         settings,
         time_scale=args.time_scale,
         run_dir=run_dir,
@@ -126,9 +158,13 @@ def run(args: argparse.Namespace) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if not args.no_plot:
+        from .timeline_plot import plot
+
+        plot([result], args.out.with_suffix(".png"), [way])
     s = result["summary"]
     print(
-        f"{scenario.name} {args.way}: attainment {_fmt(s['attainment'])}, goodput {_fmt(s['goodput_rps'])} req/s, "
+        f"{scenario.name} {way}: attainment {_fmt(s['attainment'])}, goodput {_fmt(s['goodput_rps'])} req/s, "
         f"{s['requests']} requests, {s['lost']} lost, {s['actions']} actions, alerts {s['alerts_fired'] or 'none'}, "
         f"recovery {_fmt(s['recovery_s'])} s -> {args.out}"
     )
