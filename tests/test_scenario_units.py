@@ -259,3 +259,42 @@ def test_every_scenario_scales_its_policy_durations():
         assert policy["cooldown_s"] == pytest.approx(scenario.policy["cooldown_s"] / 30)
         assert policy["step_fraction"] == scenario.policy["step_fraction"]
     assert SCENARIOS["kv_thrash"].shift_phase == "shift" and SCENARIOS["control"].shift_phase is None
+
+
+def test_faults_are_checked_and_injected_as_their_phase_starts():
+    from dataclasses import replace
+
+    from inferd.agent.scenario.run import inject_faults
+    from inferd.agent.scenario.scenarios import Fault
+
+    with pytest.raises(ValueError, match="fault kind"):
+        Fault("meteor", "shift")
+    with pytest.raises(ValueError, match="no phase 'later'"):
+        replace(SCENARIOS["fastpath_fault"], faults=(Fault("fastpath", "later"),))
+
+    posted: list[tuple[float, dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted.append((time.monotonic(), {"path": request.url.path, "body": request.content.decode()}))
+        return httpx.Response(200, json={"injected": "fastpath"})
+
+    class FakeStack:
+        admin_headers = {"Authorization": "Bearer t"}
+
+        @staticmethod
+        def url(name: str) -> str:
+            return "http://engine.test"
+
+    phases = [Phase("steady", 0.2, 1.0, (1, 2), 1), Phase("shift", 0.2, 1.0, (1, 2), 1)]
+
+    async def main() -> float:
+        started = time.monotonic()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            await inject_faults(FakeStack(), http, (Fault("fastpath", "shift"),), phases, started)  # type: ignore[arg-type]
+        return started
+
+    started = asyncio.run(main())
+    assert len(posted) == 1
+    at, request = posted[0]
+    assert request == {"path": "/admin/fault", "body": '{"kind":"fastpath"}'}
+    assert at - started >= 0.2  # not before the shift phase starts

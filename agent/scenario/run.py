@@ -41,6 +41,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,9 +51,11 @@ import httpx
 import yaml
 
 from .recorder import Endpoints, Recorder, wall_clock
-from .scenarios import SCENARIOS, Scenario, engine_args_with
-from .stack import ROOT, SERVED_MODEL, Stack, make_tiny_model
+from .scenarios import SCENARIOS, Fault, Scenario, engine_args_with
+from .stack import ROOT, SERVED_MODEL, Stack, make_preset_model
 from .workload import Attainment, Phase, Sent, Workload, client, phase_starts, plan
+
+log = logging.getLogger(__name__)
 
 WAYS = ("default", "agent", "static")
 PRODUCTION_INTERVAL_S = 10.0  # one record every 10 s at production intervals
@@ -203,7 +206,7 @@ def run_scenario(
     seed = scenario.seed if seed is None else seed
     phases = scenario.scaled_phases(time_scale)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model = model or make_tiny_model(run_dir / "tiny")
+    model = model or make_preset_model(run_dir / scenario.model_preset, scenario.model_preset)
     shutil.rmtree(run_dir / "stack", ignore_errors=True)  # an old audit log would be replayed by the agent
     stack = Stack(
         run_dir / "stack",
@@ -255,12 +258,27 @@ async def drive(
     stop = asyncio.Event()
     async with client() as requests, httpx.AsyncClient(timeout=10) as collectors:
         recording = asyncio.create_task(recorder.run(collectors, stop))
+        faults = asyncio.create_task(inject_faults(stack, collectors, scenario.faults, phases, started))
         try:
             sent = await workload.run(requests, started)
         finally:
             stop.set()
             records = await recording
+            faults.cancel()
     return sent, records
+
+
+async def inject_faults(
+    stack: Stack, http: httpx.AsyncClient, faults: Sequence[Fault], phases: Sequence[Phase], started: float
+) -> None:
+    """Each fault as its phase starts (the engine logs it and the recorder sees its effect)."""
+    starts = phase_starts(phases)
+    for fault in sorted(faults, key=lambda f: starts[f.phase]):
+        await asyncio.sleep(max(0.0, starts[fault.phase] - (time.monotonic() - started)))
+        response = await http.post(
+            f"{stack.url('engine')}/admin/fault", json={"kind": fault.kind}, headers=stack.admin_headers
+        )
+        log.info("injected %s fault at %s: HTTP %d", fault.kind, fault.phase, response.status_code)
 
 
 def phases_out(phases: Sequence[Phase]) -> list[dict[str, Any]]:

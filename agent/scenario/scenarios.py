@@ -20,6 +20,19 @@ from inferd.engine.config import validate_tunable
 from .workload import Phase
 
 POLICY_DURATIONS = ("cooldown_s", "verify_window_s", "restore_after_s")
+# fastpath: POST /admin/fault, a fast-path failure as the engine's own checks would report
+# one (the engine needs --enable-fault-injection).
+FAULT_KINDS = ("fastpath",)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    phase: str  # injected as this phase starts
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}; got {self.kind!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +48,16 @@ class Scenario:
     sweep: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # knob -> values a best-static sweep tries
     shift_phase: str | None = None  # recovery is measured from this phase's start
     seed: int = 0
+    model_preset: str = "tiny"  # the make-model preset the engine serves (random weights)
+    faults: tuple[Fault, ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.phases]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"scenario {self.name!r}: phases need distinct names, got {names}")
-        if self.shift_phase is not None and self.shift_phase not in names:
-            raise ValueError(f"scenario {self.name!r}: no phase {self.shift_phase!r}")
+        for phase in [self.shift_phase, *(f.phase for f in self.faults)]:
+            if phase is not None and phase not in names:
+                raise ValueError(f"scenario {self.name!r}: no phase {phase!r}")
         if not 0 < self.attainment_target <= 1:
             raise ValueError(f"scenario {self.name!r}: attainment_target must be in (0, 1]")
         for knob, values in self.sweep.items():
@@ -98,6 +114,55 @@ TINY_POLICY = {
 TTFT_S, TPOT_S, TARGET = 2.0, 0.25, 0.9
 STEADY = Phase("steady", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16)
 
+# A node tuned for short prompts: prefill chunks of 256 tokens keep decode steps short,
+# until long prompts arrive and each waits several steps for its prefill. The KV pool
+# is the CPU default (256 MiB), so the queue is not KV-bound and the TTFT rule raises
+# max_num_batched_tokens rather than turning cold KV on.
+TINY_SHORT_CHUNKS = (
+    "--max-num-batched-tokens=256",
+    "--max-num-seqs=16",
+    "--served-model-name=tiny",
+    "--log-level=WARNING",
+)
+TTFT_POLICY = {
+    "max_num_batched_tokens": {"minimum": 256, "maximum": 4096, "max_step": 1024},
+    "step_fraction": 0.75,
+    "cooldown_s": 600,
+    "verify_window_s": 180,
+    "restore_after_s": 600,
+}
+
+# Steady load whose engine has fault injection on: a fast-path failure is injected as the
+# "shift" phase starts, with nothing else changing.
+TINY_FAULTABLE = ("--max-num-seqs=16", "--served-model-name=tiny", "--enable-fault-injection", "--log-level=WARNING")
+RECOVERY = Phase("recovery", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16)
+
+
+def shifted(
+    name: str,
+    description: str,
+    shift: Phase,
+    engine_args: tuple[str, ...],
+    policy: Mapping[str, Any],
+    sweep: Mapping[str, tuple[Any, ...]],
+    faults: tuple[Fault, ...] = (),
+) -> Scenario:
+    """Steady load, `shift`, then steady again; recovery measured from the shift."""
+    return Scenario(
+        name=name,
+        description=description,
+        phases=(STEADY, shift, RECOVERY),
+        ttft_s=TTFT_S,
+        tpot_s=TPOT_S,
+        attainment_target=TARGET,
+        engine_args=engine_args,
+        policy=policy,
+        sweep=sweep,
+        shift_phase="shift",
+        faults=faults,
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -113,23 +178,34 @@ SCENARIOS: dict[str, Scenario] = {
             policy=TINY_POLICY,
             sweep={"max_num_seqs": (4, 8, 12, 16)},
         ),
-        Scenario(
-            name="kv_thrash",
-            description="steady load, then a shift to many sequences of long replies on a small KV pool "
+        shifted(
+            "kv_thrash",
+            "steady load, then a shift to many sequences of long replies on a small KV pool "
             "(16 req/s of 140-token sequences: each grows to 9 of the pool's 24 blocks, max_num_seqs lets "
             "16 in), then back to steady",
-            phases=(
-                STEADY,
-                Phase("shift", 1500, rate=16.0, prompt_len=(16, 24), max_tokens=120),
-                Phase("recovery", 600, rate=2.0, prompt_len=(8, 16), max_tokens=16),
-            ),
-            ttft_s=TTFT_S,
-            tpot_s=TPOT_S,
-            attainment_target=TARGET,
-            engine_args=TINY_SMALL_POOL,
-            policy=TINY_POLICY,
-            sweep={"max_num_seqs": (4, 8, 12, 16)},
-            shift_phase="shift",
+            Phase("shift", 1500, rate=16.0, prompt_len=(16, 24), max_tokens=120),
+            TINY_SMALL_POOL,
+            TINY_POLICY,
+            {"max_num_seqs": (4, 8, 12, 16)},
+        ),
+        shifted(
+            "ttft_long_prompts",
+            "steady short prompts, then a shift to long prompts (1,200-1,600 tokens) on an engine "
+            "whose prefill chunks are 256 tokens, then back to steady",
+            Phase("shift", 1500, rate=3.0, prompt_len=(1200, 1600), max_tokens=16),
+            TINY_SHORT_CHUNKS,
+            TTFT_POLICY,
+            {"max_num_batched_tokens": (256, 512, 1024, 2048)},
+        ),
+        shifted(
+            "fastpath_fault",
+            "steady load; a fast-path failure injected as the shift phase starts (the load unchanged): the "
+            "agent switches the engine to its fallback path and back to fast once the alert has resolved",
+            Phase("shift", 900, rate=2.0, prompt_len=(8, 16), max_tokens=16),
+            TINY_FAULTABLE,
+            TINY_POLICY,
+            {"mode": ("fast", "fallback")},
+            faults=(Fault("fastpath", "shift"),),
         ),
     )
 }

@@ -77,16 +77,21 @@ def wait_for(
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_exc})\n{logs}")
 
 
-def make_tiny_model(out: Path) -> Path:
-    """A random tiny checkpoint (`inferd make-model --preset tiny`), unless `out` has one."""
+def make_preset_model(out: Path, preset: str = "tiny") -> Path:
+    """A random checkpoint of a make-model preset (`inferd make-model --preset P`), unless
+    `out` has one."""
     if not (out / "config.json").exists():
         subprocess.run(
-            [PY, "-m", "inferd.agent.cli", "make-model", str(out), "--preset", "tiny"],
+            [PY, "-m", "inferd.agent.cli", "make-model", str(out), "--preset", preset],
             check=True,
             cwd=ROOT,
             capture_output=True,
         )
     return out
+
+
+def make_tiny_model(out: Path) -> Path:
+    return make_preset_model(out, "tiny")
 
 
 def scrape_interval(time_scale: float) -> float:

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from .scenarios import SCENARIOS, Scenario
-from .stack import make_tiny_model
+from .stack import make_preset_model
 from .summary_table import Point, markdown, scenario_summary
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def run_ways(
         raise ValueError(f"scenario {scenario.name!r} declares no sweep: no best static configuration to find")
     seed = scenario.seed if seed is None else seed
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = model or make_tiny_model(out_dir / "run" / "tiny")
+    model = model or make_preset_model(out_dir / "run" / scenario.model_preset, scenario.model_preset)
 
     def one(way: str, settings: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         name = run_name(scenario.name, way, settings)
