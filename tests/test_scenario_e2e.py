@@ -70,8 +70,10 @@ def test_kv_thrash_with_the_agent_lowers_max_num_seqs_and_the_faults_fall(model,
 
     default = int(next(a.split("=")[1] for a in result["engine_args"] if a.startswith("--max-num-seqs=")))
     acted = s["first_action_s"]
-    seen_before = {r["tunables"]["max_num_seqs"] for r in records if r["t"] < acted and r["tunables"]}
-    seen_after = {r["tunables"]["max_num_seqs"] for r in records if r["t"] > acted and r["tunables"]}
+    # A record's collectors run after its time stamp: one interval's slack either side of the action.
+    slack = result["interval_s"]
+    seen_before = {r["tunables"]["max_num_seqs"] for r in records if r["t"] < acted - slack and r["tunables"]}
+    seen_after = {r["tunables"]["max_num_seqs"] for r in records if r["t"] > acted + slack and r["tunables"]}
     assert seen_before == {default}, seen_before
     assert min(seen_after) < default, seen_after
 
