@@ -287,3 +287,13 @@ def test_the_timeline_png_is_written(tmp_path):
     path = tmp_path / "kv_thrash.png"
     plot([default, best, agent], path, ["default", "best static", "agent"])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_a_knob_with_named_values_is_drawn_by_index():
+    from inferd.agent.scenario.timeline_plot import knob_series
+
+    records = [{"tunables": {"mode": "fast"}}, {"tunables": None}, {"tunables": {"mode": "fallback"}}]
+    values, label = knob_series(records, "mode")
+    assert values[0] == 1.0 and values[2] == 0.0 and values[1] != values[1]  # NaN where nothing was read
+    assert label == "mode (0: fallback, 1: fast)"
+    assert knob_series([{"tunables": {"max_num_seqs": 8}}], "max_num_seqs") == ([8.0], "max_num_seqs")

@@ -32,6 +32,18 @@ def _num(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
+def knob_series(records: Sequence[Mapping[str, Any]], knob: str) -> tuple[list[float], str]:
+    """A knob's value per record and its legend label; a knob with named values (mode,
+    preemption_mode, kv_cold_dtype) is drawn as each value's index, the label saying which."""
+    raw = [(r.get("tunables") or {}).get(knob) for r in records]
+    names = sorted({v for v in raw if isinstance(v, str)})
+    if not names:
+        return [_num(v) for v in raw], knob
+    index = {name: float(i) for i, name in enumerate(names)}
+    values = [index[v] if isinstance(v, str) else float("nan") for v in raw]
+    return values, f"{knob} ({', '.join(f'{i}: {name}' for i, name in enumerate(names))})"
+
+
 def _steps(records: Sequence[Mapping[str, Any]], values: Sequence[float]) -> tuple[list[float], list[float]]:
     """x and y for `step(where="pre")`: each value holds over its record's interval."""
     if not records:
@@ -159,9 +171,9 @@ def plot(runs: Sequence[Mapping[str, Any]], path: Path, titles: Sequence[str] | 
         attainment.set_ylim(-0.03, 1.03)
 
         for knob in knob_names:
-            values = [_num((r.get("tunables") or {}).get(knob)) for r in records]
+            values, label = knob_series(records, knob)
             xs, ys = _steps(records, values)
-            knob_ax.step(xs, ys, where="pre", label=knob)
+            knob_ax.step(xs, ys, where="pre", label=label)
 
         for i, name in enumerate(rows[:-1]):
             for start, width, state in alert_spans(records).get(name, []):

@@ -18,6 +18,7 @@ already in DIR when its scenario, way, settings, seed and time scale match.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from inferd.engine.config import EngineConfig
 
 from .scenarios import SCENARIOS, Scenario
 from .stack import make_preset_model
@@ -42,10 +45,11 @@ def sweep_points(scenario: Scenario) -> list[dict[str, Any]]:
 
 
 def default_values(scenario: Scenario) -> dict[str, Any]:
-    """The sweep's knobs as the default configuration sets them (`--knob=value` among its
-    engine arguments); a knob it leaves to the engine's own default is absent."""
+    """The sweep's knobs as the default configuration sets them: `--knob=value` among its
+    engine arguments, else the engine's own default (EngineConfig's)."""
+    engine_defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     flags = {f"--{knob.replace('_', '-')}": knob for knob in scenario.sweep}
-    out = {}
+    out = {knob: engine_defaults[knob] for knob in scenario.sweep if knob in engine_defaults}
     for arg in scenario.engine_args:
         flag, sep, value = arg.partition("=")
         if sep and flag in flags:
