@@ -168,6 +168,39 @@ def partial_call_object(text: str, i: int, argument_keys: tuple[str, ...]) -> tu
     return PartialCall(name, text[start:], False), len(text)
 
 
+def parse_call_list(text: str, i: int, argument_keys: tuple[str, ...]) -> tuple[list[ToolCall], str]:
+    """The call objects of a JSON array whose "[" is at text[i], and the text after its "]";
+    ValueError when it is not one."""
+    calls: list[ToolCall] = []
+    i = skip_ws(text, i + 1)
+    while True:
+        call, i = parse_call_object(text, i, argument_keys)
+        calls.append(call)
+        i = skip_ws(text, i)
+        if text.startswith(",", i):
+            i = skip_ws(text, i + 1)
+        elif text.startswith("]", i):
+            return calls, text[i + 1 :]
+        else:
+            raise ValueError("expected ',' or ']'")
+
+
+def partial_call_list(text: str, i: int, argument_keys: tuple[str, ...]) -> list[PartialCall]:
+    """The calls of a JSON array whose "[" is at text[i], as far as they are written."""
+    calls: list[PartialCall] = []
+    i = skip_ws(text, i + 1)
+    while True:
+        found = partial_call_object(text, i, argument_keys)
+        if found is None:
+            return calls
+        partial, i = found
+        calls.append(partial)
+        i = skip_ws(text, i)
+        if not partial.is_complete or not text.startswith(",", i):
+            return calls
+        i = skip_ws(text, i + 1)
+
+
 def hoist_defs(parameters: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The tools' parameters schemas without their `$defs`, and those definitions joined:
     nested inside a call's schema, a `#/$defs/...` reference must find them at the root.

@@ -26,8 +26,8 @@ from .base import (
     ToolParser,
     hoist_defs,
     open_value_end,
-    parse_call_object,
-    partial_call_object,
+    parse_call_list,
+    partial_call_list,
     skip_ws,
 )
 
@@ -49,35 +49,13 @@ class JsonArrayToolParser(ToolParser):
         return not text.strip()
 
     def parse_section(self, section: str) -> tuple[list[ToolCall], str] | None:
-        calls: list[ToolCall] = []
-        i = skip_ws(section, 1)
-        while True:
-            try:
-                call, i = parse_call_object(section, i, ARGUMENT_KEYS)
-            except ValueError:
-                return None
-            calls.append(call)
-            i = skip_ws(section, i)
-            if section.startswith(",", i):
-                i = skip_ws(section, i + 1)
-            elif section.startswith("]", i):
-                return calls, section[i + 1 :]
-            else:
-                return None
+        try:
+            return parse_call_list(section, 0, ARGUMENT_KEYS)
+        except ValueError:
+            return None
 
     def partial_section(self, section: str) -> list[PartialCall]:
-        calls: list[PartialCall] = []
-        i = skip_ws(section, 1)
-        while True:
-            found = partial_call_object(section, i, ARGUMENT_KEYS)
-            if found is None:
-                return calls
-            partial, i = found
-            calls.append(partial)
-            i = skip_ws(section, i)
-            if not partial.is_complete or not section.startswith(",", i):
-                return calls
-            i = skip_ws(section, i + 1)
+        return partial_call_list(section, 0, ARGUMENT_KEYS)
 
     def forced_schema(self, tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
         parameters, defs = hoist_defs([t["function"].get("parameters") or NO_PARAMETERS for t in tools])

@@ -13,7 +13,17 @@ from __future__ import annotations
 import json
 import re
 
-from .base import PartialCall, ToolCall, ToolParser, open_value_end, parse_call_object, partial_call_object, skip_ws
+from .base import (
+    PartialCall,
+    ToolCall,
+    ToolParser,
+    open_value_end,
+    parse_call_list,
+    parse_call_object,
+    partial_call_list,
+    partial_call_object,
+    skip_ws,
+)
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -35,28 +45,13 @@ class MistralToolParser(ToolParser):
         i = skip_ws(section, len(TOOL_CALLS))
         try:
             if section.startswith("[", i):
-                return self._parse_list(section, i)
+                return parse_call_list(section, i, ARGUMENT_KEYS)
             if section.startswith("{", i):
                 call, end = parse_call_object(section, i, ARGUMENT_KEYS)
                 return [call], section[end:]
             return self._parse_named(section)
         except ValueError:
             return None
-
-    @staticmethod
-    def _parse_list(section: str, i: int) -> tuple[list[ToolCall], str]:
-        calls: list[ToolCall] = []
-        i = skip_ws(section, i + 1)
-        while True:
-            call, i = parse_call_object(section, i, ARGUMENT_KEYS)
-            calls.append(call)
-            i = skip_ws(section, i)
-            if section.startswith(",", i):
-                i = skip_ws(section, i + 1)
-            elif section.startswith("]", i):
-                return calls, section[i + 1 :]
-            else:
-                raise ValueError("expected ',' or ']'")
 
     @staticmethod
     def _parse_named(section: str) -> tuple[list[ToolCall], str]:
@@ -81,18 +76,7 @@ class MistralToolParser(ToolParser):
             return [found[0]] if found else []
         if not section.startswith("[", i):
             return self._partial_named(section)
-        calls: list[PartialCall] = []
-        i = skip_ws(section, i + 1)
-        while True:
-            found = partial_call_object(section, i, ARGUMENT_KEYS)
-            if found is None:
-                return calls
-            partial, i = found
-            calls.append(partial)
-            i = skip_ws(section, i)
-            if not partial.is_complete or not section.startswith(",", i):
-                return calls
-            i = skip_ws(section, i + 1)
+        return partial_call_list(section, i, ARGUMENT_KEYS)
 
     @staticmethod
     def _partial_named(section: str) -> list[PartialCall]:
