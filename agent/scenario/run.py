@@ -122,6 +122,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--interval-s", type=float, help="seconds between records (default: 10 x the time scale)")
     parser.add_argument("--seed", type=int, help="the workload's seed (default: the scenario's)")
+    parser.add_argument(
+        "--shift-rate",
+        type=float,
+        metavar="R",
+        help="offer the scenario's shift phase at R req/s instead of its own rate (recorded in the JSON's phases)",
+    )
     parser.add_argument("--model", type=Path, help="the engine's checkpoint (default: a tiny one under --run-dir)")
     parser.add_argument(
         "--run-dir", type=Path, help="configs, logs and data of the stack (default: a folder beside --out)"
@@ -144,10 +150,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("one scenario per run, or several with --ways all")
         way = args.way or "agent"
         settings = check_way(way, dict(args.settings))
+        from .ways import with_shift_rate
+
+        scenario = with_shift_rate(SCENARIOS[args.scenario[0]], args.shift_rate)
     except ValueError as exc:
         print(f"inferd bench scenario: {exc}", file=sys.stderr)
         return 2
-    scenario = SCENARIOS[args.scenario[0]]
     run_dir = args.run_dir or args.out.with_suffix("").with_name(args.out.stem + "-run")
     result = run_scenario(
         scenario,

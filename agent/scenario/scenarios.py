@@ -209,3 +209,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
     )
 }
+
+# The GPU scenarios (8B shape: agent/scenario/gpu_scenarios.py) add themselves to SCENARIOS
+# when imported; imported last, as that module imports this one.
+from . import gpu_scenarios  # noqa: E402, F401

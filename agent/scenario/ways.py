@@ -72,7 +72,21 @@ def _matches(
         and run.get("settings") == dict(settings)
         and run.get("seed") == seed
         and math.isclose(run.get("time_scale", -1.0), scale)
+        and [p.get("rate") for p in run.get("phases") or []] == [p.rate for p in scenario.phases]  # --shift-rate
     )
+
+
+def with_shift_rate(scenario: Scenario, rate: float | None) -> Scenario:
+    """`scenario` with its shift phase offered at `rate` req/s (`--shift-rate`; None:
+    unchanged). A ValueError when it has no shift phase or the rate is not a positive number."""
+    if rate is None:
+        return scenario
+    if not 0 < rate < math.inf:
+        raise ValueError(f"--shift-rate must be a positive number of requests per second, got {rate!r}")
+    if scenario.shift_phase is None:
+        raise ValueError(f"scenario {scenario.name!r} has no shift phase: --shift-rate does not apply to it")
+    phases = tuple(dataclasses.replace(p, rate=rate) if p.name == scenario.shift_phase else p for p in scenario.phases)
+    return dataclasses.replace(scenario, phases=phases)
 
 
 def run_ways(
@@ -85,10 +99,13 @@ def run_ways(
     seed: int | None = None,
     resume: bool = False,
     plot: bool = True,
+    shift_rate: float | None = None,
 ) -> dict[str, Any]:
-    """Run `scenario` three ways (default, the sweep, agent) into `out_dir`; its summary."""
+    """Run `scenario` three ways (default, the sweep, agent) into `out_dir`; its summary.
+    `shift_rate`: its shift phase's offered load instead of the scenario's (req/s)."""
     from .run import run_scenario  # run.py imports this module for `--ways all`
 
+    scenario = with_shift_rate(scenario, shift_rate)
     if not scenario.sweep:
         raise ValueError(f"scenario {scenario.name!r} declares no sweep: no best static configuration to find")
     seed = scenario.seed if seed is None else seed
@@ -180,8 +197,10 @@ def run(args: argparse.Namespace) -> int:
     """The `--ways all` command: every scenario named, three ways, into `--out` (a folder)."""
     out_dir: Path = args.out
     summaries = []
-    for name in args.scenario:
-        scenario = SCENARIOS[name]
+    shift_rate = getattr(args, "shift_rate", None)
+    scenarios = [with_shift_rate(SCENARIOS[name], shift_rate) for name in args.scenario]  # every one checked first
+    for scenario in scenarios:
+        name = scenario.name
         print(f"{name}: default, {len(sweep_points(scenario))} sweep points, agent -> {out_dir}", flush=True)
         summaries.append(
             run_ways(
