@@ -76,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="readiness URL the supervisor probes (default: the engine's /ready; "
         "none with --engine-command unless given)",
     )
+    parser.add_argument(
+        "--engine-stall-restart-after",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="restart an engine whose /ready says stalled or dead, or that stops answering after it was "
+        "ready, once it has been so for S seconds (default 30)",
+    )
     parser.add_argument("--no-engine", action="store_true", help="collect and export only; do not run the engine")
     add_collector_arguments(parser, load_entries(COLLECTOR_MODULES))
     add_webhook_arguments(parser)
@@ -182,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
                 cpus=cpus,
                 mem_node=node,
                 ready_url=ready_url,
+                stall_restart_after_s=args.engine_stall_restart_after,
                 # a custom --engine-command need not listen on the engine port
                 engine_address=None if args.engine_command else (args.engine_host, args.engine_port),
             )

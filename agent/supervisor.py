@@ -505,6 +505,11 @@ class EngineCollector:
         self.supervisor = supervisor
 
     def collect(self) -> Iterable[Metric]:
+        supervisor = self.supervisor
+        if supervisor is None:
+            # --no-engine: nothing supervised, so no series. A 0 would read as "engine down"
+            # and fire InferdEngineDown beside an engine that runs elsewhere and is up.
+            return
         up = GaugeMetricFamily(
             "inferd_engine_up",
             "1 while the supervised engine is ready: its process runs and its last readiness probe "
@@ -518,14 +523,13 @@ class EngineCollector:
             "Restarts the agent made because the engine's readiness probe said stalled or dead, "
             "or got no answer after the engine had been ready, for longer than the stall bound",
         )
-        supervisor = self.supervisor
-        up.add_metric([], 1.0 if supervisor is not None and supervisor.is_ready else 0.0)
-        restarts.add_metric([], float(supervisor.restarts if supervisor is not None else 0))
-        stall_restarts.add_metric([], float(supervisor.stall_restarts if supervisor is not None else 0))
+        up.add_metric([], 1.0 if supervisor.is_ready else 0.0)
+        restarts.add_metric([], float(supervisor.restarts))
+        stall_restarts.add_metric([], float(supervisor.stall_restarts))
         yield up
         yield restarts
         yield stall_restarts
-        if supervisor is not None and supervisor.config.ready_url is not None:
+        if supervisor.config.ready_url is not None:
             state = GaugeMetricFamily(
                 "inferd_engine_ready_state",
                 "1 for the engine's current readiness state, 0 for the others",

@@ -162,7 +162,6 @@ def test_agent_pushes_every_metric_and_values_match_its_metrics_endpoint(tmp_pat
         "DCGM_FI_PROF_SM_ACTIVE",
         "inferd_pcie_link_width",
         "inferd_numa_stat_pages_total",
-        "inferd_engine_up",
         "inferd_collector_up",
         "inferd_otlp_dropped_total",
     } <= names

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
+import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -287,10 +291,12 @@ def test_faults_are_checked_and_injected_as_their_phase_starts():
 
     phases = [Phase("steady", 0.2, 1.0, (1, 2), 1), Phase("shift", 0.2, 1.0, (1, 2), 1)]
 
+    injected: list[dict] = []
+
     async def main() -> float:
         started = time.monotonic()
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-            await inject_faults(FakeStack(), http, (Fault("fastpath", "shift"),), phases, started)  # type: ignore[arg-type]
+            await inject_faults(FakeStack(), http, (Fault("fastpath", "shift"),), phases, started, injected)  # type: ignore[arg-type]
         return started
 
     started = asyncio.run(main())
@@ -298,3 +304,34 @@ def test_faults_are_checked_and_injected_as_their_phase_starts():
     at, request = posted[0]
     assert request == {"path": "/admin/fault", "body": '{"kind":"fastpath"}'}
     assert at - started >= 0.2  # not before the shift phase starts
+    assert injected == [{"kind": "fastpath", "phase": "shift", "t": pytest.approx(0.2, abs=0.1), "status": 200}]
+
+
+def test_hang_stops_and_kill_ends_the_engines_process_group():
+    from inferd.agent.scenario.run import inject
+    from inferd.agent.scenario.scenarios import Fault
+
+    # A stand-in engine: a shell whose child shares its process group, as inferd serve's
+    # engine core shares the API server's.
+    engine = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+
+    class FakeStack:
+        @staticmethod
+        def engine_pid() -> int:
+            return engine.pid
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    try:
+        assert asyncio.run(inject(FakeStack(), None, Fault("hang", "shift"))) == {"pid": engine.pid}  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5
+        while state(engine.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state(engine.pid) == "T"  # stopped: alive, answering nothing
+        assert asyncio.run(inject(FakeStack(), None, Fault("kill", "shift"))) == {"pid": engine.pid}  # type: ignore[arg-type]
+        assert engine.wait(5) == -signal.SIGKILL
+    finally:
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGKILL)
+            engine.wait()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inferd.agent.scenario import ways
-from inferd.agent.scenario.run import add_arguments
+from inferd.agent.scenario.run import add_arguments, phases_out
 from inferd.agent.scenario.scenarios import SCENARIOS
 from inferd.agent.scenario.summary_table import (
     Point,
@@ -144,6 +144,24 @@ def test_the_agent_worse_in_one_window_is_caught_with_its_margin():
     assert worst_window_delta(fake_run("agent", DEFAULT, actions_at=(3.0,)), default, 3.0, 2.0)[0] == 0
 
 
+def finishing_nothing(run: dict) -> dict:
+    for record in run["records"]:
+        record.update(finished=0, met=0, attainment=None)
+    return run
+
+
+def test_a_way_that_finishes_nothing_in_a_window_counts_zero_there():
+    # a hung engine: the default finishes nothing after the action, the agent everything
+    hung = finishing_nothing(fake_run("default", [1.0] * 30))
+    agent = fake_run("agent", [1.0] * 30, actions_at=(3.0,))
+    assert worst_window_delta(agent, hung, 3.0, 60 * SCALE)[0] == pytest.approx(1.0)
+    # and the other way round: an agent whose engine finishes nothing is caught
+    dead = finishing_nothing(fake_run("agent", [1.0] * 30, actions_at=(3.0,)))
+    assert worst_window_delta(dead, fake_run("default", [1.0] * 30), 3.0, 60 * SCALE)[0] == pytest.approx(-1.0)
+    # neither finished anything: no window to compare
+    assert worst_window_delta(dead, hung, 3.0, 60 * SCALE) == (None, None)
+
+
 def test_targets_pass_for_an_agent_that_helps():
     default = fake_run("default", DEFAULT)
     best = fake_run("static", STATIC_4, settings={"max_num_seqs": 4})
@@ -227,6 +245,7 @@ def test_the_driver_runs_each_way_once_and_writes_the_table(tmp_path, monkeypatc
         if way == "agent":
             run = fake_run(way, AGENT_GOOD, actions_at=(3.0,))
         run["seed"] = seed
+        run["phases"] = phases_out(scenario.scaled_phases(time_scale))  # what --resume compares rates with
         return run
 
     monkeypatch.setattr("inferd.agent.scenario.run.run_scenario", run_scenario)

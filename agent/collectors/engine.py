@@ -13,4 +13,4 @@ def build(context: BuildContext) -> Built:
     return Built(EngineCollector(context.supervisor))
 
 
-ENTRY = CollectorEntry("engine", "the supervised engine: up, readiness state, restarts (up 0 with --no-engine)", build)
+ENTRY = CollectorEntry("engine", "the supervised engine: up, readiness state, restarts (none with --no-engine)", build)

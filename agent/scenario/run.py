@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -222,11 +224,13 @@ def run_scenario(
         engine_args=engine_args,
         policy=scenario.scaled_policy(time_scale),
         acting=way == "agent",
+        supervision=scenario.default_supervision if way == "default" else "agent",
     )
     try:
         stack.start(model)
         warm_up(stack)
-        sent, records = asyncio.run(drive(stack, scenario, phases, seed, interval_s))
+        sent, records, injected = asyncio.run(drive(stack, scenario, phases, seed, interval_s))
+        restarts = stack.engine_restarts()
     finally:
         stack.stop()
     return {
@@ -242,7 +246,9 @@ def run_scenario(
         "phases": phases_out(phases),
         "records": records,
         "requests": [s.summary(scenario.slo) for s in sent],
-        "summary": summarize(scenario, phases, sent, records, time_scale),
+        "summary": {**summarize(scenario, phases, sent, records, time_scale), "engine_restarts": restarts},
+        "faults": injected,
+        "supervision": stack.supervision,
         "machine": machine(),
         "commit": commit(),
     }
@@ -257,36 +263,59 @@ def warm_up(stack: Stack, requests: int = 2) -> None:
 
 async def drive(
     stack: Stack, scenario: Scenario, phases: Sequence[Phase], seed: int, interval_s: float
-) -> tuple[list[Sent], list[dict[str, Any]]]:
+) -> tuple[list[Sent], list[dict[str, Any]], list[dict[str, Any]]]:
     endpoints = Endpoints(stack.url("engine"), stack.url("prometheus"), stack.url("agent"), stack.admin_token)
     workload = Workload(stack.url("engine"), plan(phases, seed), model=SERVED_MODEL)
     started, unix_start = wall_clock()
     recorder = Recorder(endpoints, workload, phases, scenario.slo, interval_s, unix_start=unix_start)
     workload.started = started
     stop = asyncio.Event()
+    injected: list[dict[str, Any]] = []
     async with client() as requests, httpx.AsyncClient(timeout=10) as collectors:
         recording = asyncio.create_task(recorder.run(collectors, stop))
-        faults = asyncio.create_task(inject_faults(stack, collectors, scenario.faults, phases, started))
+        faults = asyncio.create_task(inject_faults(stack, collectors, scenario.faults, phases, started, injected))
         try:
             sent = await workload.run(requests, started)
         finally:
             stop.set()
             records = await recording
             faults.cancel()
-    return sent, records
+            with contextlib.suppress(asyncio.CancelledError):
+                await faults  # a fault that failed to go in raises here
+    return sent, records, injected
 
 
 async def inject_faults(
-    stack: Stack, http: httpx.AsyncClient, faults: Sequence[Fault], phases: Sequence[Phase], started: float
+    stack: Stack,
+    http: httpx.AsyncClient,
+    faults: Sequence[Fault],
+    phases: Sequence[Phase],
+    started: float,
+    injected: list[dict[str, Any]],
 ) -> None:
-    """Each fault as its phase starts (the engine logs it and the recorder sees its effect)."""
+    """Each fault as its phase starts, appended to `injected` (the recorder sees its effect)."""
     starts = phase_starts(phases)
     for fault in sorted(faults, key=lambda f: starts[f.phase]):
         await asyncio.sleep(max(0.0, starts[fault.phase] - (time.monotonic() - started)))
+        result = await inject(stack, http, fault)
+        injected.append({"kind": fault.kind, "phase": fault.phase, "t": round(time.monotonic() - started, 3), **result})
+        log.info("injected %s fault at %s: %s", fault.kind, fault.phase, result)
+
+
+async def inject(stack: Stack, http: httpx.AsyncClient, fault: Fault) -> dict[str, Any]:
+    """fastpath: the engine's own fault injection. kill: SIGKILL to the engine's process
+    group (the API server and its engine core), as the OOM killer or a crash would. hang:
+    SIGSTOP to the same group: the process lives, holds its port and answers nothing."""
+    if fault.kind == "fastpath":
         response = await http.post(
             f"{stack.url('engine')}/admin/fault", json={"kind": fault.kind}, headers=stack.admin_headers
         )
-        log.info("injected %s fault at %s: HTTP %d", fault.kind, fault.phase, response.status_code)
+        return {"status": response.status_code}
+    pid = await asyncio.to_thread(stack.engine_pid)
+    if pid is None:
+        return {"error": "no engine process"}
+    os.killpg(pid, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+    return {"pid": pid}
 
 
 def phases_out(phases: Sequence[Phase]) -> list[dict[str, Any]]:

@@ -21,8 +21,10 @@ from .workload import Phase
 
 POLICY_DURATIONS = ("cooldown_s", "verify_window_s", "restore_after_s")
 # fastpath: POST /admin/fault, a fast-path failure as the engine's own checks would report
-# one (the engine needs --enable-fault-injection).
-FAULT_KINDS = ("fastpath",)
+# one (the engine needs --enable-fault-injection). kill: SIGKILL to the engine's process
+# group. hang: SIGSTOP to it (alive, holding its port, answering nothing).
+FAULT_KINDS = ("fastpath", "kill", "hang")
+SUPERVISION = ("agent", "restart_on_exit")  # agent/scenario/stack.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,10 @@ class Scenario:
     seed: int = 0
     model_preset: str = "tiny"  # the make-model preset the engine serves (random weights)
     faults: tuple[Fault, ...] = ()
+    # Who runs the engine in the default way: the agent in dry run (its supervisor still
+    # restarts a dead or stalled engine: that is not remediation), or, where the scenario is
+    # about the engine dying, a plain restart-on-exit runtime without the agent.
+    default_supervision: str = "agent"
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.phases]
@@ -58,6 +64,8 @@ class Scenario:
         for phase in [self.shift_phase, *(f.phase for f in self.faults)]:
             if phase is not None and phase not in names:
                 raise ValueError(f"scenario {self.name!r}: no phase {phase!r}")
+        if self.default_supervision not in SUPERVISION:
+            raise ValueError(f"scenario {self.name!r}: default_supervision must be one of {', '.join(SUPERVISION)}")
         if not 0 < self.attainment_target <= 1:
             raise ValueError(f"scenario {self.name!r}: attainment_target must be in (0, 1]")
         for knob, values in self.sweep.items():
@@ -146,6 +154,7 @@ def shifted(
     policy: Mapping[str, Any],
     sweep: Mapping[str, tuple[Any, ...]],
     faults: tuple[Fault, ...] = (),
+    default_supervision: str = "agent",
 ) -> Scenario:
     """Steady load, `shift`, then steady again; recovery measured from the shift."""
     return Scenario(
@@ -160,6 +169,7 @@ def shifted(
         sweep=sweep,
         shift_phase="shift",
         faults=faults,
+        default_supervision=default_supervision,
     )
 
 
@@ -206,6 +216,29 @@ SCENARIOS: dict[str, Scenario] = {
             TINY_POLICY,
             {"mode": ("fast", "fallback")},
             faults=(Fault("fastpath", "shift"),),
+        ),
+        shifted(
+            "engine_killed",
+            "steady load; the engine's process group killed (SIGKILL) as the shift phase starts. The default is "
+            "the engine under a restart-on-exit runtime without the agent; no knob to sweep",
+            Phase("shift", 900, rate=2.0, prompt_len=(8, 16), max_tokens=16),
+            TINY_FAULTABLE,
+            TINY_POLICY,
+            {},
+            faults=(Fault("kill", "shift"),),
+            default_supervision="restart_on_exit",
+        ),
+        shifted(
+            "engine_hung",
+            "steady load; the engine's process group stopped (SIGSTOP) as the shift phase starts: alive, holding "
+            "its port, answering nothing. The default is the engine under a restart-on-exit runtime without the "
+            "agent; no knob to sweep",
+            Phase("shift", 900, rate=2.0, prompt_len=(8, 16), max_tokens=16),
+            TINY_FAULTABLE,
+            TINY_POLICY,
+            {},
+            faults=(Fault("hang", "shift"),),
+            default_supervision="restart_on_exit",
         ),
     )
 }

@@ -11,6 +11,12 @@ log).
 alerts still fire, Alertmanager still calls the agent and every decision is still in
 the audit log (result `dry_run`), but the engine is never touched. That is "the default
 configuration without the agent" of a scenario, with nothing else changed.
+
+`supervision="restart_on_exit"` takes the engine from the agent too: the stack runs
+`inferd serve` itself and starts it again 1 s after it exits, as a container runtime's
+restart policy or systemd's Restart=always would, and nothing watches its readiness
+(the agent runs with --no-engine, in dry run). That is the default for the scenarios
+where the engine dies or hangs: what a node has without inferd's supervisor.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +41,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 ADMIN_TOKEN = "scenario-admin-token"
 WEBHOOK_TOKEN = "scenario-webhook-token"
+SUPERVISION = ("agent", "restart_on_exit")
+RESTART_ON_EXIT_DELAY_S = 1.0
+PRODUCTION_STALL_RESTART_S = 30.0  # the agent's --engine-stall-restart-after default
+# The supervisor probes /ready every 2 s with a 2 s timeout: fewer than three probes would
+# let one slow answer on a loaded 2-core machine restart a healthy engine.
+MIN_STALL_RESTART_S = 6.0
 PRODUCTION_SCRAPE_S = 5.0  # prometheus/prometheus.yml: scrape and evaluation interval
 MIN_SCRAPE_S = 1.0  # a CPU pays for every scrape; 2m at 1/30 is 4 s, four samples
 SERVED_MODEL = "tiny"
@@ -115,13 +128,22 @@ class Stack:
         engine_args: Sequence[str],
         policy: Mapping[str, Any],
         acting: bool = True,
+        supervision: str = "agent",
+        stall_restart_after_s: float | None = None,
         scrape_interval_s: float | None = None,
         admin_token: str = ADMIN_TOKEN,
         webhook_token: str = WEBHOOK_TOKEN,
     ):
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        if supervision not in SUPERVISION:
+            raise ValueError(f"supervision must be one of {', '.join(SUPERVISION)}, got {supervision!r}")
         self.tmp = run_dir
+        self.supervision = supervision
+        # Scaled like every other duration; `inf` turns the supervisor's stall restarts off.
+        self.stall_restart_after_s = stall_restart_after_s or max(
+            MIN_STALL_RESTART_S, PRODUCTION_STALL_RESTART_S * time_scale
+        )
         self.time_scale = time_scale
         self.engine_args = list(engine_args)
         self.policy = dict(policy)
@@ -131,6 +153,9 @@ class Stack:
         self.webhook_token = webhook_token
         self.ports = {name: free_port() for name in ("engine", "agent", "prometheus", "alertmanager")}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.engine_starts = 0  # restart_on_exit: how many times the stack started the engine
+        self._stopping = threading.Event()
+        self._restarter: threading.Thread | None = None
         self.audit = run_dir / "audit.jsonl"
         self.http = httpx.Client(timeout=10)
 
@@ -215,9 +240,28 @@ class Stack:
             "--remediation-config",
             str(self.tmp / "policy.yml"),
         ]
+        if self.supervision == "restart_on_exit":
+            return argv + ["--no-engine", "--dry-run"]
+        argv.append(f"--engine-stall-restart-after={self.stall_restart_after_s}")
         if not self.acting:
             argv.append("--dry-run")
         return argv + [f"--engine-arg={arg}" for arg in self.engine_args]
+
+    def engine_argv(self, model: Path) -> list[str]:
+        """`inferd serve` as the agent would run it (agent/main.py engine_command)."""
+        return [
+            PY,
+            "-m",
+            "inferd.agent.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.ports["engine"]),
+            *self.engine_args,
+        ]
 
     def start(self, model: Path) -> None:
         prometheus = binary("prometheus")
@@ -247,6 +291,11 @@ class Stack:
         )
         env = {**os.environ, "INFERD_ADMIN_TOKEN": self.admin_token, "PYTHONPATH": str(ROOT)}
         self._spawn("agent", self.agent_argv(model), env=env)
+        if self.supervision == "restart_on_exit":
+            self._spawn("engine", self.engine_argv(model), env=env)
+            self.engine_starts = 1
+            self._restarter = threading.Thread(target=self._restart_on_exit, args=(model, env), daemon=True)
+            self._restarter.start()
         wait_for(
             lambda: self.http.get(f"{self.url('prometheus')}/-/ready").status_code == 200, 60, "prometheus ready", self
         )
@@ -258,13 +307,27 @@ class Stack:
         )
         wait_for(lambda: self.http.get(f"{self.url('engine')}/ready").status_code == 200, 120, "engine ready", self)
 
+    def _restart_on_exit(self, model: Path, env: dict) -> None:
+        while not self._stopping.is_set():
+            proc = self.procs["engine"]
+            if proc.poll() is None:
+                self._stopping.wait(0.2)
+                continue
+            if self._stopping.wait(RESTART_ON_EXIT_DELAY_S):
+                return
+            self._spawn("engine", self.engine_argv(model), env=env)
+            self.engine_starts += 1
+
     def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
-        with open(self.tmp / f"{name}.log", "wb") as log:
+        with open(self.tmp / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
             )
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._restarter is not None:
+            self._restarter.join()
         engine_pid = self.engine_pid()
         for name in ("agent", "alertmanager", "prometheus"):
             proc = self.procs.get(name)
@@ -282,7 +345,7 @@ class Stack:
             except ProcessLookupError:
                 pass
             else:
-                os.killpg(engine_pid, signal.SIGKILL)  # the agent failed to stop its engine
+                os.killpg(engine_pid, signal.SIGKILL)  # the agent failed to stop its engine, or the stack runs it
         self.http.close()
 
     def __enter__(self) -> Stack:
@@ -301,8 +364,20 @@ class Stack:
     # -- reading the state --
 
     def engine_pid(self) -> int | None:
+        if self.supervision == "restart_on_exit":
+            proc = self.procs.get("engine")
+            return proc.pid if proc is not None and proc.poll() is None else None
         try:
             return self.http.get(f"{self.url('agent')}/healthz").json()["engine"]["pid"]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError):
+            return None
+
+    def engine_restarts(self) -> int | None:
+        """Times the engine was started again: by the stack (restart_on_exit) or the agent's supervisor."""
+        if self.supervision == "restart_on_exit":
+            return max(0, self.engine_starts - 1)
+        try:
+            return int(self.http.get(f"{self.url('agent')}/healthz").json()["engine"]["restarts"])
         except (httpx.HTTPError, KeyError, TypeError, ValueError):
             return None
 

@@ -125,8 +125,9 @@ def worst_window(
 def worst_window_delta(
     agent: Mapping[str, Any], default: Mapping[str, Any], since: float, window_s: float
 ) -> tuple[float | None, float | None]:
-    """The lowest (agent - default) attainment over the windows after `since` where both
-    finished something, and that window's start; (None, None) when there is none."""
+    """The lowest (agent - default) attainment over the windows after `since` where either
+    finished something (a way that finished nothing in a window where the other did counts
+    0 there: a dead or hung engine), and that window's start; (None, None) when there is none."""
     interval = agent["interval_s"]
     until = min(agent["records"][-1]["t"], default["records"][-1]["t"])
     ours = windows(agent["records"], since, window_s, interval, until)
@@ -135,10 +136,10 @@ def worst_window_delta(
     }
     worst: tuple[float | None, float | None] = (None, None)
     for start, finished, met in ours:
-        other = theirs.get(start)
-        if not finished or not other or not other[0]:
+        other_finished, other_met = theirs.get(start, (0, 0))
+        if not finished and not other_finished:
             continue
-        delta = met / finished - other[1] / other[0]
+        delta = (met / finished if finished else 0.0) - (other_met / other_finished if other_finished else 0.0)
         if worst[0] is None or delta < worst[0]:
             worst = (delta, start)
     return worst

@@ -7,6 +7,9 @@ the default configuration (its knob values are the default's engine arguments) i
 default's own run, not run twice. The best static point is the one of highest
 attainment, ties by goodput (agent/scenario/summary_table.py).
 
+A scenario without a sweep (no knob the agent may touch matters, e.g. the engine killed)
+has the default as its best static configuration.
+
 DIR gets one JSON per run (`<scenario>-default.json`, `<scenario>-static-<knob>=<v>.json`,
 `<scenario>-agent.json`, as `--way` writes them), a timeline PNG per way
 (`<scenario>-<way>.png`) and one with the three ways side by side (`<scenario>.png`),
@@ -106,8 +109,6 @@ def run_ways(
     from .run import run_scenario  # run.py imports this module for `--ways all`
 
     scenario = with_shift_rate(scenario, shift_rate)
-    if not scenario.sweep:
-        raise ValueError(f"scenario {scenario.name!r} declares no sweep: no best static configuration to find")
     seed = scenario.seed if seed is None else seed
     out_dir.mkdir(parents=True, exist_ok=True)
     model = model or make_preset_model(out_dir / "run" / scenario.model_preset, scenario.model_preset)
