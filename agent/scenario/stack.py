@@ -195,9 +195,9 @@ class Stack:
         interval = self.scrape_interval_s
         prometheus = {
             "global": {
-                "scrape_interval": f"{interval:g}s",
+                "scrape_interval": f"{round(interval * 1000):d}ms",  # Prometheus takes no fractions
                 "scrape_timeout": f"{round(interval * 900):d}ms",
-                "evaluation_interval": f"{interval:g}s",
+                "evaluation_interval": f"{round(interval * 1000):d}ms",
             },
             "rule_files": [str(alerts / "rules.yml")],
             "alerting": {
