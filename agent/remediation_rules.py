@@ -165,11 +165,13 @@ class Rule:
     """A config step whose verification says worse (or has no data) is rolled back."""
     uses_facts: bool = False
     """Its planners read Facts (extra Prometheus queries at planning time)."""
+    restore: bool = True
+    """False: its changes stay after the alert resolves (a cause that does not go away by itself)."""
 
     @property
     def restores(self) -> bool:
         """Its changes go back once the alert has stayed resolved for restore_after_s."""
-        return self.kind in ("config", "mode")
+        return self.restore and self.kind in ("config", "mode")
 
 
 def _lower_seqs(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
@@ -282,6 +284,14 @@ DEFAULT_RULES: dict[str, Rule] = {
             (),
             "max(inferd_numa_process_remote_ratio{{{sel}}})",
             reversible=False,
+        ),
+        Rule(
+            "InferdKVSwapBound",
+            "preempt_by_recompute",
+            "config",
+            (_recompute,),
+            "sum(rate(inferd_kv_swap_seconds_total{{{sel}}}[{window}]))",
+            restore=False,
         ),
         Rule("InferdPCIeLinkDegraded", "preempt_by_recompute", "config", (_recompute,), _SWAP),
         Rule("InferdPCIeBandwidthSaturated", "preempt_by_recompute", "config", (_recompute,), _SWAP),

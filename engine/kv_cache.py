@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -226,6 +227,7 @@ class KVCache:
         self.device_pool = _Arena(self.shape, num_blocks, device, host_numa_node, cold_kinds)
         self.host_pool = _Arena(self.shape, num_host_blocks, torch.device("cpu"), host_numa_node, cold_kinds)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.swap_delay_per_block_s = 0.0  # fault injection: a slow or degraded host link
 
     @property
     def num_blocks(self) -> int:
@@ -312,6 +314,15 @@ class KVCache:
         if stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             stream.synchronize()  # host pages may be reused by the next scheduling pass
+        if self.swap_delay_per_block_s:
+            time.sleep(self.swap_delay_per_block_s * (len(swap_out) + len(swap_in)))
+
+    def inject_slow_swap(self, seconds_per_block: float) -> None:
+        """Make every swapped block cost `seconds_per_block` more (0: off), as a PCIe link
+        trained down to a few lanes or a lower generation would (fault injection)."""
+        if isinstance(seconds_per_block, bool) or not 0 <= seconds_per_block <= 1:
+            raise ValueError(f"seconds_per_block must be in [0, 1], got {seconds_per_block!r}")
+        self.swap_delay_per_block_s = float(seconds_per_block)
 
     @staticmethod
     def _copy(

@@ -330,7 +330,9 @@ class LLMEngine:
             prev = None
         if prev is None:
             sched = self.scheduler.schedule()
+            swap_start = time.perf_counter()
             self.kv_cache.swap(sched.swap_out, sched.swap_in)
+            self.counters.swap_seconds += time.perf_counter() - swap_start
             self._count_paging(sched)
             stats = StepStats(
                 len(sched.scheduled), sched.num_batched_tokens, kv_tokens_read=kv_tokens_read(sched.scheduled)

@@ -56,6 +56,7 @@ class EngineCounters:
     recompute_faults: int = 0
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
+    swap_seconds: float = 0.0  # wall time of the swap copies, which the step waits for
     prefix_queries: int = 0
     prefix_hits: int = 0
     requests_finished: Counter = field(default_factory=Counter)  # finish_reason -> count

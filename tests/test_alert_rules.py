@@ -51,7 +51,7 @@ def test_promtool_check_rules():
         [_tool("promtool"), "check", "rules", str(ALERTS / "rules.yml")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout
+    assert "SUCCESS: 16 rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass():
@@ -103,6 +103,7 @@ def test_every_alert_is_complete():
     rules = _rules()
     assert set(rules) == {
         "InferdKVCacheThrashing",
+        "InferdKVSwapBound",
         "InferdKVFragmentationHigh",
         "InferdTTFTSLOBreach",
         "InferdGPUUnderutilizedWithQueue",

@@ -683,3 +683,21 @@ def test_remediation_series_exist_before_the_first_decision(engine, prom, audit_
         in text
     )
     assert "inferd_remediation_episodes 0.0" in text
+
+
+def test_swap_bound_switches_to_recompute_and_keeps_it_after_the_alert_resolves(engine, prom, audit_path, clock):
+    # 30% of the engine's time in swap copies before, none after (recompute copies nothing)
+    prom.series["inferd_kv_swap_seconds_total"] = [0.3, 0.0]
+    policy = make_policy(engine, prom, audit_path, clock, restore_after_s=120, cooldown_s=0)
+    bound = dict(name="InferdKVSwapBound", fingerprint="sb")
+    assert policy.handle(firing(**bound))["result"] == "applied"
+    assert engine.config["preemption_mode"] == "recompute"
+    clock.advance(60)
+    policy.tick()
+    assert events(audit_path)[-1] != "rollback"  # swap time fell: kept
+    policy.handle(firing(**bound, status="resolved"))
+    clock.advance(600)
+    policy.tick()
+    # A slow link does not heal by itself: no restore to swap, unlike a thrashing episode's values.
+    assert engine.config["preemption_mode"] == "recompute"
+    assert "restored" not in events(audit_path)

@@ -7,7 +7,9 @@
 - kv_thrash: the shift overruns the KV pool; the agent acts at least once, the records
   show max_num_seqs lowered from the default in force before, and the shift's KV
   page-fault rate while the lowered value is in force below its rate under the default;
-  no request is lost.
+  no request is lost;
+- engine_hung: the agent brings a stopped engine back, a restart-on-exit runtime and an
+  agent with a broken rule do not.
 
 With INFERD_SCENARIO_OUT=DIR each run's JSON is also written there.
 """
@@ -15,6 +17,7 @@ With INFERD_SCENARIO_OUT=DIR each run's JSON is also written there.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import pytest
 from inferd.agent.scenario.run import run_scenario
 from inferd.agent.scenario.scenarios import SCENARIOS
 from inferd.agent.scenario.stack import MissingBinary, binary, make_tiny_model
+from inferd.agent.scenario.summary_table import Check, checks
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +96,50 @@ def test_kv_thrash_with_the_agent_lowers_max_num_seqs_and_the_faults_fall(model,
     rates = {kind: count / seconds if seconds else None for kind, (count, seconds) in faults.items()}
     assert rates["default"] and rates["lowered"] is not None, rates
     assert rates["lowered"] < rates["default"], rates
+
+
+def test_a_hung_engine_comes_back_with_the_agent_and_stays_hung_without(model, tmp_path):
+    """engine_hung three ways: a restart-on-exit runtime (the default) never notices a
+    stopped engine; the agent's supervisor restarts it; the same agent with its stall bound
+    off and InferdEngineDown's `for:` an hour (a deliberately broken rule) does not, and the
+    target the working agent passes fails for it."""
+    scenario = SCENARIOS["engine_hung"]
+    default = run_scenario(scenario, "default", time_scale=TIME_SCALE, run_dir=tmp_path / "default", model=model)
+    agent = run_with_agent("engine_hung", tmp_path / "agent", model)
+    broken = run_scenario(
+        scenario,
+        "agent",
+        time_scale=TIME_SCALE,
+        run_dir=tmp_path / "broken",
+        model=model,
+        stack_options={"stall_restart_after_s": math.inf, "alert_params": {"durations.engine_down_for": "1h"}},
+    )
+    for run in (default, agent, broken):
+        assert [f["kind"] for f in run["faults"]] == ["hang"] and "pid" in run["faults"][0], run["faults"]
+    assert default["supervision"] == "restart_on_exit" and default["summary"]["engine_restarts"] == 0
+    assert default["summary"]["attainment"] < scenario.attainment_target, default["summary"]
+
+    def check(run: dict, name: str) -> Check:
+        return next(c for c in checks(default, default, run, is_control=False) if c.name == name)
+
+    assert agent["summary"]["engine_restarts"] >= 1, agent["summary"]
+    assert check(agent, "vs_default").passed, check(agent, "vs_default")
+    assert agent["summary"]["recovery_s"] is not None
+    assert broken["summary"]["engine_restarts"] == 0, broken["summary"]
+    assert not check(broken, "vs_default").passed, check(broken, "vs_default")
+
+
+def test_a_swap_storm_with_the_agent_ends_on_recompute_within_its_target(model, tmp_path):
+    """swap_storm: slow swaps from the shift on. The default (max_num_seqs 16, swap) holds 8%
+    in time (BENCHMARKS.md, Closed loop); the agent must see InferdKVSwapBound, switch to
+    recompute, keep it, and hold the scenario's own attainment target over the whole run."""
+    scenario = SCENARIOS["swap_storm"]
+    result = run_with_agent("swap_storm", tmp_path, model)
+    s = result["summary"]
+    assert [f["kind"] for f in result["faults"]] == ["slow_swap"] and result["faults"][0]["status"] == 200
+    assert "InferdKVSwapBound" in s["alerts_fired"], s
+    applied = [e for r in result["records"] for e in r["actions"] if e["event"] == "applied"]
+    assert {"preemption_mode": "recompute"} in [e["new"] for e in applied], applied
+    assert result["records"][-1]["tunables"]["preemption_mode"] == "recompute"  # not restored
+    assert s["lost"] == 0
+    assert s["attainment"] >= scenario.attainment_target, s

@@ -273,6 +273,9 @@ def test_faults_are_checked_and_injected_as_their_phase_starts():
 
     with pytest.raises(ValueError, match="fault kind"):
         Fault("meteor", "shift")
+    for kind, seconds in (("slow_swap", 0.0), ("kill", 0.01)):
+        with pytest.raises(ValueError, match="seconds_per_block"):
+            Fault(kind, "shift", seconds_per_block=seconds)
     with pytest.raises(ValueError, match="no phase 'later'"):
         replace(SCENARIOS["fastpath_fault"], faults=(Fault("fastpath", "later"),))
 
@@ -335,3 +338,14 @@ def test_hang_stops_and_kill_ends_the_engines_process_group():
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
             engine.wait()
+
+
+def test_the_clients_patience_follows_the_workloads_length():
+    from inferd.agent.scenario.workload import request_timeout
+
+    def phases(seconds: float) -> list[Phase]:
+        return [Phase("steady", seconds / 2, 1.0, (1, 2), 1), Phase("shift", seconds / 2, 1.0, (1, 2), 1)]
+
+    assert request_timeout(phases(70)) == 70  # a compressed run: a hung request is lost soon after it
+    assert request_timeout(phases(10)) == 60
+    assert request_timeout(phases(2700)) == 300

@@ -333,3 +333,16 @@ def test_agent_engine_client_speaks_this_api(server):
         client.patch_config({"max_num_seqs": 64})
     finally:
         client.close()
+
+
+def test_slow_swap_fault_is_checked_and_switched_on_and_off(server):
+    r = admin(server, "POST", "/fault", {"kind": "slow_swap", "seconds_per_block": 0.001})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"injected": "slow_swap"}
+    for bad in (-0.1, 2, "0.1", True, None):
+        body = {"kind": "slow_swap"} if bad is None else {"kind": "slow_swap", "seconds_per_block": bad}
+        r = admin(server, "POST", "/fault", body)
+        assert r.status_code == 422, (bad, r.text)
+        assert r.json()["error"]["param"] == "seconds_per_block"
+    assert admin(server, "POST", "/fault", {"kind": "slow_swap", "seconds_per_block": 0}).status_code == 200
+    assert greedy_text(server)  # still serves

@@ -138,6 +138,7 @@ def test_load_with_preemption(tiny_model):
         # Both kinds of KV page fault happen with this pool: swap until the host pool fills, then recompute.
         assert metric_value(text, "inferd_kv_page_faults_total", {"kind": "swap_in"}) > 0
         assert metric_value(text, "inferd_kv_swap_bytes_total", {"direction": "out"}) > 0
+        assert metric_value(text, "inferd_kv_swap_seconds_total") > 0
         # Every swapped-out block came back or was freed.
         assert metric_value(text, "inferd_kv_swap_pool_blocks", {"state": "used"}) == 0
 

@@ -63,6 +63,7 @@ EXPECTED_TYPES = {
     "vllm:request_generation_tokens": "histogram",
     "inferd_kv_page_faults": "counter",
     "inferd_kv_swap_bytes": "counter",
+    "inferd_kv_swap_seconds": "counter",
     "inferd_kv_blocks": "gauge",
     "inferd_kv_swap_pool_blocks": "gauge",
     "inferd_kv_fragmentation_ratio": "gauge",

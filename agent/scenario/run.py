@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ import yaml
 from .recorder import Endpoints, Recorder, wall_clock
 from .scenarios import SCENARIOS, Fault, Scenario, engine_args_with
 from .stack import ROOT, SERVED_MODEL, Stack, make_preset_model
-from .workload import Attainment, Phase, Sent, Workload, client, phase_starts, plan
+from .workload import Attainment, Phase, Sent, Workload, client, phase_starts, plan, request_timeout
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +208,10 @@ def run_scenario(
     model: Path | None = None,
     interval_s: float | None = None,
     seed: int | None = None,
+    stack_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run `scenario` one way on a fresh stack under `run_dir`; the result as a dict."""
+    """Run `scenario` one way on a fresh stack under `run_dir`; the result as a dict.
+    `stack_options`: more Stack arguments (tests break a rule with them)."""
     settings = check_way(way, dict(settings or {}))
     engine_args = engine_args_with(scenario.engine_args, settings)
     interval_s = interval_s or PRODUCTION_INTERVAL_S * time_scale
@@ -225,6 +227,7 @@ def run_scenario(
         policy=scenario.scaled_policy(time_scale),
         acting=way == "agent",
         supervision=scenario.default_supervision if way == "default" else "agent",
+        **(stack_options or {}),
     )
     try:
         stack.start(model)
@@ -265,7 +268,7 @@ async def drive(
     stack: Stack, scenario: Scenario, phases: Sequence[Phase], seed: int, interval_s: float
 ) -> tuple[list[Sent], list[dict[str, Any]], list[dict[str, Any]]]:
     endpoints = Endpoints(stack.url("engine"), stack.url("prometheus"), stack.url("agent"), stack.admin_token)
-    workload = Workload(stack.url("engine"), plan(phases, seed), model=SERVED_MODEL)
+    workload = Workload(stack.url("engine"), plan(phases, seed), model=SERVED_MODEL, timeout_s=request_timeout(phases))
     started, unix_start = wall_clock()
     recorder = Recorder(endpoints, workload, phases, scenario.slo, interval_s, unix_start=unix_start)
     workload.started = started
@@ -303,13 +306,14 @@ async def inject_faults(
 
 
 async def inject(stack: Stack, http: httpx.AsyncClient, fault: Fault) -> dict[str, Any]:
-    """fastpath: the engine's own fault injection. kill: SIGKILL to the engine's process
+    """fastpath, slow_swap: the engine's own fault injection. kill: SIGKILL to the engine's process
     group (the API server and its engine core), as the OOM killer or a crash would. hang:
     SIGSTOP to the same group: the process lives, holds its port and answers nothing."""
-    if fault.kind == "fastpath":
-        response = await http.post(
-            f"{stack.url('engine')}/admin/fault", json={"kind": fault.kind}, headers=stack.admin_headers
-        )
+    if fault.kind in ("fastpath", "slow_swap"):
+        body: dict[str, Any] = {"kind": fault.kind}
+        if fault.kind == "slow_swap":
+            body["seconds_per_block"] = fault.seconds_per_block
+        response = await http.post(f"{stack.url('engine')}/admin/fault", json=body, headers=stack.admin_headers)
         return {"status": response.status_code}
     pid = await asyncio.to_thread(stack.engine_pid)
     if pid is None:

@@ -22,8 +22,10 @@ from .workload import Phase
 POLICY_DURATIONS = ("cooldown_s", "verify_window_s", "restore_after_s")
 # fastpath: POST /admin/fault, a fast-path failure as the engine's own checks would report
 # one (the engine needs --enable-fault-injection). kill: SIGKILL to the engine's process
-# group. hang: SIGSTOP to it (alive, holding its port, answering nothing).
-FAULT_KINDS = ("fastpath", "kill", "hang")
+# group. hang: SIGSTOP to it (alive, holding its port, answering nothing). slow_swap:
+# POST /admin/fault, every KV block swapped costs seconds_per_block more (a PCIe link
+# trained down), from then on.
+FAULT_KINDS = ("fastpath", "kill", "hang", "slow_swap")
 SUPERVISION = ("agent", "restart_on_exit")  # agent/scenario/stack.py
 
 
@@ -31,10 +33,13 @@ SUPERVISION = ("agent", "restart_on_exit")  # agent/scenario/stack.py
 class Fault:
     kind: str
     phase: str  # injected as this phase starts
+    seconds_per_block: float = 0.0  # slow_swap only
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}; got {self.kind!r}")
+        if (self.kind == "slow_swap") != (self.seconds_per_block > 0):
+            raise ValueError("seconds_per_block (> 0) goes with a slow_swap fault, and only with it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +221,16 @@ SCENARIOS: dict[str, Scenario] = {
             TINY_POLICY,
             {"mode": ("fast", "fallback")},
             faults=(Fault("fastpath", "shift"),),
+        ),
+        shifted(
+            "swap_storm",
+            "kv_thrash's shift on a node whose host link slows down as the shift starts: every swapped KV "
+            "block costs 5 ms more (a PCIe link trained down), so each preemption by swap stalls the steps",
+            Phase("shift", 1500, rate=16.0, prompt_len=(16, 24), max_tokens=120),
+            (*TINY_SMALL_POOL, "--enable-fault-injection"),
+            TINY_POLICY,
+            {"max_num_seqs": (4, 8, 16), "preemption_mode": ("swap", "recompute")},
+            faults=(Fault("slow_swap", "shift", seconds_per_block=0.005),),
         ),
         shifted(
             "engine_killed",

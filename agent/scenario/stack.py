@@ -130,6 +130,7 @@ class Stack:
         acting: bool = True,
         supervision: str = "agent",
         stall_restart_after_s: float | None = None,
+        alert_params: Mapping[str, str] | None = None,
         scrape_interval_s: float | None = None,
         admin_token: str = ADMIN_TOKEN,
         webhook_token: str = WEBHOOK_TOKEN,
@@ -140,6 +141,8 @@ class Stack:
             raise ValueError(f"supervision must be one of {', '.join(SUPERVISION)}, got {supervision!r}")
         self.tmp = run_dir
         self.supervision = supervision
+        # SECTION.KEY -> value over alerts/params.yml (render.py --set), before the time scale
+        self.alert_params = dict(alert_params or {})
         # Scaled like every other duration; `inf` turns the supervisor's stall restarts off.
         self.stall_restart_after_s = stall_restart_after_s or max(
             MIN_STALL_RESTART_S, PRODUCTION_STALL_RESTART_S * time_scale
@@ -184,6 +187,7 @@ class Stack:
                 f"alertmanager.webhook_url={self.url('agent')}/v1/alerts",
                 "--set",
                 f"alertmanager.token_file={self.tmp / 'webhook-token'}",
+                *(arg for key, value in self.alert_params.items() for arg in ("--set", f"{key}={value}")),
             ],
             check=True,
             capture_output=True,

@@ -29,6 +29,16 @@ from inferd.engine.bench.serve_client import completion_body, send
 from inferd.engine.bench.slo_classes import SloClass
 
 REQUEST_TIMEOUT_S = 300.0
+MIN_REQUEST_TIMEOUT_S = 60.0
+
+
+def request_timeout(phases: Sequence[Phase]) -> float:
+    """How long the client waits for one answer: as long as the whole workload (at least
+    60 s, at most 300 s), so a request to a hung engine counts as lost soon after the run
+    instead of holding a compressed run for 5 minutes."""
+    return min(REQUEST_TIMEOUT_S, max(MIN_REQUEST_TIMEOUT_S, sum(p.duration_s for p in phases)))
+
+
 VOCAB = (5, 500)  # token ids drawn for prompts (the tiny model's vocabulary is larger)
 
 

@@ -4,7 +4,8 @@
     PATCH /admin/config {k: v}   applied between steps, all or nothing; 422 naming the
                                  bound when a value is outside it; returns the applied config
     POST  /admin/mode {"mode"}   fast or fallback
-    POST  /admin/fault {"kind": "fastpath"}   only with --enable-fault-injection
+    POST  /admin/fault {"kind": "fastpath"} or {"kind": "slow_swap", "seconds_per_block": s}
+                                 only with --enable-fault-injection
 
 Every call needs `Authorization: Bearer <token>` (the scheme in any case, RFC 7235),
 the token compared in constant time; a 401 says `WWW-Authenticate: Bearer`. With no
@@ -29,7 +30,9 @@ from .errors import ApiError, unparsable_body_message
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "INFERD_ADMIN_TOKEN"
-FAULT_KINDS = ("fastpath",)
+# fastpath: the next fast-path step fails; slow_swap: every swapped KV block costs
+# seconds_per_block more (0 turns it off)
+FAULT_KINDS = ("fastpath", "slow_swap")
 
 
 def load_admin_token(path: str | os.PathLike | None = None, env: dict | None = None) -> str | None:
@@ -75,9 +78,17 @@ MODE_SCHEMA = {
     "properties": {"mode": _tunable_schema(TUNABLE_BOUNDS["mode"])},
 }
 FAULT_SCHEMA = {
-    "type": "object",
-    "required": ["kind"],
-    "properties": {"kind": {"type": "string", "enum": list(FAULT_KINDS)}},
+    "oneOf": [
+        {"type": "object", "required": ["kind"], "properties": {"kind": {"const": "fastpath"}}},
+        {
+            "type": "object",
+            "required": ["kind", "seconds_per_block"],
+            "properties": {
+                "kind": {"const": "slow_swap"},
+                "seconds_per_block": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+        },
+    ]
 }
 _Responses = dict[int | str, dict[str, Any]]  # FastAPI's `responses=`: status -> OpenAPI response
 # Every admin route: the token, and an engine core that is up. The body routes add 422.
@@ -206,7 +217,7 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         "/fault",
         responses={
             200: {
-                "description": "a fast-path failure was injected",
+                "description": "the fault was injected (a fast-path failure, or slow KV swaps)",
                 "content": {"application/json": {"schema": fault_ok}},
             },
             **_ADMIN_ERRORS,
@@ -228,6 +239,18 @@ def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_
         kind = body.get("kind")
         if kind not in FAULT_KINDS:
             raise ApiError(422, f"kind must be one of {', '.join(FAULT_KINDS)}; got {kind!r}", "kind", "invalid_value")
+        if kind == "slow_swap":
+            seconds = body.get("seconds_per_block")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 1:
+                raise ApiError(
+                    422,
+                    f"seconds_per_block must be a number in [0, 1]; got {seconds!r}",
+                    "seconds_per_block",
+                    "invalid_value",
+                )
+            await engine.inject_slow_swap(float(seconds))
+            log.warning("admin: every swapped KV block now costs %g s more", seconds)
+            return {"injected": kind}
         await engine.inject_fastpath_failure("admin_fault")
         log.warning("admin: injected a fast-path failure")
         return {"injected": kind}

@@ -413,6 +413,9 @@ class EngineCoreClient:
     async def inject_fastpath_failure(self, reason: str) -> None:
         await self._call("inject_fastpath_failure", reason)
 
+    async def inject_slow_swap(self, seconds_per_block: float) -> None:
+        await self._call("inject_slow_swap", seconds_per_block)
+
     # --- the channel ---------------------------------------------------------------------
     def _send(self, msg) -> None:
         self._to_core.send(self._encoder.encode(msg), zmq.NOBLOCK, copy=False)

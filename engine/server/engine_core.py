@@ -274,6 +274,8 @@ class EngineCore:
                 result = engine.set_mode(*msg.args).tunables()
             elif msg.method == "inject_fastpath_failure":
                 result = engine.runner.inject_fastpath_failure(*msg.args)
+            elif msg.method == "inject_slow_swap":
+                result = engine.kv_cache.inject_slow_swap(*msg.args)
             else:
                 raise ValueError(f"unknown engine core method {msg.method!r}")
         except Exception as exc:

@@ -354,6 +354,11 @@ class SnapshotCollector(Collector):
         swap.add_metric(["in"], c.swap_in_bytes)
         swap.add_metric(["out"], c.swap_out_bytes)
         yield swap
+        yield CounterMetricFamily(
+            "inferd_kv_swap_seconds",
+            "Wall time engine steps spent copying KV between device and host swap pool (the step waits for it).",
+            value=c.swap_seconds,
+        )
         blocks = GaugeMetricFamily(
             "inferd_kv_blocks",
             "KV cache blocks by state (cached blocks are free blocks still holding a reusable prefix).",
