@@ -349,3 +349,21 @@ def test_the_clients_patience_follows_the_workloads_length():
     assert request_timeout(phases(70)) == 70  # a compressed run: a hung request is lost soon after it
     assert request_timeout(phases(10)) == 60
     assert request_timeout(phases(2700)) == 300
+
+
+def test_the_stacks_alert_rules_take_overrides_before_the_time_scale(tmp_path):
+    from inferd.agent.scenario.stack import Stack
+
+    stack = Stack(
+        tmp_path,
+        time_scale=1 / 4.5,
+        engine_args=[],
+        policy={},
+        alert_params={"thresholds.ttft_p99_slo_seconds": 0.5, "durations.engine_down_for": "1h"},
+    )
+    stack.write_configs()
+    stack.http.close()
+    rules = (tmp_path / "alerts" / "rules.yml").read_text()
+    assert "[26s667ms]))) > 0.5" in rules  # the scenario's TTFT target; the 2m window scaled
+    assert "for: 13m20s" in rules  # an hour, scaled: InferdEngineDown's
+    assert "ms" in (tmp_path / "prometheus.yml").read_text().split("scrape_interval:")[1].split("\n")[0]

@@ -220,6 +220,10 @@ def run_scenario(
     run_dir.mkdir(parents=True, exist_ok=True)
     model = model or make_preset_model(run_dir / scenario.model_preset, scenario.model_preset)
     shutil.rmtree(run_dir / "stack", ignore_errors=True)  # an old audit log would be replayed by the agent
+    options = dict(stack_options or {})
+    # The TTFT alert watches the scenario's own TTFT target, as an operator would set it
+    # (alerts/params.yml's 2 s is a default, not every SLO).
+    options["alert_params"] = {"thresholds.ttft_p99_slo_seconds": scenario.ttft_s, **options.get("alert_params", {})}
     stack = Stack(
         run_dir / "stack",
         time_scale=time_scale,
@@ -227,7 +231,7 @@ def run_scenario(
         policy=scenario.scaled_policy(time_scale),
         acting=way == "agent",
         supervision=scenario.default_supervision if way == "default" else "agent",
-        **(stack_options or {}),
+        **options,
     )
     try:
         stack.start(model)
