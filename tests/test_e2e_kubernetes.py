@@ -53,6 +53,9 @@ POLICY = {
     "cooldown_s": 600,
     "verify_window_s": 6,
     "max_episode_steps": 1,
+    # As in tests/test_e2e_remediation.py: on the tiny CPU model any lower concurrency costs
+    # throughput, so the guard could roll the step back before the test reads it.
+    "guard_query": "",
 }
 
 
