@@ -17,6 +17,7 @@ from typing import Any
 from inferd.engine.bench.slo_classes import SloClass
 from inferd.engine.config import validate_tunable
 
+from .stack import SUPERVISION
 from .workload import Phase
 
 POLICY_DURATIONS = ("cooldown_s", "verify_window_s", "restore_after_s")
@@ -26,7 +27,6 @@ POLICY_DURATIONS = ("cooldown_s", "verify_window_s", "restore_after_s")
 # POST /admin/fault, every KV block swapped costs seconds_per_block more (a PCIe link
 # trained down), from then on.
 FAULT_KINDS = ("fastpath", "kill", "hang", "slow_swap")
-SUPERVISION = ("agent", "restart_on_exit")  # agent/scenario/stack.py
 
 
 @dataclass(frozen=True, slots=True)
