@@ -564,6 +564,10 @@ class RemediationPolicy:
         return Facts(
             kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
             waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),
+            prompt_tokens=self.metrics.value(
+                f"sum(rate(vllm:request_prompt_tokens_sum{{{sel}}}[{self._window()}]))"
+                f" / sum(rate(vllm:request_prompt_tokens_count{{{sel}}}[{self._window()}]))"
+            ),
         )
 
     def _guard_value(self) -> float | None:

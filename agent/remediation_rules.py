@@ -52,6 +52,11 @@ class Bounds:
         value = max(value, self.minimum)
         return min(self.maximum, value + self.step(value, fraction))
 
+    def toward(self, value: int, target: int) -> int:
+        """Up to target in one action, as far as max_step and the maximum allow."""
+        value = max(value, self.minimum)
+        return min(self.maximum, value + self.max_step, max(value, target))
+
 
 @dataclass(slots=True)
 class PolicyConfig:
@@ -140,6 +145,7 @@ class Facts:
 
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
     waiting: float | None = None  # vllm:num_requests_waiting
+    prompt_tokens: float | None = None  # mean prompt length of the requests finished lately
 
     @property
     def kv_bound(self) -> bool:
@@ -148,6 +154,8 @@ class Facts:
 
 
 KV_BOUND_USAGE = 0.9
+PREFILL_CHUNK_QUANTUM = 256
+"""A prefill chunk sized from prompt lengths is rounded up to a multiple of this."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -191,7 +199,14 @@ def _cold_kv(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | s
 
 def _raise_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     tokens = int(config["max_num_batched_tokens"])
-    new = pc.max_num_batched_tokens.higher(tokens, pc.step_fraction)
+    bounds = pc.max_num_batched_tokens
+    new = bounds.higher(tokens, pc.step_fraction)
+    if facts.prompt_tokens:
+        # A chunk that holds the typical prompt whole prefills it in one step: go there at
+        # once rather than one fraction per verification window (on an H100, 256-token
+        # chunks met a 0.5 s TTFT for 8 % of 1.5-3k-token prompts, 512 for 69 %, 2,048 for 99 %).
+        whole = PREFILL_CHUNK_QUANTUM * math.ceil(facts.prompt_tokens / PREFILL_CHUNK_QUANTUM)
+        new = max(new, bounds.toward(tokens, whole))
     if new > tokens:
         return Plan(
             "raise_max_num_batched_tokens",

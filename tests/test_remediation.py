@@ -630,6 +630,31 @@ def test_ttft_under_kv_queueing_turns_cold_kv_on_instead_of_moving_the_batch(eng
     assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t2"))["new"] == {"max_num_batched_tokens": 2560}
 
 
+def test_ttft_with_long_prompts_sizes_the_chunk_to_hold_the_typical_prompt(engine, prom, audit_path, clock):
+    engine.config["max_num_batched_tokens"] = 256
+    prom.series["request_prompt_tokens"] = [2300.0]  # the mean prompt of the requests finished lately
+    policy = make_policy(engine, prom, audit_path, clock)
+    # one fraction of 256 would be 320; a chunk of 2,304 prefills a 2,300-token prompt in one step
+    assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t"))["new"] == {"max_num_batched_tokens": 2304}
+
+
+def test_ttft_chunk_sizing_keeps_to_the_step_and_the_maximum():
+    from inferd.agent.remediation_rules import DEFAULT_RULES, Facts, PolicyConfig
+
+    (plan_ttft,) = DEFAULT_RULES["InferdTTFTSLOBreach"].planners
+    pc = PolicyConfig.from_dict({"max_num_batched_tokens": {"minimum": 256, "maximum": 4096, "max_step": 1024}})
+    config = {"max_num_batched_tokens": 256}
+    assert plan_ttft(config, pc, Facts(prompt_tokens=3000.0)).new == {"max_num_batched_tokens": 1280}  # max_step
+    assert plan_ttft({"max_num_batched_tokens": 3584}, pc, Facts(prompt_tokens=9000.0)).new == {
+        "max_num_batched_tokens": 4096
+    }
+    # prompts shorter than the chunk: the usual fraction, not a step down
+    assert plan_ttft({"max_num_batched_tokens": 1024}, pc, Facts(prompt_tokens=100.0)).new == {
+        "max_num_batched_tokens": 1280
+    }
+    assert plan_ttft(config, pc, Facts()).new == {"max_num_batched_tokens": 320}  # no answer: one fraction
+
+
 def test_the_ttft_target_is_a_mean_not_a_bucket_quantile():
     from inferd.agent.remediation_rules import DEFAULT_RULES
 

@@ -31,21 +31,22 @@ capacity and the better knob value's.
   32 -> 8 (a step is 0.75 of the value, at most 24).
 - gpu_ttft_long_prompts: 256-token prefill chunks (a node tuned for short prompts) and a
   24 GiB pool (the 32 seats of 3,000-token prompts fill half of it, so the TTFT rule sees
-  no full KV cache and raises max_num_batched_tokens, doubling per step: 256 -> 512 ->
-  1024 -> 2048). The shift sends prompts of 1,536-3,072 tokens with 32-token replies.
+  no full KV cache and raises max_num_batched_tokens: to the mean recent prompt rounded up
+  to 256 tokens where Prometheus has it (one step 256 -> 2,304, the policy's max_step
+  2,048), else doubling per step: 256 -> 512 -> 1024 -> 2048). The shift sends prompts
+  of 1,536-3,072 tokens with 32-token replies.
 
 Time scale. Phases, the policy's cooldown / verification / restore and every alert
 duration (alerts/params.yml, through alerts/render.py) are multiplied by the run's
 `--time-scale`; the engine is not. At 1/2: the recorder samples every 5 s, Prometheus
 scrapes every 2.5 s, Alertmanager's group_wait is 15 s, InferdKVCacheThrashing needs
 over 5 faults/s over its 2m window (60 s) and then `for: 2m` (60 s), InferdTTFTSLOBreach
-a p99 TTFT over 2 s in its 2m window (60 s) and then `for: 5m` (150 s), and the policy
-judges a step 120 s x 1/2 = 60 s after it. Both rules' thresholds are fixed (params.yml),
-not the scenario's SLO: the TTFT alert fires only once the default's queue holds a
-first token back for 2 s, so the shift must overload the default, not merely miss 0.5 s.
-So the thrashing alert reaches the agent about 1.5-2 min (production 3-4 min) into the
-shift and the TTFT alert about 3 min (production 6 min) in: the TTFT scenario's shift is
-the longer one, so one or two steps are judged before it ends. Each scenario is 600 s at
+a p99 TTFT over the scenario's own TTFT target (the run sets the rule's threshold to
+it) in its 2m window (60 s) and then `for: 1m` (30 s), and the policy judges a step
+120 s x 1/2 = 60 s after it. So the thrashing alert reaches the agent about 1.5-2 min
+(production 3-4 min) into the shift and the TTFT alert about 1-1.5 min (production 2-3
+min) in; the TTFT scenario's shift is the longer one, so several steps can be judged
+before it ends. Each scenario is 600 s at
 production intervals, 5 minutes of workload at 1/2; past that, the backlog a default
 that misses has built drains after the last phase. A smaller scale squeezes the alerts'
 windows as well: at 1/8 the thrashing window is 15 s and the TTFT rule's `for:` 37.5 s,
