@@ -45,13 +45,13 @@ a p99 TTFT over the scenario's own TTFT target (the run sets the rule's threshol
 it) in its 2m window (60 s) and then `for: 1m` (30 s), and the policy judges a step
 120 s x 1/2 = 60 s after it. So the thrashing alert reaches the agent about 1.5-2 min
 (production 3-4 min) into the shift and the TTFT alert about 1-1.5 min (production 2-3
-min) in; the TTFT scenario's shift is the longer one, so several steps can be judged
-before it ends. Each scenario is 600 s at
-production intervals, 5 minutes of workload at 1/2; past that, the backlog a default
-that misses has built drains after the last phase. A smaller scale squeezes the alerts'
-windows as well: at 1/8 the thrashing window is 15 s and the TTFT rule's `for:` 37.5 s,
-still several scrapes (never under 1 s), but the engine's queue builds and drains at its
-own speed, so at very small scales an alert can fire and resolve within one backlog.
+min) in; both shifts last 6 minutes, so several steps can be judged before they end.
+The thrashing scenario is 600 s at production intervals, the TTFT one 480 s; past that,
+the backlog a default that misses has built drains after the last phase. A smaller
+scale squeezes the alerts' windows as well: at 1/8 the thrashing window is 15 s and the
+TTFT rule's `for:` 7.5 s, still several scrapes (never under 1 s), but the engine's
+queue builds and drains at its own speed, so at very small scales an alert can fire and
+resolve within one backlog.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ TTFT_POLICY = {
     "restore_after_s": 600,
 }
 TTFT_STEADY = Phase("steady", 60, rate=4.0, prompt_len=(128, 256), max_tokens=32)
-TTFT_SHIFT = Phase("shift", 480, rate=10.0, prompt_len=(1536, 3072), max_tokens=32)
+TTFT_SHIFT = Phase("shift", 360, rate=10.0, prompt_len=(1536, 3072), max_tokens=32)
 TTFT_RECOVERY = Phase("recovery", 60, rate=4.0, prompt_len=(128, 256), max_tokens=32)
 
 GPU_SCENARIOS: dict[str, Scenario] = {
