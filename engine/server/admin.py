@@ -11,6 +11,7 @@ Every call needs `Authorization: Bearer <token>` (the scheme in any case, RFC 72
 the token compared in constant time; a 401 says `WWW-Authenticate: Bearer`. With no
 token configured the admin API is off (403 saying so). The request bodies are parsed
 here, not by FastAPI; their schemas (`openapi_extra`) are what these handlers accept.
+The handlers read the app's `engine` and `settings` (app.py sets them on its state).
 """
 
 from __future__ import annotations
@@ -130,129 +131,138 @@ async def _json_object(request: Request) -> dict:
     return {k: int(v) if isinstance(v, float) and v.is_integer() and abs(v) <= 2**53 else v for k, v in body.items()}
 
 
-def make_admin_router(engine: EngineCoreClient, token: str | None, enable_fault_injection: bool = False) -> APIRouter:
-    router = APIRouter(prefix="/admin")
-    expected = token.encode() if token else None
+router = APIRouter(prefix="/admin")
 
-    def authorize(request: Request) -> None:
-        if expected is None:
-            raise ApiError(
-                403,
-                "the admin API is off: no admin token is configured (set INFERD_ADMIN_TOKEN "
-                "or start with --admin-token-file)",
-                None,
-                "admin_disabled",
-            )
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise ApiError(
-                401,
-                "missing or wrong admin token (Authorization: Bearer <token>)",
-                None,
-                "invalid_token",
-                headers={"WWW-Authenticate": "Bearer"},  # RFC 7235: a 401 names the scheme it wants
-            )
 
-    def config_body(tunables: dict[str, Any]) -> dict:
-        # `mode` is what was asked for; `path` is what runs: without an accelerated kernel
-        # (on CPU, say) the portable path runs in either mode, and path_reason says why.
-        unavailable = engine.fast_path_unavailable
-        reason: str | None
-        if tunables.get("mode") == "fallback":
-            path, reason = "portable", "mode is fallback"
-        else:
-            path, reason = ("portable", f"fast path unavailable: {unavailable}") if unavailable else ("fast", None)
-        return {"config": tunables, "bounds": _bounds(), "path": path, "path_reason": reason}
+def authorize(request: Request) -> None:
+    """Refuse the call unless it carries the admin token (the app's settings.admin_token)."""
+    token = request.app.state.settings.admin_token
+    if not token:
+        raise ApiError(
+            403,
+            "the admin API is off: no admin token is configured (set INFERD_ADMIN_TOKEN "
+            "or start with --admin-token-file)",
+            None,
+            "admin_disabled",
+        )
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(
+            401,
+            "missing or wrong admin token (Authorization: Bearer <token>)",
+            None,
+            "invalid_token",
+            headers={"WWW-Authenticate": "Bearer"},  # RFC 7235: a 401 names the scheme it wants
+        )
 
-    @router.get("/config", responses={**_CONFIG_OK, **_ADMIN_ERRORS}, openapi_extra=_SECURED)
-    async def get_config(request: Request):
-        authorize(request)
-        return config_body(await engine.get_tunables())
 
-    @router.patch(
-        "/config",
-        responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
-        openapi_extra={**_SECURED, **_json_body(CHANGES_SCHEMA)},
-    )
-    async def patch_config(request: Request):
-        authorize(request)
-        changes = await _json_object(request)
-        if not changes:
-            raise ApiError(422, "no changes given: send a JSON object of tunable -> value", None, "invalid_value")
-        try:
-            for name, value in changes.items():
-                # Here first, so that what the channel to the core cannot carry (an integer past
-                # 64 bits, a lone surrogate) is a 422 too; the core checks the rules across fields.
-                validate_tunable(name, value)
-            config = await engine.reconfigure(changes)
-        except ValueError as exc:
-            raise ApiError(422, str(exc), getattr(exc, "name", None) or next(iter(changes)), "invalid_value") from None
-        log.info("admin: applied %s", changes)
-        return config_body(config)
+def config_body(engine: EngineCoreClient, tunables: dict[str, Any]) -> dict:
+    # `mode` is what was asked for; `path` is what runs: without an accelerated kernel
+    # (on CPU, say) the portable path runs in either mode, and path_reason says why.
+    unavailable = engine.fast_path_unavailable
+    reason: str | None
+    if tunables.get("mode") == "fallback":
+        path, reason = "portable", "mode is fallback"
+    else:
+        path, reason = ("portable", f"fast path unavailable: {unavailable}") if unavailable else ("fast", None)
+    return {"config": tunables, "bounds": _bounds(), "path": path, "path_reason": reason}
 
-    @router.post(
-        "/mode",
-        responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
-        openapi_extra={**_SECURED, **_json_body(MODE_SCHEMA)},
-    )
-    async def set_mode(request: Request):
-        authorize(request)
-        body = await _json_object(request)
-        if set(body) != {"mode"}:
-            raise ApiError(
-                422, f'body must be {{"mode": "fast" | "fallback"}}, got keys {sorted(body)}', "mode", "invalid_value"
-            )
-        try:
-            validate_tunable("mode", body["mode"])
-            config = await engine.set_mode(body["mode"])
-        except ValueError as exc:
-            raise ApiError(422, str(exc), "mode", "invalid_value") from None
-        log.info("admin: mode set to %s", config["mode"])
-        return config_body(config)
 
-    fault_ok = {"type": "object", "required": ["injected"], "properties": {"injected": {"type": "string"}}}
+@router.get("/config", responses={**_CONFIG_OK, **_ADMIN_ERRORS}, openapi_extra=_SECURED)
+async def get_config(request: Request):
+    authorize(request)
+    engine: EngineCoreClient = request.app.state.engine
+    return config_body(engine, await engine.get_tunables())
 
-    @router.post(
-        "/fault",
-        responses={
-            200: {
-                "description": "the fault was injected (a fast-path failure, or slow KV swaps)",
-                "content": {"application/json": {"schema": fault_ok}},
-            },
-            **_ADMIN_ERRORS,
-            **_INVALID_BODY,
-            404: {"description": "fault injection is off (--enable-fault-injection)"},
+
+@router.patch(
+    "/config",
+    responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
+    openapi_extra={**_SECURED, **_json_body(CHANGES_SCHEMA)},
+)
+async def patch_config(request: Request):
+    authorize(request)
+    engine: EngineCoreClient = request.app.state.engine
+    changes = await _json_object(request)
+    if not changes:
+        raise ApiError(422, "no changes given: send a JSON object of tunable -> value", None, "invalid_value")
+    try:
+        for name, value in changes.items():
+            # Here first, so that what the channel to the core cannot carry (an integer past
+            # 64 bits, a lone surrogate) is a 422 too; the core checks the rules across fields.
+            validate_tunable(name, value)
+        config = await engine.reconfigure(changes)
+    except ValueError as exc:
+        raise ApiError(422, str(exc), getattr(exc, "name", None) or next(iter(changes)), "invalid_value") from None
+    log.info("admin: applied %s", changes)
+    return config_body(engine, config)
+
+
+@router.post(
+    "/mode",
+    responses={**_CONFIG_OK, **_ADMIN_ERRORS, **_INVALID_BODY},
+    openapi_extra={**_SECURED, **_json_body(MODE_SCHEMA)},
+)
+async def set_mode(request: Request):
+    authorize(request)
+    engine: EngineCoreClient = request.app.state.engine
+    body = await _json_object(request)
+    if set(body) != {"mode"}:
+        raise ApiError(
+            422, f'body must be {{"mode": "fast" | "fallback"}}, got keys {sorted(body)}', "mode", "invalid_value"
+        )
+    try:
+        validate_tunable("mode", body["mode"])
+        config = await engine.set_mode(body["mode"])
+    except ValueError as exc:
+        raise ApiError(422, str(exc), "mode", "invalid_value") from None
+    log.info("admin: mode set to %s", config["mode"])
+    return config_body(engine, config)
+
+
+_FAULT_OK = {"type": "object", "required": ["injected"], "properties": {"injected": {"type": "string"}}}
+
+
+@router.post(
+    "/fault",
+    responses={
+        200: {
+            "description": "the fault was injected (a fast-path failure, or slow KV swaps)",
+            "content": {"application/json": {"schema": _FAULT_OK}},
         },
-        openapi_extra={**_SECURED, **_json_body(FAULT_SCHEMA)},
-    )
-    async def inject_fault(request: Request):
-        authorize(request)
-        if not enable_fault_injection:
+        **_ADMIN_ERRORS,
+        **_INVALID_BODY,
+        404: {"description": "fault injection is off (--enable-fault-injection)"},
+    },
+    openapi_extra={**_SECURED, **_json_body(FAULT_SCHEMA)},
+)
+async def inject_fault(request: Request):
+    authorize(request)
+    engine: EngineCoreClient = request.app.state.engine
+    if not request.app.state.settings.enable_fault_injection:
+        raise ApiError(
+            404,
+            "fault injection is off (start the server with --enable-fault-injection)",
+            None,
+            "fault_injection_disabled",
+        )
+    body = await _json_object(request)
+    kind = body.get("kind")
+    if kind not in FAULT_KINDS:
+        raise ApiError(422, f"kind must be one of {', '.join(FAULT_KINDS)}; got {kind!r}", "kind", "invalid_value")
+    if kind == "slow_swap":
+        seconds = body.get("seconds_per_block")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 1:
             raise ApiError(
-                404,
-                "fault injection is off (start the server with --enable-fault-injection)",
-                None,
-                "fault_injection_disabled",
+                422,
+                f"seconds_per_block must be a number in [0, 1]; got {seconds!r}",
+                "seconds_per_block",
+                "invalid_value",
             )
-        body = await _json_object(request)
-        kind = body.get("kind")
-        if kind not in FAULT_KINDS:
-            raise ApiError(422, f"kind must be one of {', '.join(FAULT_KINDS)}; got {kind!r}", "kind", "invalid_value")
-        if kind == "slow_swap":
-            seconds = body.get("seconds_per_block")
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 1:
-                raise ApiError(
-                    422,
-                    f"seconds_per_block must be a number in [0, 1]; got {seconds!r}",
-                    "seconds_per_block",
-                    "invalid_value",
-                )
-            await engine.inject_slow_swap(float(seconds))
-            log.warning("admin: every swapped KV block now costs %g s more", seconds)
-            return {"injected": kind}
-        await engine.inject_fastpath_failure("admin_fault")
-        log.warning("admin: injected a fast-path failure")
+        await engine.inject_slow_swap(float(seconds))
+        log.warning("admin: every swapped KV block now costs %g s more", seconds)
         return {"injected": kind}
-
-    return router
+    await engine.inject_fastpath_failure("admin_fault")
+    log.warning("admin: injected a fast-path failure")
+    return {"injected": kind}

@@ -29,6 +29,7 @@ ERROR_TYPES = {
     500: "internal_server_error",
     503: "service_unavailable",
 }
+RETRY_AFTER_S = 5  # what a 503 tells a client to wait (loading, engine_stalled, draining)
 
 
 class ApiError(Exception):

@@ -29,7 +29,7 @@ from ..structured_outputs_limits import StructuredOutputsLimits
 from ..structured_outputs_request import check_constraint
 from ..ttft_predictor import TtftPredictor
 from .admission import Admission, AdmissionConfig
-from .api_models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .api_models import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from .chat import ChatTemplateError, render_chat, template_messages
 from .core_client import EngineCoreClient, EngineUnavailable, RequestFailed, RequestRejected
 from .errors import ApiError, bad_request, error_body
@@ -152,6 +152,36 @@ class OpenAIServing:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len  # set from the engine core's limits once it is ready
+
+    @property
+    def chat_adds_special_tokens(self) -> bool:
+        # A template writes its own special tokens; the plain default relies on the tokenizer's.
+        return self.tokenizer.chat_template is None
+
+    # --- prompts ----------------------------------------------------------------------
+    def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool, tools: ToolRequest | None) -> str:
+        """The messages as prompt text, through the model's chat template (chat.py); a 400
+        naming messages when the template refuses them."""
+        tok = self.tokenizer
+        rendered = template_messages(messages, short_ids=self.tool_call_parser == "mistral")
+        try:
+            return render_chat(
+                rendered,
+                tok.chat_template,
+                tok.bos_token,
+                tok.eos_token,
+                add_generation_prompt,
+                tools=tools.tools if tools else None,
+            )
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+
+    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The token ids of `text`; a long one in a worker thread, so the event loop stays free."""
+        tok = self.tokenizer
+        if len(text) >= TOKENIZE_IN_THREAD_CHARS:
+            return await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special_tokens)
+        return tok.encode(text, add_special_tokens=add_special_tokens)
 
     # --- checks ---------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -294,26 +324,8 @@ class OpenAIServing:
             m.check_role(i)
         tools = tool_request(body.tools, body.tool_choice, body.parallel_tool_calls)
         parser = self._tool_parser(tools)
-        messages = template_messages(body.messages, short_ids=self.tool_call_parser == "mistral")
-        tok = self.tokenizer
-        try:
-            text = render_chat(
-                messages,
-                tok.chat_template,
-                tok.bos_token,
-                tok.eos_token,
-                body.add_generation_prompt,
-                tools=tools.tools if tools else None,
-            )
-        except ChatTemplateError as exc:
-            raise bad_request(str(exc), "messages") from None
-        # A template writes its own special tokens; the plain default relies on the tokenizer's.
-        add_special = tok.chat_template is None
-        ids = (
-            await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special)
-            if len(text) >= TOKENIZE_IN_THREAD_CHARS
-            else tok.encode(text, add_special_tokens=add_special)
-        )
+        text = self.chat_prompt(body.messages, body.add_generation_prompt, tools)
+        ids = await self.encode(text, self.chat_adds_special_tokens)
         if not ids:
             raise bad_request("messages render to an empty prompt", "messages")
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

@@ -17,21 +17,22 @@ clients and gateways that count tokens through a vLLM server work unchanged:
   OpenAI's error shape (code `model_not_found`).
 
 The tokenizer lives in the API server process, so these answer while the model loads.
+The handlers read the app's `serving` (app.py sets it on the app's state).
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import StrictBool
 
+from inferd.openapi_doc import json_ok
+
 from .api_models import ChatMessage, JsonInt, _Lenient, first_non_unicode
-from .chat import ChatTemplateError, render_chat, template_messages
 from .errors import ApiError, bad_request
-from .serving import TOKENIZE_IN_THREAD_CHARS, OpenAIServing
+from .serving import OpenAIServing
 from .tool_parsers.tool_choice import tool_request
 
 
@@ -115,93 +116,75 @@ def document_token_schemas(schemas: dict) -> None:
     tokens["additionalProperties"] = True
 
 
-def _ok(description: str, schema: dict) -> dict:
-    return {200: {"description": description, "content": {"application/json": {"schema": schema}}}}
+router = APIRouter()
 
 
-def make_tokenize_router(serving: OpenAIServing) -> APIRouter:
-    router = APIRouter()
+@router.post(
+    "/tokenize",
+    responses={
+        **json_ok("the prompt's token ids", TOKENIZE_RESPONSE),
+        400: {
+            "description": "the body is not a JSON object of the documented types, neither or both of prompt "
+            "and messages, a refused field, or a bad message"
+        },
+        404: {"description": "the model does not exist"},
+    },
+)
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    serving: OpenAIServing = request.app.state.serving
+    body.check()
+    serving.check_model(body.model)
+    if body.messages is not None:
+        tools = tool_request(body.tools, None, None)
+        text = serving.chat_prompt(body.messages, body.add_generation_prompt, tools)
+        default_special = serving.chat_adds_special_tokens
+    else:
+        assert body.prompt is not None
+        text, default_special = body.prompt, True
+    add_special = default_special if body.add_special_tokens is None else body.add_special_tokens
+    ids = await serving.encode(text, add_special)
+    return {
+        "count": len(ids),
+        "max_model_len": serving.max_model_len,
+        "tokens": ids,
+        "token_strs": [serving.tokenizer.id_to_token(i) or "" for i in ids] if body.return_token_strs else None,
+    }
+
+
+@router.post(
+    "/detokenize",
+    responses={
+        **json_ok("the text of the token ids", DETOKENIZE_RESPONSE),
+        400: {
+            "description": "the body is not a JSON object of the documented types, or a token id outside the "
+            "tokenizer's vocabulary"
+        },
+        404: {"description": "the model does not exist"},
+    },
+)
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, str]:
+    serving: OpenAIServing = request.app.state.serving
     tok = serving.tokenizer
+    body.check_unknown_fields()
+    serving.check_model(body.model)
+    bad = [t for t in body.tokens if not 0 <= t < tok.vocab_size]
+    if bad:
+        raise bad_request(f"tokens has unknown token id(s) {bad[:5]}; vocabulary is [0, {tok.vocab_size})", "tokens")
+    return {"prompt": tok.decode(body.tokens, skip_special_tokens=False)}
 
-    async def encode(text: str, add_special: bool) -> list[int]:
-        if len(text) >= TOKENIZE_IN_THREAD_CHARS:  # as the generation routes: keep the event loop free
-            return await asyncio.to_thread(tok.encode, text, add_special_tokens=add_special)
-        return tok.encode(text, add_special_tokens=add_special)
 
-    @router.post(
-        "/tokenize",
-        responses={
-            **_ok("the prompt's token ids", TOKENIZE_RESPONSE),
-            400: {
-                "description": "the body is not a JSON object of the documented types, neither or both of prompt "
-                "and messages, a refused field, or a bad message"
-            },
-            404: {"description": "the model does not exist"},
-        },
-    )
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        body.check()
-        serving.check_model(body.model)
-        if body.messages is not None:
-            tools = tool_request(body.tools, None, None)
-            messages = template_messages(body.messages, short_ids=serving.tool_call_parser == "mistral")
-            try:
-                text = render_chat(
-                    messages,
-                    tok.chat_template,
-                    tok.bos_token,
-                    tok.eos_token,
-                    body.add_generation_prompt,
-                    tools=tools.tools if tools else None,
-                )
-            except ChatTemplateError as exc:
-                raise bad_request(str(exc), "messages") from None
-            default_special = tok.chat_template is None
-        else:
-            assert body.prompt is not None
-            text, default_special = body.prompt, True
-        add_special = default_special if body.add_special_tokens is None else body.add_special_tokens
-        ids = await encode(text, add_special)
-        return {
-            "count": len(ids),
-            "max_model_len": serving.max_model_len,
-            "tokens": ids,
-            "token_strs": [tok.id_to_token(i) or "" for i in ids] if body.return_token_strs else None,
-        }
+@router.get("/version", responses=json_ok("the server's version", VERSION_RESPONSE))
+async def version() -> dict[str, str]:
+    return {"version": inferd_version()}
 
-    @router.post(
-        "/detokenize",
-        responses={
-            **_ok("the text of the token ids", DETOKENIZE_RESPONSE),
-            400: {
-                "description": "the body is not a JSON object of the documented types, or a token id outside the "
-                "tokenizer's vocabulary"
-            },
-            404: {"description": "the model does not exist"},
-        },
-    )
-    async def detokenize(body: DetokenizeRequest) -> dict[str, str]:
-        body.check_unknown_fields()
-        serving.check_model(body.model)
-        bad = [t for t in body.tokens if not 0 <= t < tok.vocab_size]
-        if bad:
-            raise bad_request(
-                f"tokens has unknown token id(s) {bad[:5]}; vocabulary is [0, {tok.vocab_size})", "tokens"
-            )
-        return {"prompt": tok.decode(body.tokens, skip_special_tokens=False)}
 
-    @router.get("/version", responses=_ok("the server's version", VERSION_RESPONSE))
-    async def version() -> dict[str, str]:
-        return {"version": inferd_version()}
-
-    @router.get(
-        "/v1/models/{model:path}",  # served names often hold a slash (org/model)
-        responses={**_ok("the model's card", MODEL_CARD), 404: {"description": "no model has this id"}},
-    )
-    async def model_card(model: str) -> dict[str, Any]:
-        if model != serving.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
-        [card] = serving.models()["data"]
-        return card
-
-    return router
+@router.get(
+    "/v1/models/{model:path}",  # served names often hold a slash (org/model)
+    responses={**json_ok("the model's card", MODEL_CARD), 404: {"description": "no model has this id"}},
+)
+async def model_card(model: str, request: Request) -> dict[str, Any]:
+    serving: OpenAIServing = request.app.state.serving
+    if model != serving.model_name:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+    [card] = serving.models()["data"]
+    return card
