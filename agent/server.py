@@ -24,13 +24,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+from starlette.exceptions import HTTPException
 
 from inferd.agent.supervisor import Supervisor
 from inferd.exporters.engine_metrics import EngineMetricsReader
 from inferd.exporters.exposition import render_exposition
 from inferd.exporters.registry import CollectorSet
+from inferd.openapi_doc import document_errors, json_ok, serve_document
 
+DESCRIPTION = "The node agent: metrics, health, topology, Alertmanager webhook, actions"
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _TEXT = {"schema": {"type": "string"}}
 
@@ -77,124 +83,95 @@ class AgentState:
         return {"status": "ok" if healthy else "degraded", "engine": engine, "collectors": self.collectors.names}
 
 
-def create_app(state: AgentState, routers: Iterable[Any] = ()):
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.openapi.utils import get_openapi
-    from fastapi.responses import JSONResponse, Response
-    from starlette.exceptions import HTTPException
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
-    app = FastAPI(title="inferd agent", docs_url=None, redoc_url=None)
-    app.state.agent = state
 
-    def error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException):
-        messages = {
-            404: f"no route {request.method} {request.url.path}",
-            405: f"method {request.method} not allowed on {request.url.path}",
-        }
-        return error(exc.status_code, messages.get(exc.status_code, str(exc.detail)), exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        parts = [
-            f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()[:5]
-        ]
-        return error(422, "; ".join(parts) or "malformed request")
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception):
-        return error(500, f"internal error: {type(exc).__name__}")  # Starlette still logs the traceback
-
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={
-            200: {"description": "Prometheus text exposition", "content": {CONTENT_TYPE_LATEST.split(";")[0]: _TEXT}}
-        },
-    )
-    def metrics():
-        return Response(state.render_metrics(), media_type=CONTENT_TYPE_LATEST)
-
-    health = {
-        "type": "object",
-        "required": ["status", "engine", "collectors"],
-        "properties": {
-            "status": {"enum": ["ok", "degraded"]},
-            "engine": {"anyOf": [{"type": "object"}, {"type": "null"}]},
-            "collectors": {"type": "array", "items": {"type": "string"}},
-        },
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    messages = {
+        404: f"no route {request.method} {request.url.path}",
+        405: f"method {request.method} not allowed on {request.url.path}",
     }
+    return _error(exc.status_code, messages.get(exc.status_code, str(exc.detail)), exc.headers)
 
-    @app.get(
-        "/healthz",
-        responses={
-            200: {
-                "description": "the agent's liveness; degraded while its engine is not ready",
-                "content": {"application/json": {"schema": health}},
-            }
-        },
-    )
-    def healthz():
-        return JSONResponse(state.health())
 
-    @app.get(
-        "/v1/topology",
-        responses={
-            200: {
-                "description": "the discovered topology and the engine's placement",
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["topology", "placement"],
-                            "properties": {"topology": {"type": "object"}, "placement": {"type": "object"}},
-                        }
-                    }
-                },
-            },
-            503: {"description": "the topology could not be discovered (error says why)"},
-        },
-    )
-    def topology():
-        if state.topology is None:
-            return error(503, state.topology_error or "topology not discovered")
-        return JSONResponse({"topology": state.topology, "placement": state.placement})
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    parts = [f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()[:5]]
+    return _error(422, "; ".join(parts) or "malformed request")
 
-    for router in routers:
-        app.include_router(router)
 
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            doc = get_openapi(
-                title=app.title,
-                version=app.version,
-                routes=app.routes,
-                description="The node agent: metrics, health, topology, Alertmanager webhook, actions",
-            )
-            doc.setdefault("components", {})["securitySchemes"] = {"webhookToken": {"type": "http", "scheme": "bearer"}}
-            app.openapi_schema = document_errors(doc, ERROR_SCHEMA)
-        return app.openapi_schema
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error(500, f"internal error: {type(exc).__name__}")  # Starlette still logs the traceback
 
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise the schema
+
+EXCEPTION_HANDLERS: dict[Any, Callable[..., Any]] = {
+    HTTPException: http_error,
+    RequestValidationError: validation_error,
+    Exception: unexpected_error,
+}
+
+HEALTH_SCHEMA = {
+    "type": "object",
+    "required": ["status", "engine", "collectors"],
+    "properties": {
+        "status": {"enum": ["ok", "degraded"]},
+        "engine": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        "collectors": {"type": "array", "items": {"type": "string"}},
+    },
+}
+TOPOLOGY_SCHEMA = {
+    "type": "object",
+    "required": ["topology", "placement"],
+    "properties": {"topology": {"type": "object"}, "placement": {"type": "object"}},
+}
+
+# The routes read the app's `agent` (an AgentState), which create_app sets on its state.
+router = APIRouter()
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"description": "Prometheus text exposition", "content": {CONTENT_TYPE_LATEST.split(";")[0]: _TEXT}}
+    },
+)
+def metrics(request: Request):
+    return Response(request.app.state.agent.render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(
+    "/healthz", responses=json_ok("the agent's liveness; degraded while its engine is not ready", HEALTH_SCHEMA)
+)
+def healthz(request: Request):
+    return JSONResponse(request.app.state.agent.health())
+
+
+@router.get(
+    "/v1/topology",
+    responses={
+        **json_ok("the discovered topology and the engine's placement", TOPOLOGY_SCHEMA),
+        503: {"description": "the topology could not be discovered (error says why)"},
+    },
+)
+def topology(request: Request):
+    state: AgentState = request.app.state.agent
+    if state.topology is None:
+        return _error(503, state.topology_error or "topology not discovered")
+    return JSONResponse({"topology": state.topology, "placement": state.placement})
+
+
+def _finish_document(doc: dict) -> dict:
+    return document_errors(doc, ERROR_SCHEMA)
+
+
+def create_app(state: AgentState, routers: Iterable[Any] = ()) -> FastAPI:
+    app = FastAPI(title="inferd agent", docs_url=None, redoc_url=None, exception_handlers=EXCEPTION_HANDLERS)
+    app.state.agent = state
+    for extra in (router, *routers):
+        app.include_router(extra)
+    serve_document(app, DESCRIPTION, "webhookToken", _finish_document)
     return app
-
-
-def document_errors(doc: dict, error_schema: dict) -> dict:
-    """`doc` with the error schema on every 4xx/5xx response; FastAPI's own
-    validation-error schemas, which this app never sends, are dropped."""
-    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    schemas["Error"] = error_schema
-    for operation in (op for item in doc["paths"].values() for op in item.values()):
-        for code, response in operation["responses"].items():
-            if code[0] in "45":
-                response["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
-    return doc
 
 
 def load_extra_routers(

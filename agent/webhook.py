@@ -354,21 +354,13 @@ def audit_log_from(args: argparse.Namespace) -> AuditLog:
 
 
 def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=None) -> RemediationPolicy:
-    import yaml
-
     from inferd.agent.engine_client import TOKEN_ENV, EngineClient, token_from
     from inferd.agent.engine_host import SupervisorHost
-    from inferd.agent.remediation import PolicyConfig, PrometheusQuery
+    from inferd.agent.remediation import PrometheusQuery
+    from inferd.agent.remediation_config import load_policy_config
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine/Prometheus call is noise
-    settings: dict[str, Any] = {}
-    if getattr(args, "remediation_config", None):
-        settings = yaml.safe_load(Path(args.remediation_config).read_text()) or {}
-        if not isinstance(settings, dict):
-            raise ValueError(f"{args.remediation_config}: expected a mapping of settings")
-    if getattr(args, "dry_run", False):
-        settings["dry_run"] = True
-    config = PolicyConfig.from_dict(settings)
+    config = load_policy_config(args)
     token = token_from(path=getattr(args, "admin_token_file", None))
     if token is None and supervisor is not None:
         token = secrets.token_hex(32)

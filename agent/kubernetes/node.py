@@ -337,19 +337,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def policy_config(args: argparse.Namespace) -> PolicyConfig:
-    import yaml
-
-    settings: dict[str, Any] = {}
-    if getattr(args, "remediation_config", None):
-        settings = yaml.safe_load(Path(args.remediation_config).read_text()) or {}
-        if not isinstance(settings, dict):
-            raise ValueError(f"{args.remediation_config}: expected a mapping of settings")
-    if getattr(args, "dry_run", False):
-        settings["dry_run"] = True
-    return PolicyConfig.from_dict(settings)
-
-
 @dataclass(slots=True)
 class Assembly:
     """What `build` made, for the agent to mount, register and stop."""
@@ -363,6 +350,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
     """The Kubernetes mode from the agent's arguments; ValueError names what is wrong."""
     from inferd.agent.engine_client import EngineClient, token_from
     from inferd.agent.remediation import PrometheusQuery
+    from inferd.agent.remediation_config import load_policy_config
     from inferd.agent.webhook import audit_log_from
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -405,7 +393,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
         return policy
 
     remediation = NodeRemediation(
-        discovery_config.node_name, config.node_label, audit, policy_config(args), make_policy, config.engine_job
+        discovery_config.node_name, config.node_label, audit, load_policy_config(args), make_policy, config.engine_job
     )
     placement = PlacementReader(getattr(args, "procfs_root", "/proc"), getattr(args, "sysfs_root", "/sys"))
     node = KubernetesNode(discovery, remediation, config, pull, placement)
