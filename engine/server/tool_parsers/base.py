@@ -168,37 +168,52 @@ def partial_call_object(text: str, i: int, argument_keys: tuple[str, ...]) -> tu
     return PartialCall(name, text[start:], False), len(text)
 
 
-def parse_call_list(text: str, i: int, argument_keys: tuple[str, ...]) -> tuple[list[ToolCall], str]:
-    """The call objects of a JSON array whose "[" is at text[i], and the text after its "]";
-    ValueError when it is not one."""
+def parse_calls(
+    text: str, i: int, argument_keys: tuple[str, ...], separator: str, allow_trailing: bool = False
+) -> tuple[list[ToolCall], int]:
+    """The call objects from text[i] on with `separator` between them, and the index after
+    the last one (the end of text when `allow_trailing` and only whitespace follows a last
+    separator); ValueError when one does not parse."""
     calls: list[ToolCall] = []
-    i = skip_ws(text, i + 1)
     while True:
         call, i = parse_call_object(text, i, argument_keys)
         calls.append(call)
-        i = skip_ws(text, i)
-        if text.startswith(",", i):
-            i = skip_ws(text, i + 1)
-        elif text.startswith("]", i):
-            return calls, text[i + 1 :]
-        else:
-            raise ValueError("expected ',' or ']'")
+        j = skip_ws(text, i)
+        if not text.startswith(separator, j):
+            return calls, i
+        i = j + len(separator)
+        if allow_trailing and not text[i:].strip():
+            return calls, len(text)
 
 
-def partial_call_list(text: str, i: int, argument_keys: tuple[str, ...]) -> list[PartialCall]:
-    """The calls of a JSON array whose "[" is at text[i], as far as they are written."""
+def partial_calls(text: str, i: int, argument_keys: tuple[str, ...], separator: str) -> list[PartialCall]:
+    """The calls from text[i] on with `separator` between them, as far as they are written."""
     calls: list[PartialCall] = []
-    i = skip_ws(text, i + 1)
     while True:
         found = partial_call_object(text, i, argument_keys)
         if found is None:
             return calls
         partial, i = found
         calls.append(partial)
-        i = skip_ws(text, i)
-        if not partial.is_complete or not text.startswith(",", i):
+        j = skip_ws(text, i)
+        if not partial.is_complete or not text.startswith(separator, j):
             return calls
-        i = skip_ws(text, i + 1)
+        i = j + len(separator)
+
+
+def parse_call_list(text: str, i: int, argument_keys: tuple[str, ...]) -> tuple[list[ToolCall], str]:
+    """The call objects of a JSON array whose "[" is at text[i], and the text after its "]";
+    ValueError when it is not one."""
+    calls, i = parse_calls(text, i + 1, argument_keys, ",")
+    i = skip_ws(text, i)
+    if not text.startswith("]", i):
+        raise ValueError("expected ',' or ']'")
+    return calls, text[i + 1 :]
+
+
+def partial_call_list(text: str, i: int, argument_keys: tuple[str, ...]) -> list[PartialCall]:
+    """The calls of a JSON array whose "[" is at text[i], as far as they are written."""
+    return partial_calls(text, i + 1, argument_keys, ",")
 
 
 def hoist_defs(parameters: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -9,7 +9,7 @@ starts with `{` but is not a call is content.
 
 from __future__ import annotations
 
-from .base import PartialCall, ToolCall, ToolParser, parse_call_object, partial_call_object, skip_ws
+from .base import PartialCall, ToolCall, ToolParser, parse_calls, partial_calls, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 ARGUMENT_KEYS = ("parameters", "arguments")
@@ -35,31 +35,11 @@ class Llama3JsonToolParser(ToolParser):
         return len(PYTHON_TAG) if section.startswith(PYTHON_TAG) else 0
 
     def parse_section(self, section: str) -> tuple[list[ToolCall], str] | None:
-        calls: list[ToolCall] = []
-        i = self._body_start(section)
-        while True:
-            try:
-                call, i = parse_call_object(section, i, ARGUMENT_KEYS)
-            except ValueError:
-                return None
-            calls.append(call)
-            j = skip_ws(section, i)
-            if not section.startswith(";", j):
-                return calls, section[i:]
-            i = j + 1
-            if not section[i:].strip():
-                return calls, ""
+        try:
+            calls, end = parse_calls(section, self._body_start(section), ARGUMENT_KEYS, ";", allow_trailing=True)
+        except ValueError:
+            return None
+        return calls, section[end:]
 
     def partial_section(self, section: str) -> list[PartialCall]:
-        calls: list[PartialCall] = []
-        i = self._body_start(section)
-        while True:
-            found = partial_call_object(section, i, ARGUMENT_KEYS)
-            if found is None:
-                return calls
-            partial, i = found
-            calls.append(partial)
-            j = skip_ws(section, i)
-            if not partial.is_complete or not section.startswith(";", j):
-                return calls
-            i = j + 1
+        return partial_calls(section, self._body_start(section), ARGUMENT_KEYS, ";")
