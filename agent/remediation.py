@@ -417,7 +417,7 @@ class RemediationPolicy:
             )
         try:
             config = self.engine.get_config()
-            facts = self._facts(alert) if rule.uses_facts else Facts()
+            facts = self._facts(alert, rule) if rule.uses_facts else Facts()
             reasons = []
             for index in range(episode.planner if episode else 0, len(rule.planners)):
                 plan = rule.planners[index](config, self.config, facts)
@@ -557,10 +557,10 @@ class RemediationPolicy:
             return bool(samples)
         return alert.fingerprint in self._firing
 
-    def _facts(self, alert: Alert) -> Facts:
+    def _facts(self, alert: Alert, rule: Rule) -> Facts:
         if not self.metrics:
             return Facts()
-        sel = self._selector(alert)
+        sel = self._selector(alert) if rule.labels_name_engine else self.config.engine_selector
         return Facts(
             kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
             waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),

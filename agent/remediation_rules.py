@@ -173,6 +173,9 @@ class Rule:
     """A config step whose verification says worse (or has no data) is rolled back."""
     uses_facts: bool = False
     """Its planners read Facts (extra Prometheus queries at planning time)."""
+    labels_name_engine: bool = True
+    """Its alert's job/instance labels are the engine's; False: the agent's (GPU series), and
+    Facts read the engine through PolicyConfig.engine_selector."""
     restore: bool = True
     """False: its changes stay after the alert resolves (a cause that does not go away by itself)."""
 
@@ -229,8 +232,13 @@ def _ttft(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
 
 def _raise_batch(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     old = {"max_num_seqs": int(config["max_num_seqs"]), "max_num_batched_tokens": int(config["max_num_batched_tokens"])}
+    seats = pc.max_num_seqs.higher(old["max_num_seqs"], pc.step_fraction)
+    if facts.waiting:
+        # Seats for the requests waiting too, in one step rather than one fraction per
+        # verification window (within max_step)
+        seats = max(seats, pc.max_num_seqs.toward(old["max_num_seqs"], old["max_num_seqs"] + math.ceil(facts.waiting)))
     new = {
-        "max_num_seqs": pc.max_num_seqs.higher(old["max_num_seqs"], pc.step_fraction),
+        "max_num_seqs": seats,
         "max_num_batched_tokens": pc.max_num_batched_tokens.higher(old["max_num_batched_tokens"], pc.step_fraction),
     }
     changed = {k: v for k, v in new.items() if v != old[k]}
@@ -291,6 +299,8 @@ DEFAULT_RULES: dict[str, Rule] = {
             (_raise_batch,),
             "avg(avg_over_time(DCGM_FI_PROF_SM_ACTIVE{{{sel}}}[{window}]))",
             better="higher",
+            uses_facts=True,
+            labels_name_engine=False,
         ),
         Rule(
             "InferdNUMARemoteMemoryHigh",

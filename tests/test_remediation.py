@@ -726,3 +726,14 @@ def test_swap_bound_switches_to_recompute_and_keeps_it_after_the_alert_resolves(
     # A slow link does not heal by itself: no restore to swap, unlike a thrashing episode's values.
     assert engine.config["preemption_mode"] == "recompute"
     assert "restored" not in events(audit_path)
+
+
+def test_an_underused_gpu_with_a_queue_gets_seats_for_what_waits(engine, prom, audit_path, clock):
+    engine.config["max_num_seqs"] = 4
+    prom.series["num_requests_waiting"] = [30.0]
+    policy = make_policy(engine, prom, audit_path, clock, max_num_seqs={"minimum": 4, "maximum": 128, "max_step": 32})
+    # the alert is on the agent's GPU series: the queue is read through the engine's selector
+    alert = firing("InferdGPUUnderutilizedWithQueue", instance="127.0.0.1:10400", job="")
+    assert policy.handle(alert)["new"] == {"max_num_seqs": 34, "max_num_batched_tokens": 2560}  # 4 + 30
+    queries = " ".join(prom.queries)
+    assert 'vllm:num_requests_waiting{job="inferd-engine"}' in queries

@@ -38,7 +38,7 @@ from inferd.engine.make_model import PRESETS
 from inferd.engine.server.cli import engine_config_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ("gpu_kv_thrash", "gpu_ttft_long_prompts")
+NAMES = ("gpu_kv_thrash", "gpu_ttft_long_prompts", "gpu_underused")
 BLOCK = 16
 
 

@@ -367,3 +367,38 @@ def test_the_stacks_alert_rules_take_overrides_before_the_time_scale(tmp_path):
     assert "[26s667ms]))) > 0.5" in rules  # the scenario's TTFT target; the 2m window scaled
     assert "for: 13m20s" in rules  # an hour, scaled: InferdEngineDown's
     assert "ms" in (tmp_path / "prometheus.yml").read_text().split("scrape_interval:")[1].split("\n")[0]
+
+
+def test_watched_queries_come_from_prometheus_into_each_record():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/query":
+            query = request.url.params["query"]
+            result = {
+                "avg(DCGM_FI_PROF_SM_ACTIVE)": [{"value": [1, "0.42"]}, {"value": [1, "0.61"]}],
+                "sum(vllm:num_requests_waiting)": [{"value": [1, "NaN"]}],
+            }[query]
+            return httpx.Response(200, json={"status": "success", "data": {"result": result}})
+        return answers()(request)
+
+    async def go(watch):
+        recorder, client = recorder_with(handler)
+        recorder.watch = watch
+        async with client:
+            return await recorder.record(client)
+
+    record = asyncio.run(go({"sm_active": "avg(DCGM_FI_PROF_SM_ACTIVE)", "waiting": "sum(vllm:num_requests_waiting)"}))
+    assert record["watch"] == {"sm_active": 0.61, "waiting": None}  # the largest finite sample
+    assert "watch" not in asyncio.run(go({}))  # nothing watched: no field
+
+
+def test_the_agent_collects_gpu_metrics_only_where_the_scenario_reads_them(tmp_path):
+    from inferd.agent.scenario.stack import Stack
+
+    def collectors_off(**options) -> list[str]:
+        stack = Stack(tmp_path, time_scale=1.0, engine_args=[], policy={}, **options)
+        stack.http.close()
+        argv = stack.agent_argv(tmp_path / "model")
+        return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--no-collector"]
+
+    assert collectors_off() == ["gpu", "ebpf"]
+    assert collectors_off(gpu_metrics=True) == ["ebpf"]

@@ -106,6 +106,30 @@ TTFT_STEADY = Phase("steady", 60, rate=4.0, prompt_len=(128, 256), max_tokens=32
 TTFT_SHIFT = Phase("shift", 360, rate=10.0, prompt_len=(1536, 3072), max_tokens=32)
 TTFT_RECOVERY = Phase("recovery", 60, rate=4.0, prompt_len=(128, 256), max_tokens=32)
 
+# ---- an under-used GPU with a queue: too few seats for the load ----------------------------
+
+UNDER_ARGS = (*COMMON, f"--kv-cache-bytes={24 * GIB}", "--max-num-seqs=4")
+UNDER_POLICY = {
+    "max_num_seqs": {"minimum": 4, "maximum": 128, "max_step": 32},
+    "max_num_batched_tokens": {"minimum": 2048, "maximum": 8192, "max_step": 2048},
+    "step_fraction": 1.0,
+    "cooldown_s": 600,
+    "verify_window_s": 120,
+    "restore_after_s": 600,
+}
+UNDER_STEADY = Phase("steady", 60, rate=1.5, prompt_len=(128, 256), max_tokens=256)
+UNDER_SHIFT = Phase("shift", 360, rate=8.0, prompt_len=(128, 256), max_tokens=256)
+UNDER_RECOVERY = Phase("recovery", 60, rate=1.5, prompt_len=(128, 256), max_tokens=256)
+# The shipped rule averages SM activity over 5m and waits `for: 10m`: 15 minutes before a
+# first step, longer than this scenario's shift. The run uses 2m and 2m and says so.
+UNDER_ALERT_PARAMS = {"durations.underutilized_window": "2m", "durations.underutilized_for": "2m"}
+GPU_WATCH = {
+    "sm_active": "avg(DCGM_FI_PROF_SM_ACTIVE)",
+    "dram_active": "avg(DCGM_FI_PROF_DRAM_ACTIVE)",
+    "waiting": "sum(vllm:num_requests_waiting)",
+    "running": "sum(vllm:num_requests_running)",
+}
+
 GPU_SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -137,6 +161,23 @@ GPU_SCENARIOS: dict[str, Scenario] = {
             shift_phase="shift",
             model_preset=PRESET,
         ),
+        Scenario(
+            name="gpu_underused",
+            description="8B shape on one GPU with 4 seats: steady short requests, then 8 req/s of them "
+            "(256-token replies), more than 4 seats serve, while the GPU could batch far more, then steady",
+            phases=(UNDER_STEADY, UNDER_SHIFT, UNDER_RECOVERY),
+            ttft_s=1.0,
+            tpot_s=0.05,
+            attainment_target=0.9,
+            engine_args=UNDER_ARGS,
+            policy=UNDER_POLICY,
+            sweep={"max_num_seqs": (4, 8, 16, 32, 64)},
+            shift_phase="shift",
+            model_preset=PRESET,
+            alert_params=UNDER_ALERT_PARAMS,
+            gpu_metrics=True,
+            watch=GPU_WATCH,
+        ),
     )
 }
 
@@ -153,6 +194,7 @@ class Calibration:
 CALIBRATIONS: dict[str, Calibration] = {
     "gpu_kv_thrash": Calibration({"max_num_seqs": 8}, (1.5, 2.5, 3.5)),
     "gpu_ttft_long_prompts": Calibration({"max_num_batched_tokens": 2048}, (6.0, 10.0, 14.0)),
+    "gpu_underused": Calibration({"max_num_seqs": 32}, (3.0, 8.0, 14.0)),
 }
 CONFIGS = ("default", "better")
 SHARE_ABOVE_DEFAULT = 0.4  # where between the two capacities the shift rate goes

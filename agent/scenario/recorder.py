@@ -7,7 +7,8 @@ attainment), requests lost and in flight; the engine's cumulative KV page faults
 preemptions and their rates (the engine's own /metrics, exact counts, not Prometheus'
 windows); the engine's tunables in force (GET /admin/config); the alerts pending or
 firing (Prometheus /api/v1/alerts); and the agent's audit records since the last record
-(GET /v1/actions). Each collector is on its own: one that fails leaves None in its
+(GET /v1/actions); and the scenario's watched Prometheus queries (`watch`, what a
+GPU rule reads). Each collector is on its own: one that fails leaves None in its
 fields and its error under `errors`, and the record is still written.
 """
 
@@ -17,7 +18,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ class Recorder:
     slo: SloClass
     interval_s: float
     unix_start: float = 0.0  # time.time() at the workload's t = 0 (audit records carry Unix time)
+    watch: Mapping[str, str] = field(default_factory=dict)  # name -> PromQL, each record's `watch`
     records: list[dict[str, Any]] = field(default_factory=list)
     _open: list[Sent] = field(default_factory=list)
     _num_sent: int = 0
@@ -118,13 +120,14 @@ class Recorder:
             self._collect("tunables", self._tunables, client),
             self._collect("alerts", self._alerts, client),
             self._collect("actions", self._actions, client),
+            self._collect("watch", self._watch, client),
         )
         errors = {
             name: error
-            for name, (_, error) in zip(("engine_metrics", "tunables", "alerts", "actions"), collected)
+            for name, (_, error) in zip(("engine_metrics", "tunables", "alerts", "actions", "watch"), collected)
             if error
         }
-        counters, tunables, alerts, actions = (value for value, _ in collected)
+        counters, tunables, alerts, actions, watched = (value for value, _ in collected)
         out: dict[str, Any] = {
             "t": round(t, 3),
             "phase": phase_at(self.phases, t),
@@ -139,6 +142,8 @@ class Recorder:
             "actions": actions,
             "errors": errors,
         }
+        if self.watch:
+            out["watch"] = watched
         before = self._last_counters
         if counters and before:
             out["kv_page_faults_per_s"] = _rate(counters[FAULTS], before[FAULTS], dt)
@@ -201,6 +206,17 @@ class Recorder:
             ({"name": a["labels"]["alertname"], "state": a["state"], "active_at": a.get("activeAt")} for a in alerts),
             key=lambda a: (a["name"], a["state"]),
         )
+
+    async def _watch(self, client: httpx.AsyncClient) -> dict[str, float | None]:
+        """Each watched query's largest sample now (None: no sample)."""
+        values: dict[str, float | None] = {}
+        for name, query in self.watch.items():
+            response = await client.get(f"{self.endpoints.prometheus}/api/v1/query", params={"query": query})
+            response.raise_for_status()
+            samples = [float(r["value"][1]) for r in response.json()["data"]["result"]]
+            finite = [v for v in samples if math.isfinite(v)]
+            values[name] = max(finite) if finite else None
+        return values
 
     async def _actions(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
         response = await client.get(f"{self.endpoints.agent}/v1/actions", params={"limit": 0})

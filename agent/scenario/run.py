@@ -223,7 +223,12 @@ def run_scenario(
     options = dict(stack_options or {})
     # The TTFT alert watches the scenario's own TTFT target, as an operator would set it
     # (alerts/params.yml's 2 s is a default, not every SLO).
-    options["alert_params"] = {"thresholds.ttft_p99_slo_seconds": scenario.ttft_s, **options.get("alert_params", {})}
+    options["alert_params"] = {
+        "thresholds.ttft_p99_slo_seconds": scenario.ttft_s,
+        **scenario.alert_params,
+        **options.get("alert_params", {}),
+    }
+    options.setdefault("gpu_metrics", scenario.gpu_metrics)
     stack = Stack(
         run_dir / "stack",
         time_scale=time_scale,
@@ -250,6 +255,7 @@ def run_scenario(
         "seed": seed,
         "slo": {"ttft_s": scenario.ttft_s, "tpot_s": scenario.tpot_s, "attainment_target": scenario.attainment_target},
         "policy": stack.policy,
+        "alert_params": stack.alert_params,
         "phases": phases_out(phases),
         "records": records,
         "requests": [s.summary(scenario.slo) for s in sent],
@@ -274,7 +280,9 @@ async def drive(
     endpoints = Endpoints(stack.url("engine"), stack.url("prometheus"), stack.url("agent"), stack.admin_token)
     workload = Workload(stack.url("engine"), plan(phases, seed), model=SERVED_MODEL, timeout_s=request_timeout(phases))
     started, unix_start = wall_clock()
-    recorder = Recorder(endpoints, workload, phases, scenario.slo, interval_s, unix_start=unix_start)
+    recorder = Recorder(
+        endpoints, workload, phases, scenario.slo, interval_s, unix_start=unix_start, watch=scenario.watch
+    )
     workload.started = started
     stop = asyncio.Event()
     injected: list[dict[str, Any]] = []

@@ -61,6 +61,13 @@ class Scenario:
     # restarts a dead or stalled engine: that is not remediation), or, where the scenario is
     # about the engine dying, a plain restart-on-exit runtime without the agent.
     default_supervision: str = "agent"
+    # SECTION.KEY -> value over alerts/params.yml for this scenario (render.py --set), at
+    # production intervals; the run states them. Empty: the shipped defaults.
+    alert_params: Mapping[str, Any] = field(default_factory=dict)
+    # The agent's GPU collector on (NVML; a GPU scenario whose rule reads DCGM_FI_PROF_*).
+    gpu_metrics: bool = False
+    # name -> PromQL, read from Prometheus into every timeline record (what the rule sees).
+    watch: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.phases]

@@ -132,6 +132,7 @@ class Stack:
         stall_restart_after_s: float | None = None,
         alert_params: Mapping[str, str] | None = None,
         scrape_interval_s: float | None = None,
+        gpu_metrics: bool = False,
         admin_token: str = ADMIN_TOKEN,
         webhook_token: str = WEBHOOK_TOKEN,
     ):
@@ -152,6 +153,7 @@ class Stack:
         self.policy = dict(policy)
         self.acting = acting
         self.scrape_interval_s = scrape_interval_s or scrape_interval(time_scale)
+        self.gpu_metrics = gpu_metrics
         self.admin_token = admin_token
         self.webhook_token = webhook_token
         self.ports = {name: free_port() for name in ("engine", "agent", "prometheus", "alertmanager")}
@@ -231,8 +233,7 @@ class Stack:
             str(self.ports["agent"]),
             "--engine-port",
             str(self.ports["engine"]),
-            "--no-collector",
-            "gpu",
+            *(() if self.gpu_metrics else ("--no-collector", "gpu")),
             "--no-collector",
             "ebpf",
             "--webhook-token-file",
