@@ -346,3 +346,17 @@ def test_ways_all_passes_the_shift_rate_and_resume_tells_rates_apart(tmp_path, m
     }
     assert ways._matches(recorded, with_shift_rate(s, 6.0), "default", {}, 0, 0.5)
     assert not ways._matches(recorded, s, "default", {}, 0, 0.5)
+
+
+def test_scenario_alert_overrides_name_real_parameters_and_gpu_rules_get_gpu_metrics():
+    params = yaml.safe_load((ROOT / "alerts" / "params.yml").read_text())
+    for scenario in SCENARIOS.values():
+        for key in scenario.alert_params:
+            section, _, name = key.partition(".")
+            assert name in params[section], f"{scenario.name}: {key} is not in alerts/params.yml"
+    underused = GPU_SCENARIOS["gpu_underused"]
+    assert underused.gpu_metrics and "sm_active" in underused.watch  # its rule reads DCGM_FI_PROF_SM_ACTIVE
+    # the shortened rule can act and be judged within the shift
+    shift = shift_of(underused).duration_s
+    window, for_ = (seconds(underused.alert_params[f"durations.underutilized_{k}"]) for k in ("window", "for"))
+    assert for_ + window / 2 + underused.policy["verify_window_s"] < shift
