@@ -8,9 +8,8 @@ are the first step's tokens on the device, so nothing waits for the host. The ho
 then processes the first step's tokens while the GPU runs the second.
 
 A continuation is launched only when the scheduler would have scheduled exactly that
-batch: nothing waiting or swapped out, every running sequence in the batch, a block
-for each one's next position, and no row with a grammar (sampling/greedy.py
-`can_launch_ahead`: its allowed tokens follow the host's matcher). A row's token is
+batch, and the scheduler says so: AsyncScheduler.schedule_ahead (engine/async_scheduler.py)
+plans it, blocks included, or declines. A row's token is
 chosen on the device right after the step (Sampler.draw_ahead: bias, min_tokens ban and
 penalties from the slot's device state, whose counts take each drawn token there), so it
 feeds the next step as a greedy one does; a seeded row's noise and a min_tokens ban are
@@ -28,9 +27,10 @@ them): the continuation launched from them is dropped, the engine switches to th
 fallback path and runs the step again there, as the synchronous path does.
 
 In: a scheduled batch (`launch`) or the step in flight (`launch_next`), with the
-runner, scheduler, block manager and the engine's current configuration given at
+runner, the scheduler and the configuration's owner (engine/live_config.py) given at
 construction. Out: an InflightStep (the batch, its PendingTokens, its stats), whose
-tokens the engine reads in its next step. This module does not know the engine.
+tokens the engine reads in its next step. This module changes no sequence or block
+state (the scheduler does) and does not know the engine.
 """
 
 from __future__ import annotations
@@ -43,19 +43,17 @@ from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
 from .sampling.greedy import can_launch_ahead, plain_greedy
 from .sampling.logprobs import LogprobLayout
-from .scheduler import ScheduledSeq
-from .sequence import Sequence, SequenceStatus
+from .scheduler_output import ScheduledSeq
 from .stats import StepStats, kv_tokens_read
 from .token_readback import PendingTokens, TokenReadback
 
 if TYPE_CHECKING:
     import torch
 
-    from .block_manager import BlockManager
-    from .config import EngineConfig
+    from .async_scheduler import AsyncScheduler
+    from .live_config import LiveConfig
     from .runner_protocol import ModelRunnerProtocol
     from .sampler import Sampler
-    from .scheduler import Scheduler
     from .stats import EngineCounters
 
 
@@ -68,29 +66,6 @@ class InflightStep:
     stats: StepStats
 
 
-def continuation_rows(
-    prev: InflightStep, running: list[Sequence], max_model_len: int
-) -> tuple[list[ScheduledSeq], list[int]] | None:
-    """The rows of the step after `prev` and their positions in prev's batch, or None
-    when the scheduler might choose otherwise. Sequences that finish by length with
-    prev's token are left out."""
-    live = [item for item in prev.batch if item.seq.status is SequenceStatus.RUNNING]
-    if len(live) != len(running) or {id(i.seq) for i in live} != {id(s) for s in running}:
-        return None
-    rows, index = [], []
-    for i, item in enumerate(prev.batch):
-        seq = item.seq
-        if seq.status is not SequenceStatus.RUNNING:
-            continue
-        if seq.num_output_tokens + 1 >= seq.params.max_tokens or seq.num_tokens + 1 >= max_model_len:
-            continue  # prev's token is its last
-        if not can_launch_ahead(seq):
-            return None
-        rows.append(ScheduledSeq(seq, 1))
-        index.append(i)
-    return (rows, index) if rows else None
-
-
 class AsyncDecode:
     """Launches decode steps ahead of the host (see the module doc). The engine
     owns the step in flight, reading its tokens, the rerun after a non-finite step and
@@ -99,9 +74,8 @@ class AsyncDecode:
     def __init__(
         self,
         runner: ModelRunnerProtocol,
-        scheduler: Scheduler,
-        block_manager: BlockManager,
-        current_config: Callable[[], EngineConfig],
+        scheduler: AsyncScheduler,
+        config: LiveConfig,
         max_model_len: int,
         device: torch.device,
         counters: EngineCounters,
@@ -109,9 +83,8 @@ class AsyncDecode:
     ):
         self.runner = runner
         self.sampler = sampler  # draws the sampled rows' tokens on the device
-        self.scheduler = scheduler
-        self.block_manager = block_manager
-        self.current_config = current_config  # reconfigure replaces the engine's configuration: read it each time
+        self.scheduler = scheduler  # plans each continuation: its rows, their blocks
+        self.config = config  # read at each launch: a run-time change may switch async scheduling
         self.max_model_len = max_model_len
         self.device = device
         self.counters = counters
@@ -121,7 +94,7 @@ class AsyncDecode:
         """Start a scheduled decode batch on the graphs without waiting for its tokens."""
         runner = self.runner
         if (
-            not self.current_config().async_scheduling
+            not self.config.current.async_scheduling
             or runner.fast_decode is None
             or not is_pure_decode(batch)
             or not all(can_launch_ahead(item.seq) for item in batch)
@@ -133,23 +106,16 @@ class AsyncDecode:
 
     def launch_next(self, prev: InflightStep) -> InflightStep | None:
         """Launch the step after `prev`, fed by prev's tokens on the device, when the
-        scheduler would schedule exactly that batch."""
-        config = self.current_config()
-        scheduler, bm = self.scheduler, self.block_manager
-        if not config.async_scheduling or scheduler.waiting or scheduler.swapped:
+        scheduler plans exactly that batch (AsyncScheduler.schedule_ahead)."""
+        if not self.config.current.async_scheduling:
             return None
-        found = continuation_rows(prev, scheduler.running, self.max_model_len)
-        if found is None or len(found[0]) > config.max_num_batched_tokens:
+        found = self.scheduler.schedule_ahead(prev.batch, self.max_model_len)
+        if found is None:
             return None
         rows, index = found
-        if sum(bm.num_new_blocks(r.seq, r.seq.num_computed_tokens + 1) for r in rows) > bm.pool.num_free_blocks:
-            return None  # the scheduler would preempt: let it
-        for r in rows:
-            bm.append_slots(r.seq, r.seq.num_computed_tokens + 1)
         fed = prev.tokens.device_tokens
         if len(index) != len(prev.batch):
             fed = fed.index_select(0, device_index(index, self.device))
-        scheduler.step_count += 1  # a step the scheduler did not have to plan
         stats = StepStats(len(rows), len(rows), kv_tokens_read=kv_tokens_read(rows))
         draw, logprobs = self._draw(rows, 1)
         pending = self.runner.launch_greedy_decode(

@@ -8,6 +8,7 @@ documented default and bounds; a bad value or an unknown key raises a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,8 +155,7 @@ class EngineConfig:
         check_range("grammar_cache_bytes", self.grammar_cache_bytes, 1 << 20)
         check_range("max_grammar_values", self.max_grammar_values, 1)
         check_range("max_grammar_bytes", self.max_grammar_bytes, 1024)
-        for name in TUNABLE_BOUNDS:
-            validate_tunable(name, getattr(self, name))
+        validate_changes(self.tunables())
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
@@ -167,6 +167,18 @@ class EngineConfig:
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
+    def with_changes(self, changes: Mapping[str, Any]) -> EngineConfig:
+        """This configuration with run-time changes (tunables only), validated as every
+        configuration is, by `__post_init__`: a TunableError names the field at fault."""
+        for name in changes:
+            _check_tunable_name(name)
+        try:
+            return dataclasses.replace(self, **changes)
+        except TunableError:
+            raise
+        except ValueError as exc:  # a rule across fields: name the first changed field it mentions
+            raise TunableError(next((n for n in changes if n in str(exc)), next(iter(changes))), str(exc)) from None
+
 
 class TunableError(ValueError):
     """A run-time change refused; `name` is the tunable it concerns."""
@@ -176,9 +188,22 @@ class TunableError(ValueError):
         self.name = name
 
 
-def validate_tunable(name: str, value: Any) -> None:
+def validate_changes(changes: Mapping[str, Any]) -> None:
+    """The one check of tunable values against TUNABLE_BOUNDS, in the order given: the first
+    fault raises a TunableError naming it. A configuration runs it on itself; the admin API
+    runs it before a change crosses to the engine core, whose channel cannot carry every
+    value JSON can (an integer past 64 bits, a lone surrogate)."""
+    for name, value in changes.items():
+        validate_tunable(name, value)
+
+
+def _check_tunable_name(name: str) -> None:
     if name not in TUNABLE_BOUNDS:
         raise TunableError(name, f"{name} is not a tunable parameter; tunables: {', '.join(TUNABLE_BOUNDS)}")
+
+
+def validate_tunable(name: str, value: Any) -> None:
+    _check_tunable_name(name)
     bounds = TUNABLE_BOUNDS[name]
     try:
         if isinstance(bounds[0], str):

@@ -17,9 +17,13 @@ structured outputs waits in StructuredOutputs (engine/structured_outputs_grammar
 until its grammar is compiled; its rows' token masks then go to the sampler with the
 logits.
 
-The engine's configuration is the one owner of `mode` (fast/fallback): the runner
-reads it, reconfigure changes it, and a fast-path failure reaches the engine through
-the runner's `on_fastpath_failure`, where the engine switches to fallback.
+The scheduler (an AsyncScheduler: engine/async_scheduler.py) owns the sequences' and the
+KV blocks' state: the engine asks it to schedule, to advance a batch that ran, to take
+the sampled tokens, to plan a step launched ahead and to finish a sequence, and only
+reads its block manager. The configuration has one owner too, `live_config`
+(engine/live_config.py): the scheduler, AsyncDecode and the runner (its mode) read it
+there; reconfigure and a fast-path failure (the runner's `on_fastpath_failure`, where the
+engine switches to fallback) change it there.
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ from typing import Any
 import torch
 
 from .async_decode import AsyncDecode, InflightStep
+from .async_scheduler import AsyncScheduler
 from .batch_invariant import make_batch_invariant
 from .batch_invariant_graphs import attach_invariant_decode
 from .block_manager import BlockManager
-from .config import EngineConfig, TunableError, validate_tunable
+from .config import EngineConfig, TunableError
 from .fast_path import attach_fast_path
 from .kv_cache import KVCache, KVShape
+from .live_config import LiveConfig
 from .loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
 from .numa_memory import available_host_bytes, device_numa_node
@@ -49,7 +55,7 @@ from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, Sampler
 from .sampler import warm_up as warm_up_sampler
 from .sampling_params import SamplingParams
-from .scheduler import ScheduledSeq, Scheduler
+from .scheduler_output import ScheduledSeq
 from .sequence import Request, Sequence, SequenceStatus
 from .slo import RequestSlo
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
@@ -74,7 +80,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         if not config.model:
             raise ValueError("EngineConfig.model must name a checkpoint directory")
-        self.config = config
+        self.live_config = LiveConfig(config)  # the configuration's one owner: `config` reads it
         self.device = resolve_device(config.device)
         from .model_config import ModelConfig
 
@@ -102,16 +108,10 @@ class LLMEngine:
             raise ValueError(f"kv_cache_bytes leaves {num_blocks} KV blocks of {page_cost} bytes; need at least 2")
         num_host_blocks = config.swap_space_bytes // page_cost
         self.host_numa_node = device_numa_node(self.device)
-        self.block_manager = BlockManager(
-            num_blocks,
-            num_host_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
-            config.watermark,
-            shape.slots_per_page(),
-        )
         self.ttft_predictor = TtftPredictor()  # fed each closed step; the scheduler's slack reads it
-        self.scheduler = Scheduler(config, self.block_manager, self.ttft_predictor)
+        self.scheduler = AsyncScheduler(
+            self.live_config, num_blocks, num_host_blocks, shape.slots_per_page(), self.ttft_predictor
+        )
         self._clamp_max_model_len()
         if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
             from .parallel import TPRunner
@@ -125,7 +125,7 @@ class LLMEngine:
                 num_blocks,
                 num_host_blocks,
                 config.block_size,
-                self._current_mode,
+                self.live_config.current_mode,
                 self.host_numa_node,
                 cold_kinds,
                 pages=self.block_manager.pool.pages,
@@ -148,7 +148,11 @@ class LLMEngine:
             )
             assert self.model is not None  # loaded above when tp == 1
             runner = ModelRunner(
-                self.model, self.kv_cache, config.block_size, self._current_mode, pages=self.block_manager.pool.pages
+                self.model,
+                self.kv_cache,
+                config.block_size,
+                self.live_config.current_mode,
+                pages=self.block_manager.pool.pages,
             )
             if config.deterministic:
                 make_batch_invariant(self.model)
@@ -169,8 +173,7 @@ class LLMEngine:
         self.async_decode = AsyncDecode(
             runner=self.runner,
             scheduler=self.scheduler,
-            block_manager=self.block_manager,
-            current_config=lambda: self.config,
+            config=self.live_config,
             max_model_len=self.max_model_len,
             device=self.device,
             counters=self.counters,
@@ -208,6 +211,20 @@ class LLMEngine:
             num_host_blocks,
             self.host_numa_node,
         )
+
+    @property
+    def config(self) -> EngineConfig:
+        """The configuration in force (its owner: `live_config`)."""
+        return self.live_config.current
+
+    @config.setter
+    def config(self, config: EngineConfig) -> None:  # a benchmark switching a field for one run
+        self.live_config.commit(config)
+
+    @property
+    def block_manager(self) -> BlockManager:
+        """The scheduler's, to read (pool sizes, prefix-cache counters); only the scheduler changes it."""
+        return self.scheduler.block_manager
 
     def _clamp_max_model_len(self) -> None:
         """Bound max_model_len by the tokens one sequence can hold (the pool less its
@@ -302,7 +319,7 @@ class LLMEngine:
         self.structured.drop(request_id)
         for seq in req.seqs:
             if not seq.is_finished:
-                self.output_processor.finish(seq, "abort", now)  # leaves the scheduler, frees its blocks
+                self.scheduler.finish(seq, "abort", now)  # leaves the scheduler, frees its blocks
         self.counters.requests_finished["abort"] += 1
         return True
 
@@ -315,34 +332,53 @@ class LLMEngine:
 
     # --- the step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one step; returns the outputs of the requests that got a token. With a
-        decode step in flight (async scheduling), this launches the next one first and
-        then processes the one in flight."""
+        """Run one step, schedule -> execute -> sample -> update; returns the outputs of the
+        requests that got a token. With a decode step in flight (async scheduling), the step
+        after it is launched (the scheduler plans it) before its tokens are read, so the
+        host's update overlaps the device's next step."""
         start = time.perf_counter()
         if self.rejected:
             self.rejected = {}
         failed = self._admit_constrained() if self.structured.num_held else []
         if failed:
             return failed
-        prev, self._inflight = self._inflight, None
-        if prev is not None and not any(item.seq.status is SequenceStatus.RUNNING for item in prev.batch):
-            prev.tokens.synchronize()  # all its sequences finished or were aborted meanwhile
-            prev = None
-        if prev is None:
-            sched = self.scheduler.schedule()
-            swap_start = time.perf_counter()
-            self.kv_cache.swap(sched.swap_out, sched.swap_in)
-            self.counters.swap_seconds += time.perf_counter() - swap_start
-            self._count_paging(sched)
-            stats = StepStats(
-                len(sched.scheduled), sched.num_batched_tokens, kv_tokens_read=kv_tokens_read(sched.scheduled)
-            )
-            prev = self.async_decode.launch(sched.scheduled, stats)
-            if prev is None:
-                return self._step_synchronously(sched.scheduled, stats, start)
-        self._advance(prev.batch)
-        self._inflight = self.async_decode.launch_next(prev)
-        return self._finish(prev, start)
+        inflight = self._take_inflight()
+        if inflight is None:
+            batch, stats = self._schedule()
+            inflight = self.async_decode.launch(batch, stats)  # execute, not waiting for its tokens
+            if inflight is None:  # the synchronous step
+                sampling = [item.seq for item in batch if item.completes]
+                tokens, logprobs = self._execute_and_sample(batch, sampling)
+                self._cool(self.scheduler.advance(batch))
+                return self._update(sampling, tokens, logprobs, stats, start)
+        self._cool(self.scheduler.advance(inflight.batch))  # the next step computes from there
+        self._inflight = self.async_decode.launch_next(inflight)
+        seqs, tokens, logprobs = self._read_tokens(inflight)
+        return self._update(seqs, tokens, logprobs, inflight.stats, start)
+
+    def _take_inflight(self) -> InflightStep | None:
+        """The decode step in flight, unless every one of its sequences left meanwhile."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not any(item.seq.status is SequenceStatus.RUNNING for item in inflight.batch):
+            inflight.tokens.synchronize()  # all its sequences finished or were aborted
+            return None
+        return inflight
+
+    def _schedule(self) -> tuple[list[ScheduledSeq], StepStats]:
+        """The scheduler's batch, after its swaps on the KV cache (counted), and the step's stats."""
+        sched = self.scheduler.schedule()
+        swap_start = time.perf_counter()
+        self.kv_cache.swap(sched.swap_out, sched.swap_in)
+        c = self.counters
+        c.swap_seconds += time.perf_counter() - swap_start
+        c.num_preemptions += len(sched.preempted)
+        c.swap_in_faults += sched.num_swapped_in
+        c.recompute_faults += sched.num_recompute_faults
+        c.swap_out_bytes += sum(self._block_bytes_of(kind) for (kind, _, _), _ in sched.swap_out)
+        c.swap_in_bytes += sum(self._block_bytes_of(kind) for (kind, _, _), _ in sched.swap_in)
+        c.prefix_queries, c.prefix_hits = self.block_manager.prefix.queries, self.block_manager.prefix.hits
+        batch = sched.scheduled
+        return batch, StepStats(len(batch), sched.num_batched_tokens, kv_tokens_read=kv_tokens_read(batch))
 
     def _admit_constrained(self) -> list[RequestOutput]:
         """Requests whose grammar finished compiling join the scheduler; one that failed to
@@ -360,30 +396,22 @@ class LLMEngine:
             self.rejected[request_id] = reason
             req = self.requests.pop(request_id)
             for seq in req.seqs:
-                self.output_processor.finish(seq, "abort", now)
+                self.scheduler.finish(seq, "abort", now)
             self.counters.requests_finished["abort"] += 1
             outputs.append(self.output_processor._output(req, True))
         return outputs
 
-    def _step_synchronously(self, batch: list[ScheduledSeq], stats: StepStats, start: float) -> list[RequestOutput]:
+    def _update(
+        self, seqs: list[Sequence], tokens: list[int], logprobs: list, stats: StepStats, start: float
+    ) -> list[RequestOutput]:
+        """The sampled tokens join their sequences (the scheduler's), then become outputs;
+        sequences that stop are finished there."""
         outputs: list[RequestOutput] = []
-        if batch:
-            sampling = [item.seq for item in batch if item.completes]
-            tokens, logprobs = self._execute_and_sample(batch, sampling)
-            self._advance(batch)
-            if sampling:
-                outputs = self.output_processor.process(self.requests, sampling, tokens, logprobs, time.time(), stats)
-                self.structured.release_finished(sampling)
+        if seqs:
+            self.scheduler.update_from_output(seqs, tokens)
+            outputs = self.output_processor.process(self.requests, seqs, tokens, logprobs, time.time(), stats)
+            self.structured.release_finished(seqs)
         return self._close_step(stats, start, outputs)
-
-    def _advance(self, batch: list[ScheduledSeq]) -> None:
-        """The batch's tokens are computed: count them, cache full blocks, cool old ones."""
-        running = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
-        for item in running:
-            seq = item.seq
-            seq.num_computed_tokens += item.num_tokens
-            self.block_manager.commit_full_blocks(seq)
-        self._cool(item.seq for item in running)
 
     def _close_step(self, stats: StepStats, start: float, outputs: list[RequestOutput]) -> list[RequestOutput]:
         stats.num_running = len(self.scheduler.running)
@@ -397,36 +425,27 @@ class LLMEngine:
         self.last_step = stats
         return outputs
 
-    def _finish(self, prev: InflightStep, start: float) -> list[RequestOutput]:
-        """Read prev's tokens (the step's one host synchronisation) and turn them into outputs."""
-        tokens, finite, logprobs = prev.tokens.wait()
+    def _read_tokens(self, inflight: InflightStep) -> tuple[list[Sequence], list[int], list]:
+        """The launched step's tokens and logprobs (the step's one host synchronisation), for
+        its sequences still running."""
+        tokens, finite, logprobs = inflight.tokens.wait()
         if not finite:
             self._inflight = None  # launched from non-finite logits
-            tokens, logprobs = self._rerun_on_fallback(prev.batch)
+            tokens, logprobs = self._rerun_on_fallback(inflight.batch)
         live = [
             (item.seq, token, lp)
-            for item, token, lp in zip(prev.batch, tokens, logprobs)
+            for item, token, lp in zip(inflight.batch, tokens, logprobs)
             if item.seq.status is SequenceStatus.RUNNING
         ]
-        outputs: list[RequestOutput] = []
-        if live:
-            seqs, toks, lps = [s for s, _, _ in live], [t for _, t, _ in live], [lp for _, _, lp in live]
-            outputs = self.output_processor.process(self.requests, seqs, toks, lps, time.time(), prev.stats)
-        return self._close_step(prev.stats, start, outputs)
+        return [s for s, _, _ in live], [t for _, t, _ in live], [lp for _, _, lp in live]
 
     def _rerun_on_fallback(self, batch: list[ScheduledSeq]) -> tuple[list[int], list[dict[int, float] | None]]:
         """A step in flight read back non-finite (its deferred check): switch to the
         fallback path and compute the batch again there. Tokens and logprobs in batch
         order (-1 and None for rows that left)."""
         self.runner.non_finite_after_all()
-        rows = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
-        for item in rows:  # the engine counted these tokens already; the rerun computes them again
-            item.seq.num_computed_tokens -= item.num_tokens
-        try:
+        with self.scheduler.rerunning(batch) as rows:  # its tokens, counted already, are computed again
             tokens, logprobs = self.sampler.sample(self.runner.execute(rows).logits, [item.seq for item in rows])
-        finally:
-            for item in rows:
-                item.seq.num_computed_tokens += item.num_tokens
         by_seq = {id(item.seq): answer for item, answer in zip(rows, zip(tokens, logprobs))}
         answers = [by_seq.get(id(item.seq), (-1, None)) for item in batch]
         return [token for token, _ in answers], [lp for _, lp in answers]
@@ -454,6 +473,8 @@ class LLMEngine:
         and choose its tokens. On the fast decode path the non-finite check comes back
         with the tokens (one host sync); if it fails, the step runs again on the portable
         path (a seeded row's noise depends on its seed and position only: it draws the same)."""
+        if not batch:
+            return [], []
         output = self.runner.execute(batch)
         self._record_prompt_logprobs(batch, output.prompt_logprobs)
         if not sampling:
@@ -474,32 +495,20 @@ class LLMEngine:
             self.structured.accept(sampling, result[0])
         return result
 
-    def _cool(self, seqs) -> None:
-        """Quantize full blocks that left the hot window (not in fallback: no quantized
-        KV is written there, though existing cold blocks are still read)."""
-        kind = self.config.kv_cold_dtype
-        if kind == "none" or self.config.mode == "fallback":
+    def _cool(self, seqs: list[Sequence]) -> None:
+        """Quantize the running sequences' full blocks that left the hot window (not in
+        fallback: no quantized KV is written there, though existing cold blocks are still read)."""
+        config = self.config
+        kind = config.kv_cold_dtype
+        if kind == "none" or config.mode == "fallback":
             return
         start = time.perf_counter()
-        pairs = []
-        for seq in seqs:
-            if seq.status is SequenceStatus.RUNNING:
-                pairs += self.block_manager.cool_blocks(seq, self.config.kv_hot_window, kind)
+        pairs = self.scheduler.cool(seqs, config.kv_hot_window, kind)
         if pairs:
             locate = self.block_manager.pool.pages.locate
             self.kv_cache.quantize([(hot, locate(cold)) for hot, cold in pairs])
             self.counters.quantized_blocks[kind] += len(pairs)
             self.counters.quantize_seconds += time.perf_counter() - start
-
-    def _count_paging(self, sched) -> None:
-        c = self.counters
-        c.num_preemptions += len(sched.preempted)
-        c.swap_in_faults += sched.num_swapped_in
-        c.recompute_faults += sched.num_recompute_faults
-        c.swap_out_bytes += sum(self._block_bytes_of(kind) for (kind, _, _), _ in sched.swap_out)
-        c.swap_in_bytes += sum(self._block_bytes_of(kind) for (kind, _, _), _ in sched.swap_in)
-        c.prefix_queries = self.block_manager.prefix.queries
-        c.prefix_hits = self.block_manager.prefix.hits
 
     def _block_bytes_of(self, kind: str) -> int:
         return self.block_bytes if kind == "hot" else self.kv_shape.cold_block_bytes(kind)
@@ -511,14 +520,7 @@ class LLMEngine:
         failed allocation raises TunableError naming the field and changes nothing the
         engine reads (a cold kind's scale tables, once allocated, stay: unused until that
         kind is switched on). Returns the new configuration."""
-        for name, value in changes.items():
-            validate_tunable(name, value)
-        try:
-            new = self.config.replace(**changes)
-        except TunableError:
-            raise
-        except ValueError as exc:  # a rule across fields: name the first changed field it mentions
-            raise TunableError(next((n for n in changes if n in str(exc)), next(iter(changes))), str(exc)) from None
+        new = self.live_config.plan(changes)  # the one validation
         host_resize = None
         if "swap_space_bytes" in changes:
             host_resize = self._plan_swap_resize(new.swap_space_bytes)
@@ -532,9 +534,8 @@ class LLMEngine:
         if host_resize is not None:
             with _allocating("swap_space_bytes", f"a host pool of {host_resize.new_pool.num_blocks} pages"):
                 self.kv_cache.resize_host(host_resize.new_pool.num_blocks, host_resize.remap)
-            host_resize.commit()
-        self.config = new
-        self.scheduler.config = new
+            self.scheduler.resize_host(host_resize)
+        self.live_config.commit(new)
         return new
 
     def set_mode(self, mode: str) -> EngineConfig:
@@ -557,17 +558,11 @@ class LLMEngine:
                 f"swap_space_bytes={nbytes} needs {needed / 2**30:.1f} GiB of "
                 f"host memory; this host has {available / 2**30:.1f} GiB available (MemAvailable)",
             )
-        return self.block_manager.plan_host_resize(num_pages, self.scheduler.swapped)
-
-    def _current_mode(self) -> str:
-        """The runner's mode. `config.mode` is its one owner: reconfigure and a fast-path
-        failure (_on_fastpath_failure) change it; the runner reads it through this."""
-        return self.config.mode
+        return self.scheduler.plan_host_resize(num_pages)
 
     def _on_fastpath_failure(self, reason: str) -> None:
         self.counters.fastpath_failures[reason] += 1
-        self.config = self.config.replace(mode="fallback")
-        self.scheduler.config = self.config
+        self.live_config.commit(self.live_config.plan({"mode": "fallback"}))
 
     def _on_fastpath_bug(self, reason: str) -> None:
         """A step met a bug in the fast path's launch code: counted; the mode stays."""

@@ -10,7 +10,8 @@ What the engine uses of a runner is ModelRunnerProtocol (engine/runner_protocol.
 
 Fast and fallback paths: the fast path is whatever accelerated attention the device
 offers (Triton kernels on CUDA, see engine/fast_path); the fallback is the portable
-torch path. The mode is the engine's (read through `current_mode`). A fault on the
+torch path. The mode is the engine's configuration's, read at each step through
+`current_mode` (its owner's reader: engine/live_config.py). A fault on the
 fast path (a non-finite logit, an injected failure, a CUDA error: engine/fastpath_faults.py)
 is reported to the engine (`on_fastpath_failure`), which counts the reason and switches to
 the fallback until the mode is set back. A bug in our own launch code (a ValueError from a
@@ -67,7 +68,7 @@ class FastPathError(RuntimeError):
 
 class ModelRunner:
     """One device's runner (a ModelRunnerProtocol). `current_mode` reads the mode
-    ("fast" or "fallback") from its one owner, the engine's configuration: the runner
+    ("fast" or "fallback") from its one owner, the engine's LiveConfig: the runner
     never sets it, it reports leaving the fast path to `on_fastpath_failure`."""
 
     def __init__(

@@ -1,10 +1,11 @@
-"""Output processing: a step's sampled tokens become sequence state, stop decisions,
+"""Output processing: a step's sampled tokens become text, stop decisions,
 `RequestOutput`s and finished-request statistics (vLLM V1's OutputProcessor).
 
-Per sampled token: append it (with its logprobs) to the sequence, record its
-latencies, extend the text incrementally (engine/detokenizer.py), and check, in this
-order, stop token ids, EOS, stop strings (the text is cut before the match), then
-max_tokens / max_model_len. A finished sequence leaves the scheduler at once.
+The scheduler has appended the tokens to their sequences (Scheduler.update_from_output).
+Per sampled token: record its logprobs and latencies, extend the text incrementally
+(engine/detokenizer.py), and check, in this order, stop token ids, EOS, stop strings
+(the text is cut before the match), then max_tokens / max_model_len. A sequence that
+stops is finished by the scheduler (Scheduler.finish), which frees its blocks at once.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class OutputProcessor:
         now: float,
         stats: StepStats,
     ) -> list[RequestOutput]:
-        """Apply one step's tokens; returns an output per request that got a token and
-        drops the requests that finished from `requests`."""
+        """Process one step's tokens (each already appended to its sequence); returns an
+        output per request that got a token and drops the requests that finished from `requests`."""
         touched: dict[str, Request] = {}
         for seq, token, lp in zip(seqs, tokens, logprobs):
             req = requests[seq.request_id]
@@ -53,7 +54,6 @@ class OutputProcessor:
     def _append(
         self, req: Request, seq: Sequence, token: int, logprob: dict | None, now: float, stats: StepStats
     ) -> None:
-        seq.append_token(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
         times = seq.times
@@ -78,26 +78,18 @@ class OutputProcessor:
         num_output = len(seq.output_token_ids)
         if num_output >= p.min_tokens:
             if token in p.stop_token_ids:
-                return self.finish(seq, "stop", now, stop_reason=token)
+                return self.scheduler.finish(seq, "stop", now, stop_reason=token)
             if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
-                return self.finish(seq, "stop", now)
+                return self.scheduler.finish(seq, "stop", now)
             if p.stop:
                 window_start = max(0, prev_len - max(len(s) for s in p.stop))
                 for stop in p.stop:
                     pos = seq.output_text.find(stop, window_start)
                     if pos >= 0:
                         seq.output_text = seq.output_text[:pos]
-                        return self.finish(seq, "stop", now, stop_reason=stop)
+                        return self.scheduler.finish(seq, "stop", now, stop_reason=stop)
         if num_output >= p.max_tokens or len(seq.prompt_token_ids) + num_output >= self.max_model_len:
-            self.finish(seq, "length", now)
-
-    def finish(self, seq: Sequence, reason: str, now: float, stop_reason=None) -> None:
-        if seq.status is not SequenceStatus.FINISHED:
-            self.scheduler.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.stop_reason = stop_reason
-        seq.times.finished = now
+            self.scheduler.finish(seq, "length", now)
 
     def _output(self, req: Request, finished: bool) -> RequestOutput:
         # The server reads outputs on another thread while sequences grow: each output

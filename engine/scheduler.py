@@ -12,81 +12,57 @@ Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget
    use the room there is until it has waited `priority_aging_steps` steps for room;
    then admission stops behind it, so large requests are not starved by small ones.
 
-Priorities mean what vLLM's priority scheduling makes them mean: a lower value is
-handled earlier, 0 is the default, negative values are allowed, ties go to the earlier
-arrival. Urgency is the effective priority, the request's priority less one level per
-`priority_aging_steps` steps since it arrived, so a request that waits long enough
-overtakes any newer one and low priorities are never starved.
-
-SLO classes (engine/slo.py) split the queue in two tiers: requests with a TTFT deadline
-come before best-effort ones, whatever their priorities. Within the deadline tier the
-order is effective priority, then least slack (the deadline less the predicted time to
-compute what is left of the prompt, at the engine's measured prefill rate:
-engine/ttft_predictor.py); within the best-effort tier, effective priority then arrival.
-Aging works within a tier and never lifts a best-effort request past a deadline one: under
-sustained overload every best-effort request would age past every newer deadline request
-and the order would become first-come-first-served, so interactive requests would miss.
-What keeps best effort from starving is its share of the seats (`best_effort_seat_share`
-of `max_num_seqs`): while best-effort sequences hold fewer seats than that, the most
-urgent waiting ones are admitted before deadline requests, and a deadline request never
-takes a seat that would leave best effort with fewer.
+The order (priorities, aging, SLO tiers: deadline requests first, best effort keeping its
+share of the seats) is engine/request_order.py's.
 Running sequences keep that order when blocks run out, so a running deadline sequence is
 never preempted for a best-effort one. When every seat is taken and a
 deadline request waits, the least urgent best-effort running sequence is preempted
 (recompute) so that it is admitted in that step, as long as best effort keeps its share:
 otherwise its first token waits for some best-effort sequence to finish its whole output.
 Without deadlines the order is exactly the one above, and nothing is preempted for a seat.
+
+The scheduler owns the state of its sequences and of its BlockManager: nothing else
+writes either. Besides `schedule`, it is told what happened to a step: `advance` (the
+batch ran: its tokens are computed), `update_from_output` (the sampled tokens), `finish`
+(a sequence stopped or was aborted: its blocks are freed). AsyncScheduler
+(engine/async_scheduler.py) adds the decode step launched ahead of the host. The configuration
+is read from its owner (engine/live_config.py) at each use: a run-time change of the
+budgets or the preemption mode applies from the next step.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
-from .block_pool import BlockCopy
+from .block_manager import BlockManager, HostResize
 from .config import EngineConfig
+from .live_config import LiveConfig
+from .request_order import admission_order, has_deadline, order
 from .sampling.slot_table import SlotTable
+from .scheduler_output import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
 from .slo import best_effort_seats
 from .ttft_predictor import TtftPredictor
 
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_tokens: int  # tokens computed this step
-
-    @property
-    def completes(self) -> bool:
-        """True when this step computes the sequence's last known token (so it samples)."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    swap_out: list[BlockCopy] = field(default_factory=list)  # (device, host) (kind, page, slot)
-    swap_in: list[BlockCopy] = field(default_factory=list)  # (host, device)
-    preempted: list[Sequence] = field(default_factory=list)
-    num_swapped_in: int = 0
-    num_recompute_faults: int = 0
-    num_seat_preemptions: int = 0  # of `preempted`: to seat waiting deadline requests
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+__all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, predictor: TtftPredictor | None = None):
-        self.config = config
-        self.block_manager = block_manager
+    def __init__(
+        self,
+        config: LiveConfig,
+        num_blocks: int,
+        num_host_blocks: int,
+        slots_per_page: dict[str, int] | None = None,
+        predictor: TtftPredictor | None = None,
+    ):
+        self._config = config
+        start = config.current
+        # Read by the engine, the runner (its page allocator) and the metrics; changed only here.
+        self.block_manager = BlockManager(
+            num_blocks, num_host_blocks, start.block_size, start.enable_prefix_caching, start.watermark, slots_per_page
+        )
         self.predictor = predictor if predictor is not None else TtftPredictor()
         self.has_deadlines = False  # a sequence with a TTFT deadline was ever added: order by slack too
         self.waiting: list[Sequence] = []
@@ -96,53 +72,41 @@ class Scheduler:
         self.step_count = 0
         self.num_preemptions = 0
 
+    @property
+    def config(self) -> EngineConfig:
+        """The configuration in force (its owner's current one)."""
+        return self._config.current
+
     # --- queues ---------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         if seq.slo is not None and seq.slo.deadline is not None:
             self.has_deadlines = True
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a sequence out of whatever queue holds it and release its blocks."""
-        for queue in (self.waiting, self.running, self.swapped):
-            if seq in queue:
-                queue.remove(seq)
-        if seq.block_table:
-            self.block_manager.free(seq)
-        if seq.host_block_table:
-            self.block_manager.release_host(seq)
-        self.slots.release(seq)
+    def finish(self, seq: Sequence, reason: str, now: float, stop_reason: str | int | None = None) -> None:
+        """The sequence stopped, reached its length or was aborted: it leaves its queue and
+        its blocks and slot are released at once."""
+        if seq.status is not SequenceStatus.FINISHED:
+            for queue in (self.waiting, self.running, self.swapped):
+                if seq in queue:
+                    queue.remove(seq)
+            if seq.block_table:
+                self.block_manager.free(seq)
+            if seq.host_block_table:
+                self.block_manager.release_host(seq)
+            self.slots.release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        seq.times.finished = now
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
-    def effective_priority(self, seq: Sequence) -> int:
-        """Lower runs first (vLLM's meaning); waiting lowers it one level per aging period."""
-        return seq.priority - (self.step_count - seq.arrival_step) // self.config.priority_aging_steps
-
-    def slack(self, seq: Sequence) -> float | None:
-        """Its TTFT deadline less the predicted time to compute the rest of its prompt
-        (wall-clock seconds; now is common to all, so it is not subtracted); None: best effort."""
-        if seq.slo is None or seq.slo.deadline is None:
-            return None
-        return seq.slo.deadline - (self.predictor.prefill_seconds(seq.num_uncomputed_tokens) or 0.0)
-
     def _order(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Most urgent first: with deadlines, deadline requests before best-effort ones; then
-        lowest effective priority, then (deadline requests) least slack, then earliest arrival."""
-        step, aging = self.step_count, self.config.priority_aging_steps  # effective_priority, inlined
-        if not self.has_deadlines:
-            return sorted(
-                seqs, key=lambda s: (s.priority - (step - s.arrival_step) // aging, s.times.arrival, s.seq_id)
-            )
-
-        def key(s: Sequence) -> tuple[float, ...]:
-            slack = self.slack(s)
-            tier = (0, slack) if slack is not None else (1, 0.0)
-            return (tier[0], s.priority - (step - s.arrival_step) // aging, tier[1], s.times.arrival, s.seq_id)
-
-        return sorted(seqs, key=key)
+        predictor = self.predictor if self.has_deadlines else None
+        return order(seqs, self.step_count, self.config.priority_aging_steps, predictor)
 
     @property
     def best_effort_seats(self) -> int:
@@ -150,20 +114,8 @@ class Scheduler:
         return best_effort_seats(self.config.max_num_seqs, self.config.best_effort_seat_share)
 
     def _admission_order(self) -> list[Sequence]:
-        """The waiting queue in admission order: `_order`, except that while best-effort
-        sequences hold fewer than their seats, that many of the most urgent waiting best-effort
-        requests go first."""
-        order = self._order(self.waiting)
-        if not self.has_deadlines:
-            return order
-        missing = self.best_effort_seats - sum(1 for s in self.running if not _has_deadline(s))
-        if missing <= 0:
-            return order
-        lifted = [s for s in order if not _has_deadline(s)][:missing]
-        if not lifted or len(lifted) == len(order):
-            return order
-        lifted_ids = {id(s) for s in lifted}
-        return lifted + [s for s in order if id(s) not in lifted_ids]
+        waiting = self._order(self.waiting)
+        return admission_order(waiting, self.running, self.best_effort_seats) if self.has_deadlines else waiting
 
     @staticmethod
     def _victim(queue: deque[Sequence], seq: Sequence) -> Sequence:
@@ -225,19 +177,19 @@ class Scheduler:
         be free this step, and a swapped sequence would hold up admission), as long as best
         effort keeps its seats (`best_effort_seats`). Without this a deadline request waits for
         a best-effort sequence to finish, however long its output."""
-        best_effort_running = sum(1 for s in queue if not _has_deadline(s))
+        best_effort_running = sum(1 for s in queue if not has_deadline(s))
         seats = self.config.max_num_seqs - len(self.running)
-        if any(not _has_deadline(s) for s in self.waiting):  # admission gives them their missing seats first
+        if any(not has_deadline(s) for s in self.waiting):  # admission gives them their missing seats first
             seats -= max(0, self.best_effort_seats - best_effort_running)
         for seq in self._order(self.waiting):
-            if not _has_deadline(seq):
+            if not has_deadline(seq):
                 continue  # the rest of the order is best effort
             if seats > 0:
                 seats -= 1
                 continue
             if best_effort_running <= self.best_effort_seats:
                 return
-            victim = next((v for v in reversed(queue) if not _has_deadline(v)), None)
+            victim = next((v for v in reversed(queue) if not has_deadline(v)), None)
             if victim is None:
                 return
             queue.remove(victim)
@@ -326,6 +278,35 @@ class Scheduler:
             seq.needs_recompute_fault = True
             self.waiting.append(seq)
 
+    # --- after the step ran -----------------------------------------------------
+    def advance(self, batch: list[ScheduledSeq]) -> list[Sequence]:
+        """The batch ran (or, launched ahead, runs before anything reads its KV): count its
+        tokens as computed and cache the blocks they filled. Returns its sequences still running."""
+        running = [item for item in batch if item.seq.status is SequenceStatus.RUNNING]
+        for item in running:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.block_manager.commit_full_blocks(item.seq)
+        return [item.seq for item in running]
 
-def _has_deadline(seq: Sequence) -> bool:
-    return seq.slo is not None and seq.slo.deadline is not None
+    def update_from_output(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """Each sampled token joins its sequence (the next step computes its KV)."""
+        for seq, token in zip(seqs, tokens):
+            seq.append_token(token)
+
+    def cool(self, seqs: list[Sequence], hot_window: int, kind: str) -> list[tuple[int, int]]:
+        """Move the running sequences' full blocks older than the hot window to cold blocks of
+        `kind`; returns the (hot, cold) pairs the KV cache must quantize."""
+        pairs: list[tuple[int, int]] = []
+        for seq in seqs:
+            if seq.status is SequenceStatus.RUNNING:
+                pairs += self.block_manager.cool_blocks(seq, hot_window, kind)
+        return pairs
+
+    # --- host pool resize -----------------------------------------------------------
+    def plan_host_resize(self, num_blocks: int) -> HostResize:
+        """A host pool of `num_blocks` holding the swapped-out sequences' blocks; nothing
+        changes until `resize_host` (the KV cache copies `remap` in between)."""
+        return self.block_manager.plan_host_resize(num_blocks, self.swapped)
+
+    def resize_host(self, plan: HostResize) -> None:
+        plan.commit()

@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..config import TUNABLE_BOUNDS, validate_tunable
+from ..config import TUNABLE_BOUNDS, validate_changes
 from .core_client import EngineCoreClient
 from .errors import ApiError, unparsable_body_message
 
@@ -188,10 +188,9 @@ async def patch_config(request: Request):
     if not changes:
         raise ApiError(422, "no changes given: send a JSON object of tunable -> value", None, "invalid_value")
     try:
-        for name, value in changes.items():
-            # Here first, so that what the channel to the core cannot carry (an integer past
-            # 64 bits, a lone surrogate) is a 422 too; the core checks the rules across fields.
-            validate_tunable(name, value)
+        # Here first, so that what the channel to the core cannot carry (an integer past
+        # 64 bits, a lone surrogate) is a 422 too; the core checks the rules across fields.
+        validate_changes(changes)
         config = await engine.reconfigure(changes)
     except ValueError as exc:
         raise ApiError(422, str(exc), getattr(exc, "name", None) or next(iter(changes)), "invalid_value") from None
@@ -213,7 +212,7 @@ async def set_mode(request: Request):
             422, f'body must be {{"mode": "fast" | "fallback"}}, got keys {sorted(body)}', "mode", "invalid_value"
         )
     try:
-        validate_tunable("mode", body["mode"])
+        validate_changes({"mode": body["mode"]})
         config = await engine.set_mode(body["mode"])
     except ValueError as exc:
         raise ApiError(422, str(exc), "mode", "invalid_value") from None
