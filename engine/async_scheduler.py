@@ -8,6 +8,7 @@ matcher), the token budget and a free block for each row's next position. Then
 `schedule_ahead` gives the rows their blocks and counts the step, as `schedule` would
 have. A step in flight that read back non-finite is computed again (`rerunning`): the
 tokens `advance` counted for it are uncounted meanwhile, since the runner reads the counts.
+The engine always runs this scheduler: async scheduling can be switched at run time.
 """
 
 from __future__ import annotations

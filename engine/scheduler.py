@@ -13,10 +13,9 @@ Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget
    then admission stops behind it, so large requests are not starved by small ones.
 
 The order (priorities, aging, SLO tiers: deadline requests first, best effort keeping its
-share of the seats) is engine/request_order.py's.
-Running sequences keep that order when blocks run out, so a running deadline sequence is
-never preempted for a best-effort one. When every seat is taken and a
-deadline request waits, the least urgent best-effort running sequence is preempted
+share of the seats) is engine/request_order.py's. Running sequences keep that order when
+blocks run out, so a running deadline sequence is never preempted for a best-effort one.
+When every seat is taken and a deadline request waits, the least urgent best-effort running sequence is preempted
 (recompute) so that it is admitted in that step, as long as best effort keeps its share:
 otherwise its first token waits for some best-effort sequence to finish its whole output.
 Without deadlines the order is exactly the one above, and nothing is preempted for a seat.
@@ -25,9 +24,9 @@ The scheduler owns the state of its sequences and of its BlockManager: nothing e
 writes either. Besides `schedule`, it is told what happened to a step: `advance` (the
 batch ran: its tokens are computed), `update_from_output` (the sampled tokens), `finish`
 (a sequence stopped or was aborted: its blocks are freed). AsyncScheduler
-(engine/async_scheduler.py) adds the decode step launched ahead of the host. The configuration
-is read from its owner (engine/live_config.py) at each use: a run-time change of the
-budgets or the preemption mode applies from the next step.
+(engine/async_scheduler.py) adds the decode step launched ahead of the host. The
+configuration is read from its owner (engine/live_config.py) at each use: a run-time
+change of the budgets or the preemption mode applies from the next step.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from .sequence import Sequence, SequenceStatus
 from .slo import best_effort_seats
 from .ttft_predictor import TtftPredictor
 
+# ScheduledSeq and SchedulerOutput live in scheduler_output.py; the runners and the fast path import them from here.
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput"]
 
 
