@@ -30,7 +30,6 @@ in force) is rebuilt from the audit log on start.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -38,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inferd.agent.audit import AuditLog
@@ -102,34 +100,6 @@ class EngineAdmin(Protocol):
 
 class MetricQuery(Protocol):
     def value(self, query: str) -> float | None: ...
-
-
-class PrometheusQuery:
-    """Instant queries against Prometheus' HTTP API."""
-
-    def __init__(self, base_url: str, timeout_s: float = 5.0):
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
-
-    def samples(self, query: str) -> list[float] | None:
-        """The finite sample values of the result; None when the query failed."""
-        try:
-            response = self._http.get("/api/v1/query", params={"query": query})
-            response.raise_for_status()
-            body = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            log.warning("prometheus query %r failed: %s", query, exc)
-            return None
-        if body.get("status") != "success":
-            log.warning("prometheus query %r: %s", query, body.get("error"))
-            return None
-        result = body.get("data", {}).get("result", [])
-        values = [float(sample["value"][1]) for sample in result if "value" in sample]
-        return [v for v in values if math.isfinite(v)]
-
-    def value(self, query: str) -> float | None:
-        """The largest sample; None if the result is empty or the query failed."""
-        values = self.samples(query)
-        return max(values) if values else None
 
 
 @dataclass(slots=True)

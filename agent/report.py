@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import html
-import json
 import re
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferd.agent.doctor.inputs import DoctorOptions
+from inferd.agent.doctor.render import to_html
+from inferd.agent.doctor.runner import diagnose
+from inferd.agent.prometheus import PrometheusClient
 from inferd.dashboards.promql import expand, legend
 from inferd.dashboards.spec import Board, Panel
 
@@ -59,28 +59,9 @@ class Series:
     values: list[float]
 
 
-def query_range(config: ReportConfig, expr: str, start: float, end: float) -> list[dict]:
-    return prometheus_query_range(config.prometheus_url, expr, start, end, config.step_s)
-
-
-def prometheus_query_range(
-    prometheus_url: str, expr: str, start: float, end: float, step_s: float, timeout_s: float = 30.0
-) -> list[dict]:
-    """The `result` of /api/v1/query_range (a matrix: [{"metric": {...}, "values": [[t, "v"], ...]}])."""
-    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step_s})
-    url = f"{prometheus_url.rstrip('/')}/api/v1/query_range?{params}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            body = json.load(response)
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        raise RuntimeError(f"Prometheus refused {expr!r}: {detail}") from exc
-    if body.get("status") != "success":
-        raise RuntimeError(f"Prometheus query failed: {body.get('error')}")
-    return body["data"]["result"]
-
-
-def panel_series(config: ReportConfig, panel: Panel, start: float, end: float) -> list[Series]:
+def panel_series(
+    config: ReportConfig, prometheus: PrometheusClient, panel: Panel, start: float, end: float
+) -> list[Series]:
     # Grafana's $__rate_interval is at least four scrape intervals; 4 x step is the same idea here.
     rate_interval = f"{max(4 * config.step_s, 20)}s"
     series = []
@@ -88,7 +69,7 @@ def panel_series(config: ReportConfig, panel: Panel, start: float, end: float) -
         expr = expand(
             query.expr, rate_interval=rate_interval, interval=f"{config.step_s}s", range_=f"{config.minutes}m"
         )
-        for result in query_range(config, expr, start, end):
+        for result in prometheus.query_range(expr, start, end, config.step_s):
             points = [(float(t), float(v)) for t, v in result["values"]]
             series.append(
                 Series(legend(query.legend, result["metric"]), [p[0] for p in points], [p[1] for p in points])
@@ -131,17 +112,15 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def write_report(
-    config: ReportConfig, boards: tuple[Board, ...], now: float | None = None, diagnosis_html: str = ""
-) -> Path:
-    end = time.time() if now is None else now
-    start = end - 60 * config.minutes
-    config.out_dir.mkdir(parents=True, exist_ok=True)
+def board_sections(
+    config: ReportConfig, prometheus: PrometheusClient, boards: tuple[Board, ...], start: float, end: float
+) -> list[str]:
+    """One HTML section per board with headline panels: each panel's plot and last values."""
     sections = []
     for board in boards:
         items = []
         for panel in (p for p in board.panels if p.headline):
-            series = panel_series(config, panel, start, end)
+            series = panel_series(config, prometheus, panel, start, end)
             body = f"<p class='desc'>{html.escape(panel.full_description)}</p>"
             if series:
                 image = f"{board.uid}-{slug(panel.title)}.png"
@@ -155,6 +134,20 @@ def write_report(
             items.append(f"<div class='panel'><h3>{html.escape(panel.title)}</h3>{body}</div>")
         if items:
             sections.append(f"<h2>{html.escape(board.title)}</h2>" + "".join(items))
+    return sections
+
+
+def write_report(
+    config: ReportConfig, boards: tuple[Board, ...], now: float | None = None, diagnosis_html: str = ""
+) -> Path:
+    end = time.time() if now is None else now
+    start = end - 60 * config.minutes
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    prometheus = PrometheusClient(config.prometheus_url, timeout_s=30.0)
+    try:
+        sections = board_sections(config, prometheus, boards, start, end)
+    finally:
+        prometheus.close()
     stamp = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")  # noqa: E731
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>inferd report</title>
@@ -209,10 +202,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def diagnosis_section(args: argparse.Namespace, config: ReportConfig) -> str:
     """The `inferd doctor` findings over the report's window, as HTML."""
-    from inferd.agent.doctor.inputs import DoctorOptions
-    from inferd.agent.doctor.render import to_html
-    from inferd.agent.doctor.runner import diagnose
-
     options = DoctorOptions(
         agent_url=getattr(args, "agent", None),
         engine_url=getattr(args, "engine", None),
@@ -230,11 +219,8 @@ def run(args: argparse.Namespace) -> int:
         config = ReportConfig(args.prometheus, args.minutes, out, args.step)
         diagnosis = "" if getattr(args, "no_diagnosis", False) else diagnosis_section(args, config)
         index = write_report(config, BOARDS, diagnosis_html=diagnosis)
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError) as exc:  # PrometheusError among them
         print(f"inferd report: {exc}", file=sys.stderr)
-        return 1
-    except urllib.error.URLError as exc:
-        print(f"inferd report: cannot reach Prometheus at {args.prometheus}: {exc.reason}", file=sys.stderr)
         return 1
     print(index)
     return 0

@@ -356,7 +356,7 @@ def audit_log_from(args: argparse.Namespace) -> AuditLog:
 def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=None) -> RemediationPolicy:
     from inferd.agent.engine_client import TOKEN_ENV, EngineClient, token_from
     from inferd.agent.engine_host import SupervisorHost
-    from inferd.agent.remediation import PrometheusQuery
+    from inferd.agent.prometheus import PrometheusClient
     from inferd.agent.remediation_config import load_policy_config
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per engine/Prometheus call is noise
@@ -375,7 +375,7 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
         else None
     )
     audit = audit_log_from(args)
-    return RemediationPolicy(engine, audit, config, PrometheusQuery(args.prometheus_url), host=host)
+    return RemediationPolicy(engine, audit, config, PrometheusClient(args.prometheus_url), host=host)
 
 
 def make_router(state: Any) -> APIRouter:

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from inferd.agent.audit import AuditLog
 from inferd.agent.engine_client import EngineClient, EngineError
+from inferd.agent.prometheus import PrometheusClient
 from inferd.agent.remediation import (
     Alert,
     Bounds,
     PolicyConfig,
-    PrometheusQuery,
     RemediationCollector,
     RemediationPolicy,
     judge,
@@ -67,7 +67,7 @@ def make_policy(engine, prom, audit_path, clock, host=None, **settings):
         EngineClient(engine.url, TOKEN),
         AuditLog(audit_path, clock),
         config,
-        PrometheusQuery(prom.url),
+        PrometheusClient(prom.url),
         host=host,
         clock=clock,
     )

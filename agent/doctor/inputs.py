@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferd.agent.engine_client import token_from
+from inferd.agent.prometheus import PrometheusClient
 from inferd.agent.topology import Topology
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -119,13 +120,12 @@ class Prometheus:
 
     def __init__(self, url: str, start: float, end: float, step_s: float, timeout_s: float = 10.0):
         self.url, self.start, self.end, self.step_s, self.timeout_s = url, start, end, step_s, timeout_s
+        self._client = PrometheusClient(url, timeout_s)
         self._cache: dict[str, list[RangeSeries]] = {}
 
     def range(self, expr: str) -> list[RangeSeries]:
-        from inferd.agent.report import prometheus_query_range
-
         if expr not in self._cache:
-            result = prometheus_query_range(self.url, expr, self.start, self.end, self.step_s, self.timeout_s)
+            result = self._client.query_range(expr, self.start, self.end, self.step_s)
             series = []
             for item in result:
                 points = tuple((float(t), float(v)) for t, v in item.get("values", []) if not math.isnan(float(v)))

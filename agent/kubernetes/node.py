@@ -349,7 +349,7 @@ class Assembly:
 def build(args: argparse.Namespace, api: Any = None) -> Assembly:
     """The Kubernetes mode from the agent's arguments; ValueError names what is wrong."""
     from inferd.agent.engine_client import EngineClient, token_from
-    from inferd.agent.remediation import PrometheusQuery
+    from inferd.agent.prometheus import PrometheusClient
     from inferd.agent.remediation_config import load_policy_config
     from inferd.agent.webhook import audit_log_from
 
@@ -388,7 +388,7 @@ def build(args: argparse.Namespace, api: Any = None) -> Assembly:
         engine = EngineClient(pod.url, token) if token and pod.url else None
         # restart_engine only: the policy asks a host for the methods it has (no rebind here)
         host: Any = PodHost(pod, discovery, limiter, startup_grace_s=config.pod_startup_grace_s)
-        policy = RemediationPolicy(engine, pod_audit, pod_config, PrometheusQuery(prometheus_url), host=host)
+        policy = RemediationPolicy(engine, pod_audit, pod_config, PrometheusClient(prometheus_url), host=host)
         policy.start()
         return policy
 
