@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from inferd.agent.remediation import PolicyConfig
+from inferd.agent.remediation_rules import PolicyConfig
 
 
 def load_policy_config(args: argparse.Namespace) -> PolicyConfig:
