@@ -1,8 +1,12 @@
 """Small HTTP client for the engine's admin API (port 8000, bearer token).
 
-    GET   /admin/config            -> the tunable parameters
+    GET   /admin/config            -> the tunable parameters and their bounds
     PATCH /admin/config  {k: v}    -> applied between scheduler steps; 422 out of bounds
     POST  /admin/mode    {"mode"}  -> fast or fallback
+
+Each answer carries the engine's bounds ({"max_num_seqs": {"min": 1, "max": 1024},
+"mode": ["fast", "fallback"], ...}); the client keeps the latest, so the agent plans
+within what the engine accepts rather than a table of its own.
 
 The token comes from INFERD_ADMIN_TOKEN or a file (`token_from`), the same sources the
 engine reads, so an agent and the engine it supervises share one secret.
@@ -43,22 +47,31 @@ class EngineClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self.bounds: dict[str, tuple[int, int]] = {}  # integer tunable -> (minimum, maximum), inclusive
+        self.choices: dict[str, tuple[str, ...]] = {}  # enumerated tunable -> its values
 
     def close(self) -> None:
         self._http.close()
 
     def get_config(self) -> dict[str, Any]:
-        return _config_of(self._call("GET", "/admin/config"))
+        return self._answer(self._call("GET", "/admin/config"))
 
     def patch_config(self, changes: dict[str, Any]) -> dict[str, Any]:
         if not changes:
             raise ValueError("patch_config needs at least one change")
-        return _config_of(self._call("PATCH", "/admin/config", json=changes))
+        return self._answer(self._call("PATCH", "/admin/config", json=changes))
 
     def set_mode(self, mode: str) -> dict[str, Any]:
         if mode not in ("fast", "fallback"):
             raise ValueError(f"mode must be fast or fallback, got {mode!r}")
-        return _config_of(self._call("POST", "/admin/mode", json={"mode": mode}))
+        return self._answer(self._call("POST", "/admin/mode", json={"mode": mode}))
+
+    def _answer(self, body: Any) -> dict[str, Any]:
+        """The config of an answer; its bounds, when it has them, are kept."""
+        config = _config_of(body)
+        if isinstance(body, dict) and isinstance(body.get("bounds"), dict):
+            self.bounds, self.choices = _bounds_of(body["bounds"])
+        return config
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -82,6 +95,21 @@ def _config_of(body: Any) -> dict[str, Any]:
     if isinstance(body, dict):
         return body
     raise EngineError(f"admin response is not an object: {body!r}")
+
+
+def _bounds_of(bounds: dict[str, Any]) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[str, ...]]]:
+    """{"name": {"min": a, "max": b}} ranges and {"name": [values]} choices; anything else is
+    not a bound the agent can use, and is left out."""
+    ranges: dict[str, tuple[int, int]] = {}
+    choices: dict[str, tuple[str, ...]] = {}
+    for name, bound in bounds.items():
+        if isinstance(bound, dict) and all(
+            isinstance(bound.get(k), int) and not isinstance(bound.get(k), bool) for k in ("min", "max")
+        ):
+            ranges[name] = (bound["min"], bound["max"])
+        elif isinstance(bound, list) and all(isinstance(v, str) for v in bound):
+            choices[name] = tuple(bound)
+    return ranges, choices
 
 
 def _detail(response: httpx.Response) -> str:

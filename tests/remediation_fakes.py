@@ -37,15 +37,24 @@ class _Server:
 
 
 class FakeEngine(_Server):
-    """GET/PATCH /admin/config, POST /admin/mode with bearer-token auth and bounds (422).
+    """GET/PATCH /admin/config, POST /admin/mode with bearer-token auth and bounds (422);
+    every answer carries the bounds as the engine's does. `bounds` overrides the ranges of
+    BOUNDS (an engine that accepts less).
 
     Each change request is logged with the audit log's text at the moment it arrived,
     so tests can check the intent was on disk before the engine was touched.
     """
 
-    def __init__(self, token: str, audit_path: Path | None = None, **config: Any):
+    def __init__(
+        self,
+        token: str,
+        audit_path: Path | None = None,
+        bounds: dict[str, tuple[int, int]] | None = None,
+        **config: Any,
+    ):
         self.token = token
         self.audit_path = audit_path
+        self.bounds = {**BOUNDS, **(bounds or {})}
         self.config: dict[str, Any] = {
             "max_num_seqs": 64,
             "max_num_batched_tokens": 2048,
@@ -77,6 +86,12 @@ class _EngineHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _reply_config(self) -> None:
+        engine = self.engine
+        bounds: dict[str, Any] = {name: {"min": low, "max": high} for name, (low, high) in engine.bounds.items()}
+        bounds.update({name: list(values) for name, values in CHOICES.items()})
+        self._reply(200, {"config": dict(engine.config), "bounds": bounds})
+
     def _authorised(self) -> bool:
         if self.headers.get("Authorization") != f"Bearer {self.engine.token}":
             self._reply(401, {"detail": "bad token"})
@@ -87,7 +102,7 @@ class _EngineHandler(BaseHTTPRequestHandler):
         if not self._authorised():
             return
         if self.path == "/admin/config":
-            self._reply(200, {"config": dict(self.engine.config)})
+            self._reply_config()
         else:
             self._reply(404, {"detail": "not found"})
 
@@ -111,18 +126,19 @@ class _EngineHandler(BaseHTTPRequestHandler):
             status, engine.fail_next = engine.fail_next, None
             self._reply(status, {"detail": "injected failure"})
             return
+        bounds = engine.bounds
         for name, value in body.items():
-            if name in BOUNDS and not BOUNDS[name][0] <= value <= BOUNDS[name][1]:
-                self._reply(422, {"detail": f"{name} must be in [{BOUNDS[name][0]}, {BOUNDS[name][1]}]"})
+            if name in bounds and not bounds[name][0] <= value <= bounds[name][1]:
+                self._reply(422, {"detail": f"{name} must be in [{bounds[name][0]}, {bounds[name][1]}]"})
                 return
             if name in CHOICES and value not in CHOICES[name]:
                 self._reply(422, {"detail": f"{name} must be one of {CHOICES[name]}"})
                 return
-            if name not in BOUNDS and name not in CHOICES and name not in engine.config:
+            if name not in bounds and name not in CHOICES and name not in engine.config:
                 self._reply(422, {"detail": f"{name} is not tunable"})
                 return
         engine.config.update(body)
-        self._reply(200, {"config": dict(engine.config)})
+        self._reply_config()
 
 
 class FakePrometheus(_Server):

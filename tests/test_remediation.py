@@ -737,3 +737,71 @@ def test_an_underused_gpu_with_a_queue_gets_seats_for_what_waits(engine, prom, a
     assert policy.handle(alert)["new"] == {"max_num_seqs": 34, "max_num_batched_tokens": 2560}  # 4 + 30
     queries = " ".join(prom.queries)
     assert 'vllm:num_requests_waiting{job="inferd-engine"}' in queries
+
+
+def test_steps_stay_within_the_engines_bounds(audit_path, prom, clock, caplog):
+    """The agent's own bounds (max_num_seqs up to 512) reach past what this engine accepts
+    (70): the policy clamps them to the engine's and plans a value the engine takes."""
+    engine = FakeEngine(TOKEN, audit_path, bounds={"max_num_seqs": (1, 70)})
+    try:
+        policy = make_policy(engine, prom, audit_path, clock)
+        alert = firing("InferdGPUUnderutilizedWithQueue", job="inferd-agent", instance="127.0.0.1:10400")
+        with caplog.at_level(logging.WARNING, logger="inferd.agent.remediation"):
+            result = policy.handle(alert)
+        assert result["result"] == "applied", result
+        assert result["new"]["max_num_seqs"] == 70  # 64 + 16 would be refused
+        assert engine.config["max_num_seqs"] == 70
+        assert "max_num_seqs [4, 512] reach past the engine's [1, 70]: clamped to [4, 70]" in caplog.text
+    finally:
+        engine.close()
+
+
+def test_every_planned_value_is_one_the_engine_accepts():
+    """Each rule's planners, from configs across the engine's range and with the agent's
+    bounds wider than the engine's, plan only values the engine's bounds admit."""
+    from inferd.agent.remediation.engine_bounds import EngineBounds
+    from inferd.agent.remediation_rules import DEFAULT_RULES, Facts
+
+    engine = {"max_num_seqs": (8, 40), "max_num_batched_tokens": (512, 4096)}
+    wide = PolicyConfig(max_num_seqs=Bounds(1, 1024, 64), max_num_batched_tokens=Bounds(16, 1 << 20, 8192))
+    policy = EngineBounds(wide).policy_for(engine)
+    facts = (Facts(), Facts(kv_usage=0.95, waiting=500, prompt_tokens=100_000))
+    planned = 0
+    for seqs in (8, 9, 24, 39, 40):
+        for tokens in (512, 600, 4000, 4096):
+            config = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kv_cold_dtype": "none"}
+            for rule in DEFAULT_RULES.values():
+                for planner in rule.planners:
+                    for fact in facts:
+                        plan = planner({**config, "preemption_mode": "swap"}, policy, fact)
+                        if isinstance(plan, str):
+                            continue
+                        for name, value in plan.new.items():
+                            if name in engine:
+                                low, high = engine[name]
+                                assert low <= value <= high, (rule.alert, plan)
+                                planned += 1
+    assert planned > 0
+
+
+def test_configured_bounds_are_clamped_to_the_engines_only_where_wider(caplog):
+    from inferd.agent.remediation.engine_bounds import EngineBounds, clamp
+
+    assert clamp(Bounds(4, 512, 16), 1, 1024) == Bounds(4, 512, 16)  # narrower: operator policy, kept
+    assert clamp(Bounds(4, 2048, 16), 1, 1024) == Bounds(4, 1024, 16)
+    assert clamp(Bounds(2000, 4000, 16), 1, 1024) == Bounds(1024, 1024, 16)  # wholly outside: the nearer end
+    config = PolicyConfig()
+    bounds = EngineBounds(config)
+    with caplog.at_level(logging.WARNING, logger="inferd.agent.remediation"):
+        assert bounds.policy_for({}) is config  # an engine that publishes no bounds
+        assert bounds.policy_for({"max_num_seqs": (1, 1024), "max_num_batched_tokens": (16, 1 << 20)}) is config
+    assert caplog.text == ""
+
+
+def test_the_engine_client_keeps_the_engines_bounds(engine):
+    client = EngineClient(engine.url, TOKEN)
+    assert client.bounds == {}
+    client.get_config()
+    assert client.bounds == {"max_num_seqs": (1, 1024), "max_num_batched_tokens": (16, 1 << 20)}
+    assert client.choices["mode"] == ("fast", "fallback")
+    client.close()

@@ -1,5 +1,6 @@
-"""Planners and actions: a rule's next step planned from the engine's config, and plans
-carried out on the engine's admin API or by its supervisor.
+"""Planners and actions: a rule's next step planned from the engine's config (within the
+policy's bounds, narrowed to the engine's), and plans carried out on the engine's admin
+API or by its supervisor.
 
 A plan is refused (a `Refusal`: the decision's action, result and detail) when nothing can
 carry it out, the episode has taken its steps, the engine's config cannot be read, or every
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from inferd.agent.engine_client import EngineError
 from inferd.agent.remediation_rules import Facts, Plan, PolicyConfig, Rule
 
+from .engine_bounds import EngineBounds
 from .readings import Readings
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ class EngineHost(Protocol):
 
 
 class EngineAdmin(Protocol):
+    bounds: dict[str, tuple[int, int]]  # what the engine accepts, from its last answer (EngineClient)
+
     def get_config(self) -> dict[str, Any]: ...
 
     def patch_config(self, changes: dict[str, Any]) -> dict[str, Any]: ...
@@ -52,6 +56,7 @@ class Actions:
         self.host = host
         self._config = config
         self._readings = readings
+        self._engine_bounds = EngineBounds(config)
 
     def plan(self, alert: Alert, rule: Rule, episode: Episode | None) -> Plan | Refusal:
         if rule.kind == "restart":
@@ -68,10 +73,11 @@ class Actions:
             )
         try:
             config = self.engine.get_config()
+            policy = self._engine_bounds.policy_for(self.engine.bounds)
             facts = self._readings.facts(alert, rule) if rule.uses_facts else Facts()
             reasons = []
             for index in range(episode.planner if episode else 0, len(rule.planners)):
-                plan = rule.planners[index](config, self._config, facts)
+                plan = rule.planners[index](config, policy, facts)
                 if isinstance(plan, Plan):
                     if episode is not None:
                         episode.planner = index
