@@ -552,3 +552,25 @@ def test_headroom_from_the_agent_is_reported_and_warns_near_capacity(healthy):
         near = diagnose(roots, replay, agent=agent, only=("saturation.headroom",))["saturation.headroom"]
     assert ok.status == "ok" and ok.summary == "12 req/s of 20 req/s left at the agent's --headroom-step-slo"
     assert near.status == "warn" and "warn under 10% left" in near.summary
+
+
+def test_a_finding_maker_fills_in_its_checks_id_layer_and_title():
+    from inferd.agent.doctor.findings import Evidence, Finding, FindingMaker
+
+    finding = FindingMaker("pcie", "pcie", {"link": "links at their ceiling"})
+    evidence = [Evidence("hops", 3, "sysfs: paths")]
+    assert finding.ok("link", "fine", evidence) == Finding(
+        "pcie.link", "pcie", "pcie", "ok", "links at their ceiling", "fine", 0.0, tuple(evidence)
+    )
+    warn = finding("link", "warn", "slow", impact=0.2, fix="reseat", not_judged=["rates"], layer="gpu")
+    assert (warn.id, warn.layer, warn.impact, warn.fix, warn.not_judged) == (
+        "pcie.link",
+        "gpu",
+        0.2,
+        "reseat",
+        ("rates",),
+    )
+    skipped = finding.skip("link", "no sysfs")
+    assert (skipped.status, skipped.reason, skipped.title) == ("skip", "no sysfs", "links at their ceiling")
+    per_gpu = FindingMaker("copy_bandwidth", "gpu", "copy bandwidth")
+    assert per_gpu.ok("gpu3", "fast").title == "copy bandwidth"

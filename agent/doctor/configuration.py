@@ -15,7 +15,7 @@ from inferd.exporters.numa import parse_status_field
 from inferd.exporters.sysfs import parse_cpulist, read_optional
 
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .placement import engine_gpus_and_node
 from .thresholds import Thresholds
@@ -26,6 +26,7 @@ TITLES = {
     "swap_pool": "swap pool on the GPUs' node, with huge pages",
     "cpu_governor": "CPU frequency governor set to performance",
 }
+finding = FindingMaker(ID, LAYER, TITLES)
 _HUGEPAGES = re.compile(r"HugePages_Total:\s+(\d+)")
 _THP = re.compile(r"\[(\w+)\]")
 
@@ -45,14 +46,13 @@ def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
 
 
 def _kv_capacity(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["kv_capacity"], f"{ID}.kv_capacity"
     engine = inputs.engine
     if engine is None:
-        return skip(ID, "kv_capacity", LAYER, title, inputs.why("engine"))
+        return finding.skip("kv_capacity", inputs.why("engine"))
     info = engine.all("vllm:cache_config_info")
     labels = info[0].labels if info else {}
     if not labels.get("num_gpu_blocks", "").isdigit() or not labels.get("block_size", "").isdigit():
-        return skip(ID, "kv_capacity", LAYER, title, "the engine exports no vllm:cache_config_info with the pool size")
+        return finding.skip("kv_capacity", "the engine exports no vllm:cache_config_info with the pool size")
     blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
     tokens = blocks * block_size
     max_seqs, seqs_src = tunable(inputs, "max_num_seqs")
@@ -82,20 +82,18 @@ def _kv_capacity(inputs: Inputs, t: Thresholds) -> Finding:
         not_judged.append("max_num_seqs: neither the admin config nor inferd_engine_tunable")
     if not problems:
         summary = f"{tokens} KV tokens ({blocks} blocks of {block_size})"
-        return Finding(fid, ID, "engine", "ok", title, summary, 0.0, tuple(evidence), not_judged=tuple(not_judged))
+        return finding.ok("kv_capacity", summary, evidence, not_judged=not_judged, layer="engine")
     status = "fail" if any(s == "fail" for s, _ in problems) else "warn"
-    return Finding(
-        fid,
-        ID,
-        "engine",
+    return finding(
+        "kv_capacity",
         status,
-        title,
         "; ".join(p for _, p in problems),
-        0.3 if status == "fail" else 0.1,
-        tuple(evidence),
+        impact=0.3 if status == "fail" else 0.1,
+        evidence=evidence,
         fix="lower max_num_seqs (PATCH /admin/config) or --max-model-len, or give the pool more memory "
         "(--gpu-memory-utilization, kv_cold_dtype int8)",
-        not_judged=tuple(not_judged),
+        not_judged=not_judged,
+        layer="engine",
     )
 
 
@@ -109,18 +107,17 @@ def _gpu_node(inputs: Inputs) -> int | None:
 
 
 def _swap_pool(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["swap_pool"], f"{ID}.swap_pool"
     swap, src = tunable(inputs, "swap_space_bytes")
     if swap is None:
-        return skip(ID, "swap_pool", LAYER, title, inputs.why("engine"))
+        return finding.skip("swap_pool", inputs.why("engine"))
     evidence = [Evidence("swap_space_bytes", swap, src, "B")]
     if swap == 0:
-        return Finding(fid, ID, LAYER, "ok", title, "no host swap pool", 0.0, tuple(evidence))
+        return finding.ok("swap_pool", "no host swap pool", evidence)
     not_judged = ["whether the pool is pinned: CUDA pins it through the driver, which procfs does not show"]
     node = _gpu_node(inputs)
     if node is None:
         reason = inputs.missing.get("topology") or inputs.missing.get("gpus") or "the GPUs span several nodes"
-        return skip(ID, "swap_pool", LAYER, title, f"the GPUs' node is unknown: {reason}")
+        return finding.skip("swap_pool", f"the GPUs' node is unknown: {reason}")
     problems = []
     if inputs.engine_pid is not None:
         status = read_optional(inputs.procfs / str(inputs.engine_pid) / "status") or ""
@@ -150,25 +147,21 @@ def _swap_pool(inputs: Inputs, t: Thresholds) -> Finding:
             )
     if not problems:
         summary = f"{swap / 2**30:.1f} GiB swap pool can sit on node {node}"
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=tuple(not_judged))
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+        return finding.ok("swap_pool", summary, evidence, not_judged=not_judged)
+    return finding(
+        "swap_pool",
         "warn",
-        title,
         "; ".join(problems),
-        0.1,
-        tuple(evidence),
+        impact=0.1,
+        evidence=evidence,
         fix=f"bind the engine to node {node} (see placement) and reserve huge pages there "
         f"(echo N > /sys/devices/system/node/node{node}/hugepages/hugepages-2048kB/nr_hugepages) or set "
         "transparent_hugepage to madvise",
-        not_judged=tuple(not_judged),
+        not_judged=not_judged,
     )
 
 
 def _governor(inputs: Inputs) -> Finding:
-    title, fid = TITLES["cpu_governor"], f"{ID}.cpu_governor"
     cpu_root = inputs.sysfs / "devices" / "system" / "cpu"
     cpus: list[int] | None = None
     if inputs.engine_pid is not None:
@@ -182,9 +175,7 @@ def _governor(inputs: Inputs) -> Finding:
     governors = {p: read_optional(p) for p in paths}
     found = {p: g for p, g in governors.items() if g}
     if not found:
-        return skip(
-            ID, "cpu_governor", LAYER, title, f"no cpufreq governor under {cpu_root} (a VM, or no cpufreq driver)"
-        )
+        return finding.skip("cpu_governor", f"no cpufreq governor under {cpu_root} (a VM, or no cpufreq driver)")
     by_governor: dict[str, int] = {}
     for g in found.values():
         by_governor[g] = by_governor.get(g, 0) + 1
@@ -195,19 +186,14 @@ def _governor(inputs: Inputs) -> Finding:
     slow = {g: n for g, n in by_governor.items() if g != "performance"}
     whose = "the engine's" if cpus is not None else "all"
     if not slow:
-        return Finding(
-            fid, ID, LAYER, "ok", title, f"{whose} {len(found)} CPUs run the performance governor", 0.0, evidence
-        )
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+        return finding.ok("cpu_governor", f"{whose} {len(found)} CPUs run the performance governor", evidence)
+    return finding(
+        "cpu_governor",
         "warn",
-        title,
         f"{sum(slow.values())} of {whose} {len(found)} CPUs run {', '.join(sorted(slow))}: the host side of each step "
         "waits on clock ramp-up",
-        0.05,
-        evidence,
+        impact=0.05,
+        evidence=evidence,
         fix="`cpupower frequency-set -g performance` (or tuned-adm profile latency-performance)",
     )
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .thresholds import GPU_PEAK_DRAM_BYTES_PER_SECOND, Thresholds
 
 ID, LAYER = "copy_bandwidth", "gpu"
 TITLE = "copy bandwidth against the link's and the GPU's ceilings"
+finding = FindingMaker(ID, LAYER, TITLE)  # one finding per GPU: gpu0, gpu1, ...
 HOST_BYTES = 1 << 30
 DEVICE_BYTES = 4 << 30
 REPEATS = 10
@@ -53,9 +54,9 @@ def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
     try:
         import torch
     except ImportError as exc:
-        return [skip(ID, "all", LAYER, TITLE, f"torch is not installed: {exc}")]
+        return [finding.skip("all", f"torch is not installed: {exc}")]
     if not torch.cuda.is_available():
-        return [skip(ID, "all", LAYER, TITLE, "no CUDA device visible to torch")]
+        return [finding.skip("all", "no CUDA device visible to torch")]
     names = {g.index: g.name for s in inputs.gpu_snapshots for g in s.gpus}
     links = {g.index: g.link_capacity_bytes_per_second for g in (inputs.topology.gpus if inputs.topology else ())}
     findings = []
@@ -67,7 +68,6 @@ def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
 
 
 def _one(index: int, rates: dict[str, float], name: str, link: float | None, t: Thresholds) -> Finding:
-    fid = f"{ID}.gpu{index}"
     peak = GPU_PEAK_DRAM_BYTES_PER_SECOND.get(name)
     evidence = [Evidence(f"{k}_bytes_per_second", v, "measured", "B/s") for k, v in rates.items()]
     shares: dict[str, float] = {}
@@ -86,22 +86,17 @@ def _one(index: int, rates: dict[str, float], name: str, link: float | None, t: 
     text = ", ".join(f"{k} {rates[k] / 1e9:.1f} GB/s" + (f" ({shares[k]:.0%})" if k in shares else "") for k in rates)
     low = {k: v for k, v in shares.items() if v < t.copy_share_warn}
     if not low:
-        return Finding(
-            fid, ID, LAYER, "ok", TITLE, f"GPU{index}: {text}", 0.0, tuple(evidence), not_judged=tuple(not_judged)
-        )
+        return finding.ok(f"gpu{index}", f"GPU{index}: {text}", evidence, not_judged=not_judged)
     status = "fail" if any(v < t.copy_share_fail for v in low.values()) else "warn"
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+    return finding(
+        f"gpu{index}",
         status,
-        TITLE,
         f"GPU{index}: {text}; under {t.copy_share_warn:.0%}: {', '.join(sorted(low))}",
-        0.3 if status == "fail" else 0.1,
-        tuple(evidence),
+        impact=0.3 if status == "fail" else 0.1,
+        evidence=evidence,
         fix="host copies low: see pcie.link, pcie.payload and placement (pinned memory on the GPU's node); "
         "device copies low: see gpu_health.throttle",
-        not_judged=tuple(not_judged),
+        not_judged=not_judged,
     )
 
 

@@ -11,7 +11,7 @@ with --prometheus, the instant value from --agent otherwise.
 from __future__ import annotations
 
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .thresholds import GPU_PEAK_DRAM_BYTES_PER_SECOND, Thresholds
 
@@ -21,6 +21,7 @@ TITLES = {
     "mbu": "decode memory-bandwidth utilisation against the GPU's peak",
     "regime": "what bounds the GPU: memory, compute or the host",
 }
+finding = FindingMaker(ID, LAYER, TITLES)
 # Counters the MBU figure needs from the engine; without them it is skipped, by name.
 DECODE_BYTES = "inferd_engine_decode_bytes_read_total"
 DECODE_SECONDS = "inferd_engine_decode_seconds_total"
@@ -36,11 +37,9 @@ def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
 
 
 def _fast_path(inputs: Inputs) -> Finding:
-    title = TITLES["fast_path"]
-    fid = f"{ID}.fast_path"
     body, metrics = inputs.engine_config, inputs.engine
     if body is None and metrics is None:
-        return skip(ID, "fast_path", LAYER, title, inputs.why("engine_config"))
+        return finding.skip("fast_path", inputs.why("engine_config"))
     evidence: list[Evidence] = []
     not_judged: list[str] = []
     problems: list[str] = []
@@ -74,25 +73,22 @@ def _fast_path(inputs: Inputs) -> Finding:
         ]
         if path != "fast":
             if mode != "fallback" and not has_gpu(inputs):
-                return skip(ID, "fast_path", LAYER, title, f"no GPU on this node: the portable path runs ({reason})")
+                return finding.skip("fast_path", f"no GPU on this node: the portable path runs ({reason})")
             problems.append(f"the {path} path runs: {reason}")
         elif graphs == 0:
             problems.append("the fast path runs without captured CUDA graphs")
     if not problems:
         summary = "the fast path runs" if body is not None else "no fast-path failure counted"
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=tuple(not_judged))
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+        return finding.ok("fast_path", summary, evidence, not_judged=not_judged)
+    return finding(
+        "fast_path",
         "warn",
-        title,
         "; ".join(problems),
-        0.4,
-        tuple(evidence),
+        impact=0.4,
+        evidence=evidence,
         fix='read the engine log for the failure that switched it; once fixed, `POST /admin/mode {"mode": '
         '"fast"}` (or let remediation try it); on a GPU without Triton install triton',
-        not_judged=tuple(not_judged),
+        not_judged=not_judged,
     )
 
 
@@ -106,16 +102,15 @@ def _gpu_peak(inputs: Inputs) -> tuple[float | None, str]:
 
 
 def _mbu(inputs: Inputs, t: Thresholds) -> Finding:
-    title = TITLES["mbu"]
     metrics = inputs.engine
     if metrics is None:
-        return skip(ID, "mbu", LAYER, title, inputs.why("engine"))
+        return finding.skip("mbu", inputs.why("engine"))
     if not (metrics.has(DECODE_BYTES) and metrics.has(DECODE_SECONDS)):
-        return skip(ID, "mbu", LAYER, title, f"the engine does not export {DECODE_BYTES} and {DECODE_SECONDS}")
+        return finding.skip("mbu", f"the engine does not export {DECODE_BYTES} and {DECODE_SECONDS}")
     peak, name = _gpu_peak(inputs)
     if peak is None:
         why = f"no datasheet peak for {name!r}" if name else inputs.why("gpu_backend")
-        return skip(ID, "mbu", LAYER, title, why)
+        return finding.skip("mbu", why)
     prometheus = inputs.prometheus
     if prometheus is not None:
         expr = f"sum(rate({DECODE_BYTES}[{prometheus.window}])) / sum(rate({DECODE_SECONDS}[{prometheus.window}]))"
@@ -127,7 +122,7 @@ def _mbu(inputs: Inputs, t: Thresholds) -> Finding:
         rate = (metrics.value(DECODE_BYTES) or 0.0) / seconds if seconds else None
         src = f"{metrics.source} {DECODE_BYTES} / {DECODE_SECONDS} (since start)"
     if rate is None:
-        return skip(ID, "mbu", LAYER, title, "no decode step in the window")
+        return finding.skip("mbu", "no decode step in the window")
     mbu = rate / peak
     evidence = (
         Evidence("decode_bytes_per_second", rate, src, "B/s"),
@@ -135,16 +130,13 @@ def _mbu(inputs: Inputs, t: Thresholds) -> Finding:
         Evidence("mbu", mbu, src),
     )
     if mbu >= t.mbu_warn:
-        return Finding(f"{ID}.mbu", ID, LAYER, "ok", title, f"decode reads at {mbu:.0%} of peak", 0.0, evidence)
-    return Finding(
-        f"{ID}.mbu",
-        ID,
-        LAYER,
+        return finding.ok("mbu", f"decode reads at {mbu:.0%} of peak", evidence)
+    return finding(
+        "mbu",
         "warn",
-        title,
         f"decode reads at {mbu:.0%} of the GPU's peak (warn below {t.mbu_warn:.0%})",
-        (t.mbu_warn - mbu) / t.mbu_warn * 0.5,
-        evidence,
+        impact=(t.mbu_warn - mbu) / t.mbu_warn * 0.5,
+        evidence=evidence,
         fix="check engine.fast_path and engine.regime first; at batch 1 raise max_num_seqs or batch more requests; "
         "with CUDA graphs off, turn them on",
     )
@@ -180,7 +172,6 @@ def _gpu_activity(inputs: Inputs) -> tuple[dict[str, float] | None, str, tuple[s
 
 
 def _regime(inputs: Inputs, t: Thresholds) -> Finding:
-    title = TITLES["regime"]
     activity, src, not_judged = _gpu_activity(inputs)
     if activity is None:
         reason = "no DCGM_FI_PROF_SM_ACTIVE / DRAM_ACTIVE: " + (
@@ -188,7 +179,7 @@ def _regime(inputs: Inputs, t: Thresholds) -> Finding:
             if inputs.agent is not None
             else inputs.why("agent")
         )
-        return skip(ID, "regime", LAYER, title, reason)
+        return finding.skip("regime", reason)
     sm, dram = activity["DCGM_FI_PROF_SM_ACTIVE"], activity["DCGM_FI_PROF_DRAM_ACTIVE"]
     evidence = [Evidence("sm_active", sm, src), Evidence("dram_active", dram, src)]
     running = waiting = None
@@ -200,23 +191,19 @@ def _regime(inputs: Inputs, t: Thresholds) -> Finding:
             Evidence("requests_waiting", waiting, f"{inputs.engine.source} vllm:num_requests_waiting"),
         ]
     busy_requests = (running or 0) + (waiting or 0)
-    fid = f"{ID}.regime"
     if dram >= t.regime_busy:
         summary = f"memory-bound: DRAM active {dram:.0%}, SM active {sm:.0%} (decode as it should be)"
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=not_judged)
+        return finding.ok("regime", summary, evidence, not_judged=not_judged)
     if sm >= t.regime_busy:
         summary = f"compute-bound: SM active {sm:.0%}, DRAM active {dram:.0%} (prefill-heavy or large batches)"
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=not_judged)
+        return finding.ok("regime", summary, evidence, not_judged=not_judged)
     if sm < t.regime_idle and dram < t.regime_idle and busy_requests > 0:
-        return Finding(
-            fid,
-            ID,
-            LAYER,
+        return finding(
+            "regime",
             "warn",
-            title,
             f"host-bound: {busy_requests:.0f} request(s) in the engine but SM active {sm:.0%}, DRAM active {dram:.0%}",
-            0.5,
-            tuple(evidence),
+            impact=0.5,
+            evidence=evidence,
             fix="the GPU waits on the host: check placement (engine CPUs on the GPU's node), CPU frequency governor, "
             "engine.fast_path (CUDA graphs cut launch overhead) and tokenization load on the API server",
             not_judged=not_judged,
@@ -224,7 +211,7 @@ def _regime(inputs: Inputs, t: Thresholds) -> Finding:
     summary = f"SM active {sm:.0%}, DRAM active {dram:.0%}: " + ("idle" if busy_requests == 0 else "lightly loaded")
     if inputs.engine is None:
         not_judged = not_judged + (f"whether requests were queued: {inputs.why('engine')}",)
-    return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=not_judged)
+    return finding.ok("regime", summary, evidence, not_judged=not_judged)
 
 
 CHECK = Check(ID, LAYER, "the engine's fast path, bandwidth use and GPU regime", run)

@@ -9,6 +9,7 @@ ranked by status, then impact, then id, so the order is stable.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,59 @@ class Finding:
 
 def skip(check: str, what: str, layer: str, title: str, reason: str) -> Finding:
     return Finding(f"{check}.{what}", check, layer, "skip", title, f"not run: {reason}", reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class FindingMaker:
+    """One check's findings: the id `<check>.<what>`, the check and its layer are fixed and
+    the title is looked up by `what` (`titles` as a mapping) or the same for all (a string);
+    the rest is given by keyword."""
+
+    check: str
+    layer: str
+    titles: Mapping[str, str] | str
+
+    def title(self, what: str) -> str:
+        return self.titles if isinstance(self.titles, str) else self.titles[what]
+
+    def __call__(
+        self,
+        what: str,
+        status: str,
+        summary: str,
+        *,
+        impact: float = 0.0,
+        evidence: Iterable[Evidence] = (),
+        fix: str | None = None,
+        not_judged: Iterable[str] = (),
+        layer: str | None = None,
+    ) -> Finding:
+        return Finding(
+            f"{self.check}.{what}",
+            self.check,
+            layer or self.layer,
+            status,
+            self.title(what),
+            summary,
+            impact,
+            tuple(evidence),
+            fix,
+            not_judged=tuple(not_judged),
+        )
+
+    def ok(
+        self,
+        what: str,
+        summary: str,
+        evidence: Iterable[Evidence] = (),
+        *,
+        not_judged: Iterable[str] = (),
+        layer: str | None = None,
+    ) -> Finding:
+        return self(what, "ok", summary, evidence=evidence, not_judged=not_judged, layer=layer)
+
+    def skip(self, what: str, reason: str) -> Finding:
+        return skip(self.check, what, self.layer, self.title(what), reason)
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:

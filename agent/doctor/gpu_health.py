@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .thresholds import CLOCK_EVENT_REASONS, CRITICAL_XIDS, HARDWARE_CLOCK_REASONS, Thresholds
 
@@ -21,6 +21,7 @@ TITLES = {
     "xid": "no XID errors",
     "memory": "no uncorrected ECC errors, no row remapping pending or failed",
 }
+finding = FindingMaker(ID, LAYER, TITLES)
 
 
 def reason_names(mask: int) -> list[str]:
@@ -30,13 +31,12 @@ def reason_names(mask: int) -> list[str]:
 def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
     snapshots = inputs.gpu_snapshots
     if not snapshots:
-        return [skip(ID, what, LAYER, title, inputs.why("gpu_backend")) for what, title in TITLES.items()]
+        return [finding.skip(what, inputs.why("gpu_backend")) for what in TITLES]
     source = inputs.gpu_source
     return [_throttle(snapshots, source, t), _xid(snapshots, source), _memory(snapshots, source)]
 
 
 def _throttle(snapshots, source: str, t: Thresholds) -> Finding:
-    title = TITLES["throttle"]
     seen: dict[int, Counter] = {}
     counted: Counter = Counter()
     for snapshot in snapshots:
@@ -46,7 +46,7 @@ def _throttle(snapshots, source: str, t: Thresholds) -> Finding:
             counted[gpu.index] += 1
             seen.setdefault(gpu.index, Counter()).update(reason_names(int(gpu.clocks_event_reasons)))
     if not counted:
-        return skip(ID, "throttle", LAYER, title, f"{source} gives no clock event reasons")
+        return finding.skip("throttle", f"{source} gives no clock event reasons")
     evidence, problems, hardware = [], [], False
     for index in sorted(seen):
         for name, count in sorted(seen[index].items()):
@@ -57,16 +57,13 @@ def _throttle(snapshots, source: str, t: Thresholds) -> Finding:
                 hardware |= name in HARDWARE_CLOCK_REASONS
     if not problems:
         summary = f"no throttle reason in {sum(counted.values())} readings of {len(counted)} GPU(s)"
-        return Finding(f"{ID}.throttle", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
-    return Finding(
-        f"{ID}.throttle",
-        ID,
-        LAYER,
+        return finding.ok("throttle", summary, evidence)
+    return finding(
+        "throttle",
         "fail" if hardware else "warn",
-        title,
         "; ".join(problems),
-        0.3 if hardware else 0.15,
-        tuple(evidence),
+        impact=0.3 if hardware else 0.15,
+        evidence=evidence,
         fix="hardware or thermal slowdown: check cooling, fans and inlet temperature (`nvidia-smi -q -d "
         "PERFORMANCE,TEMPERATURE`) and the PSU/power brake; power cap: raise it with `nvidia-smi -pl` if the board "
         "allows; sync boost: drop the GPU from its sync-boost group",
@@ -74,7 +71,6 @@ def _throttle(snapshots, source: str, t: Thresholds) -> Finding:
 
 
 def _xid(snapshots, source: str) -> Finding:
-    title = TITLES["xid"]
     xids: dict[int, Counter] = {}
     for snapshot in snapshots:
         for gpu in snapshot.gpus:
@@ -82,7 +78,7 @@ def _xid(snapshots, source: str) -> Finding:
                 xids.setdefault(gpu.index, Counter()).update(gpu.xid_errors)
     if not xids:
         summary = f"no XID in {len(snapshots)} reading(s)"
-        return Finding(f"{ID}.xid", ID, LAYER, "ok", title, summary, 0.0, (Evidence("xid_count", 0, source),))
+        return finding.ok("xid", summary, (Evidence("xid_count", 0, source),))
     evidence = [
         Evidence(f"gpu{i}_xid_{x}", n, source, "events")
         for i, counts in sorted(xids.items())
@@ -90,15 +86,12 @@ def _xid(snapshots, source: str) -> Finding:
     ]
     critical = sorted({x for counts in xids.values() for x in counts if x in CRITICAL_XIDS})
     listing = "; ".join(f"GPU{i}: XID {', '.join(map(str, sorted(c)))}" for i, c in sorted(xids.items()))
-    return Finding(
-        f"{ID}.xid",
-        ID,
-        LAYER,
+    return finding(
+        "xid",
         "fail" if critical else "warn",
-        title,
         listing + (f" (critical: {', '.join(map(str, critical))})" if critical else ""),
-        0.5 if critical else 0.1,
-        tuple(evidence),
+        impact=0.5 if critical else 0.1,
+        evidence=evidence,
         fix="look the XID up in NVIDIA's XID catalogue; 79 (fallen off the bus), 48/63/64/94/95 (memory errors) and "
         "119/120 (GSP) need the GPU drained and reset (`nvidia-smi -r`), and a replacement if they recur; "
         "13/31/43 are usually the application's fault",
@@ -106,7 +99,6 @@ def _xid(snapshots, source: str) -> Finding:
 
 
 def _memory(snapshots, source: str) -> Finding:
-    title = TITLES["memory"]
     last = {gpu.index: gpu for snapshot in snapshots for gpu in snapshot.gpus}
     evidence, problems, failed = [], [], False
     offered = False
@@ -127,19 +119,16 @@ def _memory(snapshots, source: str) -> Finding:
             elif gpu.remapped_rows_pending:
                 problems.append(f"GPU{index}: row remapping pending (applies at the next GPU reset)")
     if not offered:
-        return skip(ID, "memory", LAYER, title, f"{source} gives no ECC or row remapping state")
+        return finding.skip("memory", f"{source} gives no ECC or row remapping state")
     if not problems:
         summary = f"{len(last)} GPU(s): no uncorrected ECC error, no row remapping pending or failed"
-        return Finding(f"{ID}.memory", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
-    return Finding(
-        f"{ID}.memory",
-        ID,
-        LAYER,
+        return finding.ok("memory", summary, evidence)
+    return finding(
+        "memory",
         "fail" if failed else "warn",
-        title,
         "; ".join(problems),
-        0.4 if failed else 0.1,
-        tuple(evidence),
+        impact=0.4 if failed else 0.1,
+        evidence=evidence,
         fix="pending remaps apply at the next reset: drain the GPU and `nvidia-smi -r`; a failed remap or "
         "recurring uncorrected errors mean an RMA",
     )

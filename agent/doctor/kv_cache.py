@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .check import Check
 from .fault_fit import fit_fault_rate
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs, Samples
 from .thresholds import Thresholds
 
@@ -20,6 +20,7 @@ TITLES = {
     "fragmentation": "KV blocks not fragmented",
     "fault_fit": "page-fault rate against sequence length, lambda(L) = alpha (1 - exp(-beta L))",
 }
+finding = FindingMaker(ID, LAYER, TITLES)
 RATE = "2m"
 FAULTS = f"sum(rate(inferd_kv_page_faults_total[{RATE}]))"
 STEPS = f"sum(rate(inferd_scheduler_step_duration_seconds_count[{RATE}]))"
@@ -44,11 +45,9 @@ def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
 
 
 def _thrashing(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["thrashing"], f"{ID}.thrashing"
     prometheus = inputs.prometheus
     if prometheus is None:
-        reason = f"fault and preemption rates need the window: {inputs.prometheus_reason()}"
-        return skip(ID, "thrashing", LAYER, title, reason)
+        return finding.skip("thrashing", f"fault and preemption rates need the window: {inputs.prometheus_reason()}")
     window = prometheus.window
     faults_expr = f"sum(increase(inferd_kv_page_faults_total[{window}]))"
     preempt_expr = f"sum(increase(vllm:num_preemptions_total[{window}]))"
@@ -61,7 +60,7 @@ def _thrashing(inputs: Inputs, t: Thresholds) -> Finding:
 
     faults, preemptions, usage = last(faults_expr), last(preempt_expr), last(usage_expr)
     if faults is None and usage is None:
-        return skip(ID, "thrashing", LAYER, title, f"Prometheus has no engine KV series over {window}")
+        return finding.skip("thrashing", f"Prometheus has no engine KV series over {window}")
     fault_rate = (faults or 0.0) / seconds
     preempt_rate = (preemptions or 0.0) / seconds
     evidence = (
@@ -77,17 +76,14 @@ def _thrashing(inputs: Inputs, t: Thresholds) -> Finding:
         status = "warn"
     else:
         summary = f"{fault_rate:.2f} faults/s, {preempt_rate:.2f} preemptions/s over {window}"
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, evidence)
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+        return finding.ok("thrashing", summary, evidence)
+    return finding(
+        "thrashing",
         status,
-        title,
         f"{fault_rate:.2f} page faults/s and {preempt_rate:.2f} preemptions/s over {window} with KV usage up to "
         f"{(usage or 0):.0%} (fail at {t.kv_faults_per_second_fail:g}/s with usage >= {t.kv_usage_thrash:.0%})",
-        0.5 if status == "fail" else 0.2,
-        evidence,
+        impact=0.5 if status == "fail" else 0.2,
+        evidence=evidence,
         fix="the pool is too small for the load: lower max_num_seqs (PATCH /admin/config), turn on cold-KV "
         "quantization (kv_cold_dtype int8), or give the engine more KV memory (gpu_memory_utilization); "
         "preemption_mode recompute avoids swap traffic for short prompts",
@@ -95,7 +91,6 @@ def _thrashing(inputs: Inputs, t: Thresholds) -> Finding:
 
 
 def _fragmentation(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["fragmentation"], f"{ID}.fragmentation"
     prometheus = inputs.prometheus
     value, src = None, ""
     if prometheus is not None:
@@ -107,19 +102,16 @@ def _fragmentation(inputs: Inputs, t: Thresholds) -> Finding:
         value = inputs.engine.value("inferd_kv_fragmentation_ratio")
         src = f"{inputs.engine.source} inferd_kv_fragmentation_ratio"
     if value is None:
-        return skip(ID, "fragmentation", LAYER, title, inputs.why("engine"))
+        return finding.skip("fragmentation", inputs.why("engine"))
     evidence = (Evidence("fragmentation_ratio", value, src),)
     if value < t.kv_fragmentation_warn:
-        return Finding(fid, ID, LAYER, "ok", title, f"{value:.0%} of allocated KV slots hold no token", 0.0, evidence)
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+        return finding.ok("fragmentation", f"{value:.0%} of allocated KV slots hold no token", evidence)
+    return finding(
+        "fragmentation",
         "warn",
-        title,
         f"{value:.0%} of allocated KV slots hold no token (warn at {t.kv_fragmentation_warn:.0%})",
-        0.1,
-        evidence,
+        impact=0.1,
+        evidence=evidence,
         fix="many short sequences leave their last blocks mostly empty: a smaller --block-size (8) wastes less",
     )
 
@@ -145,22 +137,15 @@ def fit_points(inputs: Inputs) -> tuple[list[float], list[float], list[str]]:
 
 
 def _fault_fit(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["fault_fit"], f"{ID}.fault_fit"
     if inputs.prometheus is None:
-        return skip(ID, "fault_fit", LAYER, title, f"the fit needs the window's samples: {inputs.prometheus_reason()}")
+        return finding.skip("fault_fit", f"the fit needs the window's samples: {inputs.prometheus_reason()}")
     lengths, rates, exprs = fit_points(inputs)
     if len(lengths) < t.fit_min_points:
-        return skip(
-            ID,
-            "fault_fit",
-            LAYER,
-            title,
-            f"{len(lengths)} busy step(s) in the window, the fit needs {t.fit_min_points}",
-        )
+        return finding.skip("fault_fit", f"{len(lengths)} busy step(s) in the window, the fit needs {t.fit_min_points}")
     try:
         fit = fit_fault_rate(lengths, rates)
     except ValueError as exc:
-        return skip(ID, "fault_fit", LAYER, title, str(exc))
+        return finding.skip("fault_fit", str(exc))
     src = "prometheus:" + " ; ".join(exprs)
     evidence = (
         Evidence("alpha", fit.alpha, src, "faults/block"),
@@ -175,7 +160,7 @@ def _fault_fit(inputs: Inputs, t: Thresholds) -> Finding:
         f"at today's mean length {lengths[-1]:.0f} the rate is {now / fit.alpha if fit.alpha else 0:.0%} of its ceiling"
     )
     not_judged = () if fit.r2 >= t.fit_r2_min else (f"the fit explains little (R^2 {fit.r2:.2f} < {t.fit_r2_min})",)
-    return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, evidence, not_judged=not_judged)
+    return finding.ok("fault_fit", summary, evidence, not_judged=not_judged)
 
 
 CHECK = Check(ID, LAYER, "KV cache thrashing, fragmentation and the fault-rate fit", run)

@@ -24,7 +24,7 @@ from inferd.exporters.pcie_parsers import (
 from inferd.exporters.sysfs import read_optional
 
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .thresholds import Thresholds
 
@@ -39,7 +39,7 @@ def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
     topology = inputs.topology
     if topology is None or not topology.gpus:
         reason = inputs.missing.get("topology") or inputs.why("gpus")
-        return [skip(ID, what, LAYER, title, reason) for what, title in TITLES.items()]
+        return [finding.skip(what, reason) for what in TITLES]
     return [
         _links(inputs, topology, t),
         _shared(inputs, topology, t),
@@ -54,6 +54,7 @@ TITLES = {
     "errors": "AER errors and replays over the window",
     "payload": "Max Payload Size, Max Read Request Size and ASPM along each path",
 }
+finding = FindingMaker(ID, LAYER, TITLES)
 
 
 def _gpu_ceiling(gpu: GpuTopology) -> float | None:
@@ -79,12 +80,11 @@ def _links(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
         ceiling, bottleneck = _gpu_ceiling(gpu), gpu.bottleneck_bytes_per_second
         if ceiling and bottleneck and bottleneck < ceiling:
             evidence.append(Evidence(f"gpu{gpu.index}_bottleneck_share", bottleneck / ceiling, "sysfs: path links"))
-    title = TITLES["link"]
     if not hops:
         summary = (
             f"all {sum(len(g.path) for g in topology.gpus)} hops of {len(topology.gpus)} GPU paths at their ceiling"
         )
-        return Finding(f"{ID}.link", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
+        return finding.ok("link", summary, evidence)
     gpus = sorted({d["gpu"] for d in hops})
     status = "fail" if worst < t.pcie_bottleneck_fail else "warn"
     first = hops[0]
@@ -99,29 +99,23 @@ def _links(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
         "comes back degraded"
     )
     impact = (1 - worst) * len(gpus) / len(topology.gpus)
-    return Finding(f"{ID}.link", ID, LAYER, status, title, summary, min(max(impact, 0.05), 1.0), tuple(evidence), fix)
+    return finding("link", status, summary, impact=min(max(impact, 0.05), 1.0), evidence=evidence, fix=fix)
 
 
 def _shared(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
-    title = TITLES["shared"]
     shared = shared_upstream_links(topology)
     evidence = [
         Evidence(f"{s['device']}_shared_by", "GPUs " + ",".join(map(str, s["gpus"])), "sysfs: GPU paths")
         for s in shared
     ]
     if not shared:
-        return Finding(f"{ID}.shared", ID, LAYER, "ok", title, "no upstream link carries more than one GPU")
+        return finding.ok("shared", "no upstream link carries more than one GPU")
     prometheus = inputs.prometheus
     if prometheus is None:
-        return Finding(
-            f"{ID}.shared",
-            ID,
-            LAYER,
-            "ok",
-            title,
+        return finding.ok(
+            "shared",
             f"{len(shared)} upstream link(s) carry several GPUs; whether they transfer at once was not judged",
-            0.0,
-            tuple(evidence),
+            evidence,
             not_judged=(f"simultaneous transfers behind shared links: {inputs.prometheus_reason()}",),
         )
     by_bus = {g.pci_bus_id: g.index for g in topology.gpus}
@@ -149,23 +143,19 @@ def _shared(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
                 busy.append(f"{s['device']} ({direction} {peak:.0%} of {capacity / 1e9:.1f} GB/s)")
     if not busy:
         summary = f"{len(shared)} shared upstream link(s); no two GPUs behind one filled it at once"
-        return Finding(f"{ID}.shared", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
-    return Finding(
-        f"{ID}.shared",
-        ID,
-        LAYER,
+        return finding.ok("shared", summary, evidence)
+    return finding(
+        "shared",
         "warn",
-        title,
         f"GPUs behind {', '.join(busy)} moved data at once, past {t.pcie_shared_busy:.0%} of the shared link",
-        0.2,
-        tuple(evidence),
+        impact=0.2,
+        evidence=evidence,
         fix="place engines that swap or load at once on GPUs behind different switches (`inferd topo`, PIX vs PHB), "
         "or stagger their model loads",
     )
 
 
 def _errors(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
-    title = TITLES["errors"]
     devices = sorted({hop.device for gpu in topology.gpus for hop in gpu.path})
     evidence: list[Evidence] = []
     since_boot: dict[str, dict[str, int]] = defaultdict(dict)
@@ -184,21 +174,18 @@ def _errors(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
         uncorrectable = [b for b, c in since_boot.items() if c.get("nonfatal") or c.get("fatal")]
         not_judged = (f"error and replay rates over the window: {inputs.prometheus_reason()}",)
         if uncorrectable:
-            return Finding(
-                f"{ID}.errors",
-                ID,
-                LAYER,
+            return finding(
+                "errors",
                 "warn",
-                title,
                 f"uncorrectable AER errors since boot on {', '.join(uncorrectable)} (rate not judged)",
-                0.1,
-                tuple(evidence),
+                impact=0.1,
+                evidence=evidence,
                 fix=_ERRORS_FIX,
                 not_judged=not_judged,
             )
         corrected = sum(c.get("correctable", 0) for c in since_boot.values())
         summary = f"no uncorrectable AER errors since boot; {corrected} correctable (rate not judged)"
-        return Finding(f"{ID}.errors", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=not_judged)
+        return finding.ok("errors", summary, evidence, not_judged=not_judged)
     minutes = (prometheus.end - prometheus.start) / 60
     window = prometheus.window
     problems: list[tuple[str, str]] = []
@@ -226,17 +213,14 @@ def _errors(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
             problems.append(("warn", f"{count / minutes:.1f} PCIe replays/min on GPU{index}"))
     if not problems:
         summary = f"no uncorrectable AER errors and correctable/replay rates under threshold over {window}"
-        return Finding(f"{ID}.errors", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
+        return finding.ok("errors", summary, evidence)
     status = "fail" if any(s == "fail" for s, _ in problems) else "warn"
-    return Finding(
-        f"{ID}.errors",
-        ID,
-        LAYER,
+    return finding(
+        "errors",
         status,
-        title,
         f"over {window}: " + "; ".join(p for _, p in problems),
-        0.3 if status == "fail" else 0.1,
-        tuple(evidence),
+        impact=0.3 if status == "fail" else 0.1,
+        evidence=evidence,
         fix=_ERRORS_FIX,
     )
 
@@ -266,7 +250,6 @@ def read_capability(inputs: Inputs, bdf: str) -> tuple[PcieCapability | None, st
 
 
 def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
-    title = TITLES["payload"]
     evidence: list[Evidence] = []
     flagged: list[Evidence] = []  # the evidence of the paths with a problem
     problems: list[str] = []
@@ -305,20 +288,17 @@ def _payload(inputs: Inputs, topology: Topology, t: Thresholds) -> Finding:
         if len(problems) > before:
             flagged += path_evidence
     if not evidence:
-        return skip(ID, "payload", LAYER, title, "config space unreadable: " + "; ".join(unread[:2]))
+        return finding.skip("payload", "config space unreadable: " + "; ".join(unread[:2]))
     not_judged = tuple(unread[:4]) + ((f"... and {len(unread) - 4} more",) if len(unread) > 4 else ())
     if not problems:
         summary = "Max Payload Size agrees along every path; read requests and ASPM as expected"
-        return Finding(f"{ID}.payload", ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=not_judged)
-    return Finding(
-        f"{ID}.payload",
-        ID,
-        LAYER,
+        return finding.ok("payload", summary, evidence, not_judged=not_judged)
+    return finding(
+        "payload",
         "warn",
-        title,
         "; ".join(problems),
-        0.1,
-        tuple(flagged),
+        impact=0.1,
+        evidence=flagged,
         fix="let the kernel set the path consistently (boot with pci=pcie_bus_perf, or set MPS to the lowest "
         "supported along the path with setpci); raise MRRS to 512+ B; disable ASPM on GPU links "
         "(pcie_aspm=off or the BIOS)",

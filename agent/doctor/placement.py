@@ -18,12 +18,13 @@ from inferd.exporters.numa import parse_numa_maps, parse_status_field
 from inferd.exporters.sysfs import format_cpulist, parse_cpulist, read_optional
 
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .thresholds import Thresholds
 
 ID, LAYER = "placement", "numa"
 TITLE = "engine CPUs and memory on the GPUs' NUMA node"
+finding = FindingMaker(ID, LAYER, TITLE)  # one finding per process: the engine, worker0, ...
 
 
 def parse_environ(raw: str) -> dict[str, str]:
@@ -73,9 +74,9 @@ def engine_gpus_and_node(inputs: Inputs, pid: int) -> tuple[list[int] | None, in
 
 def run(inputs: Inputs, t: Thresholds) -> list[Finding]:
     if inputs.topology is None or not inputs.topology.gpus:
-        return [skip(ID, "engine", LAYER, TITLE, inputs.missing.get("topology") or inputs.why("gpus"))]
+        return [finding.skip("engine", inputs.missing.get("topology") or inputs.why("gpus"))]
     if inputs.engine_pid is None:
-        return [skip(ID, "engine", LAYER, TITLE, inputs.why("engine_pid"))]
+        return [finding.skip("engine", inputs.why("engine_pid"))]
     findings = [_process(inputs, t, inputs.engine_pid, "engine")]
     for rank, pid in enumerate(workers(inputs.procfs, inputs.engine_pid)):
         findings.append(_process(inputs, t, pid, f"worker{rank}"))
@@ -88,13 +89,13 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
     proc = inputs.procfs / str(pid)
     status = read_optional(proc / "status")
     if status is None:
-        return skip(ID, what, LAYER, TITLE, f"cannot read {proc}/status (no such process, or not permitted)")
+        return finding.skip(what, f"cannot read {proc}/status (no such process, or not permitted)")
     gpus, node = engine_gpus_and_node(inputs, pid)
     if node is None:
-        return skip(ID, what, LAYER, TITLE, "the GPUs' NUMA node is unknown (numa_node -1 and no CPU overlap)")
+        return finding.skip(what, "the GPUs' NUMA node is unknown (numa_node -1 and no CPU overlap)")
     target = topology.node(node)
     if target is None:
-        return skip(ID, what, LAYER, TITLE, f"NUMA node {node} is not under {inputs.sysfs}/devices/system/node")
+        return finding.skip(what, f"NUMA node {node} is not under {inputs.sysfs}/devices/system/node")
     src = f"procfs:{proc}/status"
     cpus = parse_cpulist(parse_status_field(status, "Cpus_allowed_list") or "")
     mems = parse_cpulist(parse_status_field(status, "Mems_allowed_list") or "")
@@ -122,10 +123,9 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
         problems.append(("fail", f"{remote:.0%} of its pages are off node {node}"))
     elif remote is not None and remote >= t.placement_memory_remote_warn:
         problems.append(("warn", f"{remote:.0%} of its pages are off node {node}"))
-    fid = f"{ID}.{what}"
     if not problems:
         summary = f"{what} (pid {pid}) runs and allocates on node {node}, the node of {gpu_text}"
-        return Finding(fid, ID, LAYER, "ok", TITLE, summary, 0.0, tuple(evidence), not_judged=not_judged)
+        return finding.ok(what, summary, evidence, not_judged=not_judged)
     status_word = "fail" if any(s == "fail" for s, _ in problems) else "warn"
     fix = (
         f"bind the {what} to node {node}: `inferd agent` does it (numactl --cpunodebind={node} "
@@ -134,15 +134,12 @@ def _process(inputs: Inputs, t: Thresholds, pid: int, what: str) -> Finding:
     # ranking weight, not a measurement: host-side work and host<->GPU copies cross the socket
     # link in proportion to the share off node, and they are part of each step, not all of it
     impact = max(0.3 * max(cpu_remote, remote or 0.0), 0.05) if status_word == "fail" else 0.05
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+    return finding(
+        what,
         status_word,
-        TITLE,
         f"{what} (pid {pid}) for {gpu_text} on node {node}: " + "; ".join(text for _, text in problems),
-        min(impact, 1.0),
-        tuple(evidence),
+        impact=min(impact, 1.0),
+        evidence=evidence,
         fix=fix,
         not_judged=not_judged,
     )

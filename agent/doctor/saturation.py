@@ -18,7 +18,7 @@ from inferd.knee import find_knee
 
 from . import headroom as hr
 from .check import Check
-from .findings import Evidence, Finding, skip
+from .findings import Evidence, Finding, FindingMaker
 from .inputs import Inputs
 from .thresholds import Thresholds
 
@@ -27,6 +27,7 @@ TITLES = {
     "knee": "current load below the throughput knee",
     "headroom": "requests/s the node can still take at its step-time SLO",
 }
+finding = FindingMaker(ID, LAYER, TITLES)
 RATE = "2m"
 TOKENS = f"sum(rate(vllm:generation_tokens_total[{RATE}]))"
 CONCURRENCY = "sum(vllm:num_requests_running) + sum(vllm:num_requests_waiting)"
@@ -136,13 +137,12 @@ def _current_rps(inputs: Inputs) -> tuple[float | None, str]:
 
 
 def _knee(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["knee"], f"{ID}.knee"
     evidence: list[Evidence] = []
     if inputs.sweep is not None:
         try:
             levels = sweep_levels(inputs.sweep)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
-            return skip(ID, "knee", LAYER, title, f"sweep file {inputs.options.sweep_path}: {exc}")
+            return finding.skip("knee", f"sweep file {inputs.options.sweep_path}: {exc}")
         src, unit = f"sweep:{inputs.options.sweep_path}", "req/s"
         current, current_src = _current_rps(inputs)
     elif inputs.prometheus is not None:
@@ -155,18 +155,18 @@ def _knee(inputs: Inputs, t: Thresholds) -> Finding:
             )
         current_src = f"{inputs.engine.source} running + waiting" if inputs.engine is not None else ""
     else:
-        return skip(ID, "knee", LAYER, title, f"{inputs.why('sweep')}, and {inputs.prometheus_reason()}")
+        return finding.skip("knee", f"{inputs.why('sweep')}, and {inputs.prometheus_reason()}")
     if not levels:
         if inputs.sweep is not None:
             where = f"sweep file {inputs.options.sweep_path} has no levels"
         else:
             where = f"Prometheus has no {TOKENS} while {CONCURRENCY} > 0 over the window"
-        return skip(ID, "knee", LAYER, title, f"no data: {where}")
+        return finding.skip("knee", f"no data: {where}")
     if len(levels) < 3:
-        return skip(ID, "knee", LAYER, title, f"too little data: {len(levels)} load level(s), a knee needs 3")
+        return finding.skip("knee", f"too little data: {len(levels)} load level(s), a knee needs 3")
     knee = knee_of(levels)
     if knee is None:
-        return skip(ID, "knee", LAYER, title, f"no knee in {len(levels)} levels: throughput never stops rising")
+        return finding.skip("knee", f"no knee in {len(levels)} levels: throughput never stops rising")
     evidence += [
         Evidence("knee_load", knee.load, src, unit),
         Evidence("knee_throughput", knee.throughput, src, "tokens/s"),
@@ -178,38 +178,34 @@ def _knee(inputs: Inputs, t: Thresholds) -> Finding:
     if current is None:
         summary = f"knee at {knee.load:g} {unit} ({knee.throughput:.0f} tokens/s){jump}; current load unknown"
         why = f"current load: {inputs.prometheus_reason()}" if inputs.prometheus is None else "current load unknown"
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence), not_judged=(why,))
+        return finding.ok("knee", summary, evidence, not_judged=(why,))
     share = current / knee.load if knee.load else 0.0
     evidence += [Evidence("current_load", current, current_src, unit), Evidence("load_over_knee", share, src)]
     summary = f"load {current:.3g} {unit} is {share:.0%} of the knee at {knee.load:g}{jump}"
     if share < t.knee_load_warn:
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
+        return finding.ok("knee", summary, evidence)
     status = "fail" if share >= t.knee_load_fail else "warn"
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+    return finding(
+        "knee",
         status,
-        title,
         summary + f" (warn at {t.knee_load_warn:.0%}, fail at {t.knee_load_fail:.0%})",
-        0.5 if status == "fail" else 0.2,
-        tuple(evidence),
+        impact=0.5 if status == "fail" else 0.2,
+        evidence=evidence,
         fix="past the knee more load only adds queueing: shed or route load to another node, or raise the knee "
         "(fix the other findings first; more KV memory or a larger max_num_seqs if KV-bound)",
     )
 
 
 def _headroom(inputs: Inputs, t: Thresholds) -> Finding:
-    title, fid = TITLES["headroom"], f"{ID}.headroom"
     if inputs.agent is not None:
         room = inputs.agent.value("inferd_headroom_requests_per_second")
         capacity = inputs.agent.value("inferd_headroom_capacity_requests_per_second")
         if room is not None and capacity is not None:
             src = f"{inputs.agent.source} inferd_headroom_*"
-            return _headroom_finding(fid, title, room, capacity, src, t, None)
+            return _headroom_finding(room, capacity, src, t, None)
     if inputs.prometheus is None:
         why = "the agent has no headroom figure yet" if inputs.agent is not None else inputs.why("agent")
-        return skip(ID, "headroom", LAYER, title, f"{why}, and {inputs.prometheus_reason()}")
+        return finding.skip("headroom", f"{why}, and {inputs.prometheus_reason()}")
     prometheus = inputs.prometheus
     step = f"sum(rate({hr.STEP_SUM}[{RATE}])) / sum(rate({hr.STEP_COUNT}[{RATE}]))"
     batch = f"sum(rate({hr.BATCH_SUM}[{RATE}])) / sum(rate({hr.BATCH_COUNT}[{RATE}]))"
@@ -217,7 +213,7 @@ def _headroom(inputs: Inputs, t: Thresholds) -> Finding:
     per_request = f"sum(increase({hr.GEN_SUM}[{window}])) / sum(increase({hr.GEN_COUNT}[{window}]))"
     step_s, batch_s, per = prometheus.range(step), prometheus.range(batch), prometheus.range(per_request)
     if not step_s or not batch_s or not per or not per[0].values:
-        return skip(ID, "headroom", LAYER, title, f"no engine step or request series in Prometheus over {window}")
+        return finding.skip("headroom", f"no engine step or request series in Prometheus over {window}")
     steps = dict(step_s[0].points)
     points = [(b, steps[time]) for time, b in batch_s[0].points if time in steps]
     current, _ = _current_rps(inputs)
@@ -230,14 +226,12 @@ def _headroom(inputs: Inputs, t: Thresholds) -> Finding:
         points, t.headroom_step_slo_seconds, per[0].values[-1], current or 0.0, max_seqs, t.headroom_min_points
     )
     if result is None:
-        return skip(ID, "headroom", LAYER, title, "step time never varied with batch size in the window: no slope")
+        return finding.skip("headroom", "step time never varied with batch size in the window: no slope")
     src = prometheus.source(f"{step} against {batch}")
-    return _headroom_finding(fid, title, result.headroom_rps, result.capacity_rps, src, t, t.headroom_step_slo_seconds)
+    return _headroom_finding(result.headroom_rps, result.capacity_rps, src, t, t.headroom_step_slo_seconds)
 
 
-def _headroom_finding(
-    fid: str, title: str, room: float, capacity: float, src: str, t: Thresholds, slo_s: float | None
-) -> Finding:
+def _headroom_finding(room: float, capacity: float, src: str, t: Thresholds, slo_s: float | None) -> Finding:
     """`slo_s` None: the agent's figure, at the agent's own --headroom-step-slo."""
     evidence = [Evidence("headroom_rps", room, src, "req/s"), Evidence("capacity_rps", capacity, src, "req/s")]
     if slo_s is not None:
@@ -245,28 +239,22 @@ def _headroom_finding(
     at = f"a {slo_s * 1e3:g} ms step" if slo_s is not None else "the agent's --headroom-step-slo"
     summary = f"{room:.3g} req/s of {capacity:.3g} req/s left at {at}"
     if capacity <= 0:
-        return Finding(
-            fid,
-            ID,
-            LAYER,
+        return finding(
+            "headroom",
             "warn",
-            title,
             summary + ": the step time exceeds the SLO even at batch 1",
-            0.3,
-            tuple(evidence),
+            impact=0.3,
+            evidence=evidence,
             fix="see engine.regime and engine.fast_path: steps are slow before the batch grows",
         )
     if room / capacity >= 1 - t.knee_load_warn:
-        return Finding(fid, ID, LAYER, "ok", title, summary, 0.0, tuple(evidence))
-    return Finding(
-        fid,
-        ID,
-        LAYER,
+        return finding.ok("headroom", summary, evidence)
+    return finding(
+        "headroom",
         "warn",
-        title,
         summary + f" (warn under {1 - t.knee_load_warn:.0%} left)",
-        0.2,
-        tuple(evidence),
+        impact=0.2,
+        evidence=evidence,
         fix="the node is near capacity at its SLO: route new load elsewhere or add a replica",
     )
 
