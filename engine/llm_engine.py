@@ -60,7 +60,7 @@ from .sequence import Request, Sequence, SequenceStatus
 from .slo import RequestSlo
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
 from .structured_outputs_grammar import StructuredOutputs
-from .tokenizer import Tokenizer
+from .text.tokenizer import Tokenizer
 from .ttft_predictor import TtftPredictor
 
 log = logging.getLogger(__name__)

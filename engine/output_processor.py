@@ -3,7 +3,7 @@
 
 The scheduler has appended the tokens to their sequences (Scheduler.update_from_output).
 Per sampled token: record its logprobs and latencies, extend the text incrementally
-(engine/detokenizer.py), and check, in this order, stop token ids, EOS, stop strings
+(engine/text/detokenizer.py), and check, in this order, stop token ids, EOS, stop strings
 (the text is cut before the match), then max_tokens / max_model_len. A sequence that
 stops is finished by the scheduler (Scheduler.finish), which frees its blocks at once.
 """
@@ -14,7 +14,7 @@ from .outputs import CompletionOutput, RequestOutput
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, SequenceStatus
 from .stats import EngineCounters, FinishedRequestStats, StepStats
-from .tokenizer import Tokenizer
+from .text.tokenizer import Tokenizer
 
 
 class OutputProcessor:

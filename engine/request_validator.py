@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .sampling_params import SamplingParams
-from .tokenizer import Tokenizer
+from .text.tokenizer import Tokenizer
 
 
 def cdiv(a: int, b: int) -> int:

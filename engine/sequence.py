@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from .detokenizer import IncrementalDetokenizer
 from .prompt_logprobs import PromptLogprobs
 from .sampling_params import SamplingParams
 from .slo import RequestSlo
+from .text.detokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(Enum):

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
     from .sequence import Sequence
-    from .tokenizer import Tokenizer
+    from .text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferd.engine.detokenizer import IncrementalDetokenizer
-from inferd.engine.tokenizer import Tokenizer
+from inferd.engine.text.detokenizer import IncrementalDetokenizer
+from inferd.engine.text.tokenizer import Tokenizer
 
 TEXTS = ["Hello, world!", "héllo wörld — ça va? 日本語のテキスト 🙂🚀", "a\u00a0b\u200dc\r\n\t  x", "€" * 7 + "𝄞"]
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -21,7 +21,7 @@ from inferd.engine.server.tool_parsers.tool_choice import ToolRequest, forced_ca
 from inferd.engine.structured_outputs import StructuredOutputsParams
 from inferd.engine.structured_outputs_limits import StructuredOutputsLimits
 from inferd.engine.structured_outputs_request import check_constraint
-from inferd.engine.tokenizer import Tokenizer
+from inferd.engine.text.tokenizer import Tokenizer
 
 from server_fixtures import MODEL_NAME, ServerThread, build_app
 

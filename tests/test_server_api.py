@@ -245,7 +245,7 @@ def test_token_id_prompt_and_batch(client):
     assert [c.index for c in choices] == [0, 1]
     assert choices[0].text == text
     # A prompt given as token ids gives the same result as its text.
-    from inferd.engine.tokenizer import Tokenizer
+    from inferd.engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer(client._inferd_model_dir)
     by_ids = client.completions.create(

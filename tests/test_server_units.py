@@ -36,7 +36,7 @@ def test_streamable_text(text, finished, holdback, expected):
 
 
 def test_chat_template_from_checkpoint(tiny_model):
-    from inferd.engine.tokenizer import Tokenizer
+    from inferd.engine.text.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_model)
     assert tok.chat_template

@@ -35,7 +35,7 @@ from inferd.engine.sequence import Sequence
 from inferd.engine.structured_outputs import StructuredOutputsParams, check_logit_bias
 from inferd.engine.structured_outputs_compiler import GrammarCompiler
 from inferd.engine.structured_outputs_grammar import StructuredOutputs, TokenMask, build_grammar
-from inferd.engine.tokenizer import Tokenizer
+from inferd.engine.text.tokenizer import Tokenizer
 
 from server_fixtures import MODEL_NAME, running_server
 

@@ -22,7 +22,7 @@ import pytest
 from inferd.engine.server.errors import ApiError
 from inferd.engine.server.serving import OpenAIServing
 from inferd.engine.server.tool_parsers.tool_choice import ToolRequest
-from inferd.engine.tokenizer import Tokenizer
+from inferd.engine.text.tokenizer import Tokenizer
 
 from server_fixtures import MODEL_NAME, ServerThread, build_app
 

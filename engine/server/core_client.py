@@ -37,7 +37,7 @@ from ..prompt_logprobs import PromptLogprobs
 from ..request_validator import RequestValidator
 from ..sampling_params import SamplingParams
 from ..slo import DEFAULT_CLASS, RequestSlo
-from ..tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 from ..ttft_predictor import TtftPredictor
 from .core_dirs import make_core_dir, remove_stale_core_dirs
 from .core_messages import (
