@@ -106,7 +106,7 @@ class EngineConfig:
     model's attention heads, KV heads, MLP inner size and vocabulary."""
     grammar_compile_timeout_s: float = 10.0
     """Longest a structured-output grammar may compile; past it the compile's worker process is
-    killed and its requests fail (engine/structured_outputs_compiler.py)."""
+    killed and its requests fail (engine/structured_outputs/compiler.py)."""
     grammar_compile_workers: int = 2
     """Worker processes compiling structured-output grammars [1, 64]."""
     max_queued_grammars: int = 16

@@ -13,7 +13,7 @@ check still on the device. The step's tokens are the ones it carries or the samp
 draw from its logits; the OutputProcessor turns them into outputs. With async
 scheduling, AsyncDecode launches decode steps ahead of the host; their tokens (and any
 logprobs) come back as PendingTokens, read one step later here. A request with
-structured outputs waits in StructuredOutputs (engine/structured_outputs_grammar.py)
+structured outputs waits in StructuredOutputs (engine/structured_outputs/grammar.py)
 until its grammar is compiled; its rows' token masks then go to the sampler with the
 logits.
 
@@ -59,7 +59,7 @@ from .scheduler_output import ScheduledSeq
 from .sequence import Request, Sequence, SequenceStatus
 from .slo import RequestSlo
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
-from .structured_outputs_grammar import StructuredOutputs
+from .structured_outputs.grammar import StructuredOutputs
 from .text.tokenizer import Tokenizer
 from .ttft_predictor import TtftPredictor
 

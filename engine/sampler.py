@@ -2,7 +2,7 @@
 
 One path for every mix of rows (engine/sampling/): the per-request parameters are
 gathered by slot from persistent device tensors (slot_params.py); the logit bias, a
-structured-outputs row's grammar mask (engine/structured_outputs_grammar.py), the
+structured-outputs row's grammar mask (engine/structured_outputs/grammar.py), the
 min_tokens ban and the penalties are added (penalties.py); greedy rows take the argmax
 of those logits, the others draw at their temperature from their top-k/top-p/min-p set
 by an exponential-noise argmax (draw.py). Nothing loops over rows on the host and
@@ -27,7 +27,7 @@ from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_t
 from .sampling.slot_params import SamplingSlots, SlotBatch, as_int64
 from .sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
 from .sequence import Sequence
-from .structured_outputs_grammar import TokenMask
+from .structured_outputs.grammar import TokenMask
 from .token_readback import unpack_answer
 
 __all__ = ["GREEDY_BELOW_TEMPERATURE", "NonFiniteLogits", "Sampler", "sample", "warm_up"]

@@ -218,7 +218,7 @@ def test_penalty_bias_and_min_tokens_rows_launch_ahead_and_draw_what_the_synchro
 def test_grammar_rows_keep_the_synchronous_path(tiny_model):
     """A structured-outputs row's allowed tokens follow the host's matcher: no step is
     launched from device tokens."""
-    from inferd.engine.structured_outputs import StructuredOutputsParams
+    from inferd.engine.structured_outputs.params import StructuredOutputsParams
 
     params = SamplingParams(temperature=0.0, max_tokens=6, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
     want = tokens_of(fast_llm(tiny_model, async_scheduling=False)[0].generate(PROMPTS, params))

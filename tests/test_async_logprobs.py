@@ -18,7 +18,7 @@ from inferd.engine.sampling.greedy import can_launch_ahead, plain_greedy
 from inferd.engine.sampling.logprobs import LogprobLayout
 from inferd.engine.sampling_params import SamplingParams
 from inferd.engine.sequence import Sequence
-from inferd.engine.structured_outputs import StructuredOutputsParams
+from inferd.engine.structured_outputs.params import StructuredOutputsParams
 from inferd.engine.token_readback import TokenReadback
 
 VOCAB = 64

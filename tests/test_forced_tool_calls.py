@@ -18,9 +18,9 @@ from inferd.engine.server.serving import OpenAIServing
 from inferd.engine.server.tool_parsers import ToolCallStream, make_tool_parser
 from inferd.engine.server.tool_parsers.forced_json import JsonArrayToolParser, NamedArgumentsToolParser
 from inferd.engine.server.tool_parsers.tool_choice import ToolRequest, forced_call_constraint, tool_request
-from inferd.engine.structured_outputs import StructuredOutputsParams
-from inferd.engine.structured_outputs_limits import StructuredOutputsLimits
-from inferd.engine.structured_outputs_request import check_constraint
+from inferd.engine.structured_outputs.limits import StructuredOutputsLimits
+from inferd.engine.structured_outputs.params import StructuredOutputsParams
+from inferd.engine.structured_outputs.request import check_constraint
 from inferd.engine.text.tokenizer import Tokenizer
 
 from server_fixtures import MODEL_NAME, ServerThread, build_app

@@ -32,9 +32,9 @@ from inferd.engine import LLM, SamplingParams
 from inferd.engine.sampler import sample
 from inferd.engine.sampling.greedy import plain_greedy
 from inferd.engine.sequence import Sequence
-from inferd.engine.structured_outputs import StructuredOutputsParams, check_logit_bias
-from inferd.engine.structured_outputs_compiler import GrammarCompiler
-from inferd.engine.structured_outputs_grammar import StructuredOutputs, TokenMask, build_grammar
+from inferd.engine.structured_outputs.compiler import GrammarCompiler
+from inferd.engine.structured_outputs.grammar import StructuredOutputs, TokenMask, build_grammar
+from inferd.engine.structured_outputs.params import StructuredOutputsParams, check_logit_bias
 from inferd.engine.text.tokenizer import Tokenizer
 
 from server_fixtures import MODEL_NAME, running_server
@@ -129,7 +129,7 @@ def test_invalid_grammar_names_its_field(params, field):
 def test_bounded_strings_refuse_control_characters(model_dir):
     import xgrammar as xgr
 
-    from inferd.engine.structured_outputs_grammar import tokenizer_info
+    from inferd.engine.structured_outputs.grammar import tokenizer_info
 
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"]}
     compiler = xgr.GrammarCompiler(tokenizer_info(Tokenizer(model_dir), 512))
@@ -327,7 +327,7 @@ def test_streamed_json_schema_validates(client):
 
 
 def test_grammar_cache_is_bounded(model_dir, monkeypatch):
-    from inferd.engine import structured_outputs_grammar
+    from inferd.engine.structured_outputs import grammar as structured_outputs_grammar
 
     monkeypatch.setattr(structured_outputs_grammar, "MAX_CACHED_GRAMMARS", 2)
     so = StructuredOutputs(Tokenizer(model_dir), 512, torch.device("cpu"))
@@ -488,7 +488,7 @@ class _BusyWorker:
 
 
 def _compiler(model_dir, **options) -> GrammarCompiler:
-    from inferd.engine.structured_outputs_grammar import tokenizer_info
+    from inferd.engine.structured_outputs.grammar import tokenizer_info
 
     return GrammarCompiler(build_grammar, lambda: tokenizer_info(Tokenizer(model_dir), 512), **options)
 
@@ -498,7 +498,7 @@ def _worker_pids(compiler: GrammarCompiler) -> set[int]:
 
 
 def test_compile_past_its_timeout_kills_its_worker(model_dir):
-    from inferd.engine.structured_outputs_compiler import GrammarCompileFailed
+    from inferd.engine.structured_outputs.compiler import GrammarCompileFailed
 
     compiler = _compiler(model_dir, num_workers=1, timeout_s=0.2)
     try:
@@ -536,7 +536,7 @@ def test_a_worker_is_killed_once_when_close_and_its_slot_both_stop_it(model_dir)
 
 
 def test_abandoned_compile_stops_its_worker(model_dir):
-    from inferd.engine.structured_outputs_grammar import _Held
+    from inferd.engine.structured_outputs.grammar import _Held
 
     so = StructuredOutputs(Tokenizer(model_dir), 512, torch.device("cpu"), num_workers=1, compile_timeout_s=600)
     try:
@@ -556,7 +556,7 @@ def test_abandoned_compile_stops_its_worker(model_dir):
 
 
 def test_a_full_compile_queue_refuses_with_busy(model_dir):
-    from inferd.engine.structured_outputs_compiler import GrammarCompilerBusy
+    from inferd.engine.structured_outputs.compiler import GrammarCompilerBusy
 
     compiler = _compiler(model_dir, num_workers=1, timeout_s=600, max_queued=1)
     try:
@@ -570,7 +570,7 @@ def test_a_full_compile_queue_refuses_with_busy(model_dir):
 
 
 def test_busy_compiler_leaves_no_request_behind(model_dir):
-    from inferd.engine.structured_outputs_compiler import GrammarCompilerBusy
+    from inferd.engine.structured_outputs.compiler import GrammarCompilerBusy
 
     engine = LLM(model_dir, device="cpu", max_queued_grammars=0, grammar_compile_workers=1).engine
     try:
@@ -599,7 +599,7 @@ def test_grammar_cache_is_bounded_in_bytes(model_dir):
 
 
 def test_limits_refuse_oversized_constraints():
-    from inferd.engine.structured_outputs_limits import StructuredOutputsLimits
+    from inferd.engine.structured_outputs.limits import StructuredOutputsLimits
 
     limits = StructuredOutputsLimits(max_values=3, max_bytes=128)
     limits.check(StructuredOutputsParams(choice=["a", "b", "c"]))

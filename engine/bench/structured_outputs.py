@@ -29,8 +29,8 @@ import torch
 from ..llm import LLM
 from ..make_model import ModelSpec, make_model
 from ..sampling_params import SamplingParams
-from ..structured_outputs import StructuredOutputsParams
-from ..structured_outputs_grammar import StructuredOutputs
+from ..structured_outputs.grammar import StructuredOutputs
+from ..structured_outputs.params import StructuredOutputsParams
 
 SCHEMA = {
     "type": "object",

@@ -10,7 +10,7 @@ min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), `priority`, `slo_c
 `prompt_logprobs` are accepted; completions take `echo` (with `max_tokens` 0: the prompt
 alone). Structured outputs (`response_format`, vLLM's `guided_*` and
 `structured_outputs`, both routes) and `logit_bias` are checked by
-engine/structured_outputs_request.py and structured_outputs.py.
+engine/structured_outputs/request.py and params.py.
 
 Unknown fields, at the top level, in `stream_options` and in chat messages alike, are
 accepted and ignored as vLLM does, each field name logged once per process
@@ -45,9 +45,9 @@ from pydantic import (
 )
 
 from ..sampling_params import SamplingParams
-from ..structured_outputs import StructuredOutputsParams, check_logit_bias
-from ..structured_outputs_limits import StructuredOutputsLimits
-from ..structured_outputs_request import StructuredOutputsRequestError, structured_outputs_from_request
+from ..structured_outputs.limits import StructuredOutputsLimits
+from ..structured_outputs.params import StructuredOutputsParams, check_logit_bias
+from ..structured_outputs.request import StructuredOutputsRequestError, structured_outputs_from_request
 from .errors import bad_request
 from .unknown_fields import check_unknown_fields
 

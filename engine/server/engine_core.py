@@ -32,7 +32,7 @@ import zmq
 
 from ..config import EngineConfig
 from ..outputs import RequestOutput
-from ..structured_outputs_compiler import GrammarCompilerBusy
+from ..structured_outputs.compiler import GrammarCompilerBusy
 from .core_messages import (
     AbortRequests,
     AddRequest,

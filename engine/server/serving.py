@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from ..slo import CLASS_NAME, RequestSlo, SloClass, SloClasses, best_effort_seats
-from ..structured_outputs import StructuredOutputsParams
-from ..structured_outputs_limits import StructuredOutputsLimits
-from ..structured_outputs_request import check_constraint
+from ..structured_outputs.limits import StructuredOutputsLimits
+from ..structured_outputs.params import StructuredOutputsParams
+from ..structured_outputs.request import check_constraint
 from ..ttft_predictor import TtftPredictor
 from .admission import Admission, AdmissionConfig
 from .api_models import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...structured_outputs import StructuredOutputsParams
-from ...structured_outputs_limits import StructuredOutputsLimits
-from ...structured_outputs_request import check_constraint
+from ...structured_outputs.limits import StructuredOutputsLimits
+from ...structured_outputs.params import StructuredOutputsParams
+from ...structured_outputs.request import check_constraint
 from ..errors import bad_request
 from .base import ToolParser
 

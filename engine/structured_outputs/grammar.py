@@ -4,7 +4,7 @@ that says, per step, which tokens may come next (a bitmask the sampler applies t
 logits on their device) and advances with the token drawn.
 
 Compiling (tens of milliseconds to seconds for a large schema over a 128k vocabulary)
-runs in worker processes (structured_outputs_compiler.py: bounded in time and queue, and
+runs in worker processes (compiler.py: bounded in time and queue, and
 killed when the grammar's requests have all gone), never in the step: a request whose
 grammar is not compiled yet waits outside the scheduler (`hold` / `take_ready`) while the
 others keep stepping. Compiled grammars are cached by their constraint, so repeated
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .structured_outputs import StructuredOutputsParams
-from .structured_outputs_compiler import GrammarCompiler
+from .compiler import GrammarCompiler
+from .params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     import xgrammar as xgr
 
-    from .sequence import Sequence
-    from .text.tokenizer import Tokenizer
+    from ..sequence import Sequence
+    from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

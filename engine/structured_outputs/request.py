@@ -10,7 +10,7 @@ turned into one StructuredOutputsParams:
 At most one of them may constrain a request. The grammar is built here too (xgrammar
 parses it without the tokenizer), so an invalid schema, regex or grammar is refused
 before it reaches the engine, naming the request field it came in; so is one over the
-size limits (structured_outputs_limits.py), and a schema whose `$ref` points outside
+size limits (limits.py), and a schema whose `$ref` points outside
 itself (a URL or file is never fetched: it would compile unconstrained).
 """
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import json as _json
 from typing import Any
 
-from .structured_outputs import StructuredOutputsParams
-from .structured_outputs_grammar import build_grammar
-from .structured_outputs_limits import StructuredOutputsLimits, remote_ref
+from .grammar import build_grammar
+from .limits import StructuredOutputsLimits, remote_ref
+from .params import StructuredOutputsParams
 
 
 class StructuredOutputsRequestError(ValueError):

@@ -1,7 +1,7 @@
 """How large a structured-output constraint the API accepts, checked before anything is
 built from it: a 100,000-value enum, or as many guided choices, fits in a 4 MiB body yet
 takes minutes of CPU and gigabytes to compile. The compile itself is bounded in time too
-(structured_outputs_compiler.py); these limits refuse the obvious cases at once, with a
+(compiler.py); these limits refuse the obvious cases at once, with a
 400 naming the field.
 """
 
@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .structured_outputs import StructuredOutputsParams
+from .params import StructuredOutputsParams
 
 
 @dataclass(slots=True, frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .structured_outputs import StructuredOutputsParams
+from .params import StructuredOutputsParams
 
 log = logging.getLogger(__name__)
 
