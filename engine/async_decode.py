@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .device_index import device_index
 from .fast_path.cuda_graphs import is_pure_decode
+from .memory.device_index import device_index
 from .sampling.greedy import can_launch_ahead, plain_greedy
 from .sampling.logprobs import LogprobLayout
 from .scheduler_output import ScheduledSeq

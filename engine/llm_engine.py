@@ -45,8 +45,8 @@ from .fast_path import attach_fast_path
 from .kv_cache import KVCache, KVShape
 from .live_config import LiveConfig
 from .loader import load_model, resolve_dtype
+from .memory.numa_memory import available_host_bytes, device_numa_node
 from .model_runner import ModelRunner
-from .numa_memory import available_host_bytes, device_numa_node
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .prompt_logprobs import record as record_prompt_logprobs

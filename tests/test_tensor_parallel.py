@@ -193,7 +193,7 @@ def test_indivisible_shapes_are_refused_before_any_process_starts(tp_model, mode
 
 
 def test_gpu_worker_binds_to_its_gpus_numa_node(tmp_path, monkeypatch):
-    import inferd.engine.numa_memory as numa_memory
+    import inferd.engine.memory.numa_memory as numa_memory
     from inferd.engine.parallel.worker import bind_to_device_node
 
     before = os.sched_getaffinity(0)

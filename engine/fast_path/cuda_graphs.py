@@ -40,7 +40,7 @@ import torch
 
 from ..block_manager import token_slots
 from ..block_pool import PageAllocator
-from ..device_index import device_index
+from ..memory.device_index import device_index
 from ..scheduler import ScheduledSeq
 from .cold_layout import cold_prefix_layout
 

@@ -64,7 +64,7 @@ class WorkerSpec:
 
 
 def node_cpus(node: int, sysfs_root: str = "/sys") -> set[int]:
-    from ..numa_memory import parse_cpulist
+    from ..memory.numa_memory import parse_cpulist
 
     return set(parse_cpulist(Path(sysfs_root, f"devices/system/node/node{node}/cpulist").read_text()))
 
@@ -73,7 +73,7 @@ def bind_to_device_node(device, sysfs_root: str = "/sys") -> int | None:
     """Run this process on the CPUs of `device`'s NUMA node and prefer its memory.
     CPU devices keep the inherited binding (the agent's placement). Returns the node
     the host KV pool should use."""
-    from ..numa_memory import MPOL_PREFERRED, _set_mempolicy, device_numa_node
+    from ..memory.numa_memory import MPOL_PREFERRED, _set_mempolicy, device_numa_node
 
     node = device_numa_node(device, sysfs_root)
     if device.type != "cuda" or node is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device_index import device_index
+from ..memory.device_index import device_index
 
 
 @dataclass(frozen=True, slots=True)

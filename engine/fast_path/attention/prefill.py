@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from ...attention import AttentionMetadata
-from ...device_index import device_index
+from ...memory.device_index import device_index
 
 # Not cuDNN's attention: it builds an execution plan for every new (sequences, query,
 # context) shape, and a prefill group's shape depends on how the step's budget fell; the
