@@ -3,7 +3,7 @@
 from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
-from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+from .request.outputs import CompletionOutput, RequestOutput
+from .request.sampling_params import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput"]

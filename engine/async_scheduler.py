@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from .request.sequence import Sequence, SequenceStatus
 from .sampling.greedy import can_launch_ahead
 from .scheduler import Scheduler
 from .scheduler_output import ScheduledSeq
-from .sequence import Sequence, SequenceStatus
 
 
 class AsyncScheduler(Scheduler):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .block_pool import HOT, BlockCopy, BlockLocation, BlockPool, HostBlockPool, block_hash
-from .sequence import Sequence
+from .request.sequence import Sequence
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ class BlockManager:
         """Cached blocks holding a prefix of the sequence. The last token is always
         computed, so that the step that admits the sequence yields its logits. None for a
         sequence that asks for prompt logprobs: cached blocks have no logits to score
-        (engine/prompt_logprobs.py)."""
+        (engine/request/prompt_logprobs.py)."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         hits: list[int] = []

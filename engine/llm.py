@@ -6,8 +6,8 @@ import itertools
 
 from .config import EngineConfig
 from .llm_engine import LLMEngine
-from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .request.outputs import RequestOutput
+from .request.sampling_params import SamplingParams
 
 
 class LLM:

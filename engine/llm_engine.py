@@ -48,16 +48,16 @@ from .loader import load_model, resolve_dtype
 from .memory.numa_memory import available_host_bytes, device_numa_node
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
-from .outputs import RequestOutput
-from .prompt_logprobs import record as record_prompt_logprobs
-from .request_validator import RequestLimits, RequestValidator
+from .request.outputs import RequestOutput
+from .request.prompt_logprobs import record as record_prompt_logprobs
+from .request.request_validator import RequestLimits, RequestValidator
+from .request.sampling_params import SamplingParams
+from .request.sequence import Request, Sequence, SequenceStatus
+from .request.slo import RequestSlo
 from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, Sampler
 from .sampler import warm_up as warm_up_sampler
-from .sampling_params import SamplingParams
 from .scheduler_output import ScheduledSeq
-from .sequence import Request, Sequence, SequenceStatus
-from .slo import RequestSlo
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
 from .structured_outputs.grammar import StructuredOutputs
 from .text.tokenizer import Tokenizer

@@ -36,9 +36,9 @@ from .fast_path.gpu_sampling import can_sample_greedy_on_device
 from .fastpath_faults import is_launch_bug, is_strict
 from .kv_cache import KVCache
 from .model import LlamaModel
-from .prompt_logprobs import PromptLogprobRows
-from .prompt_logprobs import plan_rows as plan_prompt_rows
-from .prompt_logprobs import score as score_prompt_rows
+from .request.prompt_logprobs import PromptLogprobRows
+from .request.prompt_logprobs import plan_rows as plan_prompt_rows
+from .request.prompt_logprobs import score as score_prompt_rows
 from .runner_output import RunnerOutput
 from .scheduler import ScheduledSeq
 
@@ -217,7 +217,7 @@ class ModelRunner:
         takes this KV layout, else, or after a fast-path failure (_leave_fast_path), with
         the portable one."""
         input_ids, meta, sample_rows = self.prepare(batch)
-        # Rows scoring prompt tokens (engine/prompt_logprobs.py) get their logits in the same
+        # Rows scoring prompt tokens (engine/request/prompt_logprobs.py) get their logits in the same
         # call as the sampling rows, after them.
         plan = plan_prompt_rows(batch, meta.query_start)
         rows = sample_rows + plan.rows if plan is not None else sample_rows

@@ -10,9 +10,9 @@ stops is finished by the scheduler (Scheduler.finish), which frees its blocks at
 
 from __future__ import annotations
 
-from .outputs import CompletionOutput, RequestOutput
+from .request.outputs import CompletionOutput, RequestOutput
+from .request.sequence import Request, Sequence, SequenceStatus
 from .scheduler import Scheduler
-from .sequence import Request, Sequence, SequenceStatus
 from .stats import EngineCounters, FinishedRequestStats, StepStats
 from .text.tokenizer import Tokenizer
 

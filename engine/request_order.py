@@ -8,7 +8,7 @@ arrival. Urgency is the effective priority, the request's priority less one leve
 `priority_aging_steps` steps since it arrived, so a request that waits long enough
 overtakes any newer one and low priorities are never starved.
 
-SLO classes (engine/slo.py) split the queue in two tiers: requests with a TTFT deadline
+SLO classes (engine/request/slo.py) split the queue in two tiers: requests with a TTFT deadline
 come before best-effort ones, whatever their priorities. Within the deadline tier the
 order is effective priority, then least slack (the deadline less the predicted time to
 compute what is left of the prompt, at the engine's measured prefill rate:
@@ -24,7 +24,7 @@ deadline request never takes a seat that would leave best effort with fewer.
 
 from __future__ import annotations
 
-from .sequence import Sequence
+from .request.sequence import Sequence
 from .ttft_predictor import TtftPredictor
 
 

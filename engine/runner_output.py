@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .prompt_logprobs import PromptLogprobsChunk
+    from .request.prompt_logprobs import PromptLogprobsChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,6 @@ class RunnerOutput:
     # means the step runs again on the portable path. None: the logits were checked
     # already (or, on the portable path, need no check).
     finite: torch.Tensor | None = None
-    # Per batch item, the prompt tokens its chunk scored (engine/prompt_logprobs.py), None
+    # Per batch item, the prompt tokens its chunk scored (engine/request/prompt_logprobs.py), None
     # where it scored none; None when no item asked for prompt logprobs.
     prompt_logprobs: list[PromptLogprobsChunk | None] | None = None

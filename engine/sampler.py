@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
+from .request.sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
+from .request.sequence import Sequence
 from .sampling.draw import draw, noise_streams
 from .sampling.greedy import plain_greedy
 from .sampling.logprobs import LogprobLayout
 from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
 from .sampling.slot_params import SamplingSlots, SlotBatch, as_int64
-from .sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
-from .sequence import Sequence
 from .structured_outputs.grammar import TokenMask
 from .token_readback import unpack_answer
 

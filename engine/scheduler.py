@@ -37,11 +37,11 @@ from collections import deque
 from .block_manager import BlockManager, HostResize
 from .config import EngineConfig
 from .live_config import LiveConfig
+from .request.sequence import Sequence, SequenceStatus
+from .request.slo import best_effort_seats
 from .request_order import admission_order, has_deadline, order
 from .sampling.slot_table import SlotTable
 from .scheduler_output import ScheduledSeq, SchedulerOutput
-from .sequence import Sequence, SequenceStatus
-from .slo import best_effort_seats
 from .ttft_predictor import TtftPredictor
 
 # ScheduledSeq and SchedulerOutput live in scheduler_output.py; the runners and the fast path import them from here.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .block_pool import BlockCopy
-from .sequence import Sequence
+from .request.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inferd.engine.request.sampling_params import SamplingParams
+from inferd.engine.request.sequence import Sequence
 from inferd.engine.sampler import NonFiniteLogits, Sampler, _logprob_tensors, _read
 from inferd.engine.sampling.greedy import can_launch_ahead, plain_greedy
 from inferd.engine.sampling.logprobs import LogprobLayout
-from inferd.engine.sampling_params import SamplingParams
-from inferd.engine.sequence import Sequence
 from inferd.engine.structured_outputs.params import StructuredOutputsParams
 from inferd.engine.token_readback import TokenReadback
 

@@ -10,7 +10,7 @@ import pytest
 
 from inferd.agent.cli import main
 from inferd.agent.doctor.saturation import sweep_levels
-from inferd.engine.slo import SloClass, SloClasses
+from inferd.engine.request.slo import SloClass, SloClasses
 
 from server_fixtures import one_torch_thread, running_server  # noqa: F401
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from inferd.engine import EngineConfig, LLMEngine, SamplingParams
-from inferd.engine.sequence import SequenceStatus
+from inferd.engine.request.sequence import SequenceStatus
 
 
 @pytest.fixture(scope="module")

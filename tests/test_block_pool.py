@@ -6,8 +6,8 @@ import pytest
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.block_pool import BlockPool, block_hash
-from inferd.engine.sampling_params import SamplingParams
-from inferd.engine.sequence import Sequence
+from inferd.engine.request.sampling_params import SamplingParams
+from inferd.engine.request.sequence import Sequence
 
 
 def seq(tokens, rid="r"):

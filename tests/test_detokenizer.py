@@ -149,7 +149,7 @@ def test_only_byte_level_decoders_count_as_concatenative(tok, tmp_path_factory):
 def test_engine_text_equals_full_decode_at_every_step(tiny_model, skip):
     from inferd.engine.config import EngineConfig
     from inferd.engine.llm_engine import LLMEngine
-    from inferd.engine.sampling_params import SamplingParams
+    from inferd.engine.request.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineConfig(model=tiny_model, device="cpu", seed=3))
     params = SamplingParams(max_tokens=40, temperature=1.5, ignore_eos=True, skip_special_tokens=skip)

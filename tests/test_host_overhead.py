@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from inferd.engine.config import EngineConfig
 from inferd.engine.llm_engine import LLMEngine
-from inferd.engine.outputs import CompletionOutput
-from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.request.outputs import CompletionOutput
+from inferd.engine.request.sampling_params import SamplingParams
 
 
 @pytest.fixture()

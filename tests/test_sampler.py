@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
+from inferd.engine.request.sampling_params import SamplingParams
+from inferd.engine.request.sequence import Sequence
 from inferd.engine.sampler import GREEDY_BELOW_TEMPERATURE, Sampler, sample
 from inferd.engine.sampling import noise
-from inferd.engine.sampling_params import SamplingParams
-from inferd.engine.sequence import Sequence
 
 VOCAB = 97
 EOS = [3]

@@ -13,11 +13,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from inferd.engine.request.sampling_params import SamplingParams
+from inferd.engine.request.sequence import Sequence
 from inferd.engine.sampler import Sampler, sample
 from inferd.engine.sampling import filters, noise
 from inferd.engine.sampling.slot_table import SlotTable
-from inferd.engine.sampling_params import SamplingParams
-from inferd.engine.sequence import Sequence
 
 VOCAB = 64
 NUM_DRAWS = 12000

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from inferd.engine.request.sampling_params import SamplingParams
+from inferd.engine.request.sequence import Sequence
 from inferd.engine.sampler import Sampler
-from inferd.engine.sampling_params import SamplingParams
-from inferd.engine.sequence import Sequence
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from inferd.engine.llm import LLM
-from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.request.sampling_params import SamplingParams
 
 from server_fixtures import MODEL_NAME, admin_headers, metric_value, one_torch_thread, running_server, scrape  # noqa: F401
 

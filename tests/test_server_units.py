@@ -10,7 +10,7 @@ import math
 import pytest
 
 from inferd.engine.config import EngineConfig
-from inferd.engine.sampling_params import SamplingParams
+from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.server.app import ServerSettings
 from inferd.engine.server.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
 from inferd.engine.server.cli import add_arguments, default_model_dir, engine_config_from_args, ensure_default_model

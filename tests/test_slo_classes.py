@@ -10,11 +10,11 @@ import argparse
 import pytest
 from starlette.requests import Request
 
+from inferd.engine.request.slo import RequestSlo, SloClass, SloClasses, load_slo_classes_file
 from inferd.engine.server.api_models import CompletionRequest
 from inferd.engine.server.cli import add_arguments, slo_classes_from_args
 from inferd.engine.server.errors import ApiError
 from inferd.engine.server.serving import OpenAIServing, _Prompt
-from inferd.engine.slo import RequestSlo, SloClass, SloClasses, load_slo_classes_file
 
 
 def parse(*argv: str) -> argparse.Namespace:

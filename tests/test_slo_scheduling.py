@@ -10,7 +10,7 @@ import time
 import pytest
 
 from inferd.engine import EngineConfig, LLMEngine, SamplingParams
-from inferd.engine.slo import RequestSlo
+from inferd.engine.request.slo import RequestSlo
 from inferd.engine.stats import FinishedRequestStats, StepStats
 from inferd.engine.ttft_predictor import TtftPredictor
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 from .gpu_harness import build, environment, free_dropped_engines, new_engine, prompts, run_requests, sync
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model_config import ModelConfig
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 from .gpu_harness import (
     build,
     environment,

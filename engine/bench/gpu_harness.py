@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 
 
 # --- ceilings ------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import torch
 
 from inferd.engine.block_manager import BlockManager
 from inferd.engine.kv_cache import KVShape
-from inferd.engine.sampling_params import SamplingParams
-from inferd.engine.sequence import Sequence
+from inferd.engine.request.sampling_params import SamplingParams
+from inferd.engine.request.sequence import Sequence
 
 
 def sequences_that_fit(

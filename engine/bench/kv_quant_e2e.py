@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 
 
 def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:

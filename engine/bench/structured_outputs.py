@@ -28,7 +28,7 @@ import torch
 
 from ..llm import LLM
 from ..make_model import ModelSpec, make_model
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 from ..structured_outputs.grammar import StructuredOutputs
 from ..structured_outputs.params import StructuredOutputsParams
 

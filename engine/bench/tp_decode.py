@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 
 
 def sync() -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..request.sequence import Sequence
 from ..sampling.greedy import plain_greedy
-from ..sequence import Sequence
 
 __all__ = ["can_sample_greedy_on_device"]
 

@@ -12,8 +12,8 @@ and its logprobs are the raw logits' (sampling/logprobs.py), computed beside it.
 
 from __future__ import annotations
 
-from ..sampling_params import SamplingParams
-from ..sequence import Sequence
+from ..request.sampling_params import SamplingParams
+from ..request.sequence import Sequence
 
 
 def changes_logits(params: SamplingParams) -> bool:

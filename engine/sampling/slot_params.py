@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..sampling_params import SamplingParams
-from ..sequence import Sequence
+from ..request.sampling_params import SamplingParams
+from ..request.sequence import Sequence
 
 # Rows of the float table and of the int table.
 TEMPERATURE, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(6)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..sequence import Sequence
+from ..request.sequence import Sequence
 
 
 class SlotTable:

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..config import check_range
-from ..slo import SloClass
+from ..request.slo import SloClass
 from ..ttft_predictor import TtftPredictor
 from .errors import ApiError
 

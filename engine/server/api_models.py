@@ -44,7 +44,7 @@ from pydantic import (
     ValidationInfo,
 )
 
-from ..sampling_params import SamplingParams
+from ..request.sampling_params import SamplingParams
 from ..structured_outputs.limits import StructuredOutputsLimits
 from ..structured_outputs.params import StructuredOutputsParams, check_logit_bias
 from ..structured_outputs.request import StructuredOutputsRequestError, structured_outputs_from_request
@@ -147,7 +147,7 @@ class SamplingFields(_Lenient):
     stop_token_ids: list[JsonInt] | None = None
     skip_special_tokens: StrictBool = True
     priority: JsonInt = 0
-    slo_class: str | None = None  # a configured SLO class (engine/slo.py); else the X-SLO-Class header's
+    slo_class: str | None = None  # a configured SLO class (engine/request/slo.py); else the X-SLO-Class header's
     prompt_logprobs: JsonInt | None = None
     # Structured outputs: OpenAI's, then vLLM's two spellings.
     response_format: dict[str, Any] | None = None
@@ -186,7 +186,7 @@ class SamplingFields(_Lenient):
         structured_limits: StructuredOutputsLimits | None = None,
     ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        # Below GREEDY_BELOW_TEMPERATURE (engine/sampling_params.py) a request is greedy.
+        # Below GREEDY_BELOW_TEMPERATURE (engine/request/sampling_params.py) a request is greedy.
         temperature = 1.0 if self.temperature is None else self.temperature
         if self.repetition_penalty is not None and not (
             MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY

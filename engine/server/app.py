@@ -32,7 +32,7 @@ from fastapi import FastAPI
 
 from inferd.openapi_doc import serve_document
 
-from ..slo import SloClasses
+from ..request.slo import SloClasses
 from . import admin, openai_routes, probe_routes, token_routes
 from .admission import AdmissionConfig
 from .core_client import EngineCoreClient
@@ -65,7 +65,7 @@ class ServerSettings:
     slo_classes: SloClasses = field(default_factory=SloClasses)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     """The deadline margin and the queue caps (admission.py)."""
-    """The SLO classes requests choose from (engine/slo.py); none: every request is best effort."""
+    """The SLO classes requests choose from (engine/request/slo.py); none: every request is best effort."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.served_model_name, str) or not self.served_model_name:

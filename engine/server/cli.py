@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import EngineConfig
-from ..slo import SloClass, SloClasses, load_slo_classes_file
+from ..request.slo import SloClass, SloClasses, load_slo_classes_file
 from .admission import AdmissionConfig
 from .http_limits import (
     DEFAULT_BODY_TIMEOUT_S,

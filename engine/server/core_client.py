@@ -32,11 +32,11 @@ import zmq.asyncio
 
 from ..config import EngineConfig, TunableError
 from ..model_config import ModelConfig
-from ..outputs import CompletionOutput, RequestOutput
-from ..prompt_logprobs import PromptLogprobs
-from ..request_validator import RequestValidator
-from ..sampling_params import SamplingParams
-from ..slo import DEFAULT_CLASS, RequestSlo
+from ..request.outputs import CompletionOutput, RequestOutput
+from ..request.prompt_logprobs import PromptLogprobs
+from ..request.request_validator import RequestValidator
+from ..request.sampling_params import SamplingParams
+from ..request.slo import DEFAULT_CLASS, RequestSlo
 from ..text.tokenizer import Tokenizer
 from ..ttft_predictor import TtftPredictor
 from .core_dirs import make_core_dir, remove_stale_core_dirs

@@ -20,10 +20,10 @@ from typing import Any
 
 import msgspec
 
-from ..prompt_logprobs import PromptLogprobs
-from ..request_validator import RequestLimits
-from ..sampling_params import SamplingParams
-from ..slo import RequestSlo
+from ..request.prompt_logprobs import PromptLogprobs
+from ..request.request_validator import RequestLimits
+from ..request.sampling_params import SamplingParams
+from ..request.slo import RequestSlo
 from ..stats import StepStats
 from .snapshot import EngineSnapshot
 

@@ -31,7 +31,7 @@ from typing import Any
 import zmq
 
 from ..config import EngineConfig
-from ..outputs import RequestOutput
+from ..request.outputs import RequestOutput
 from ..structured_outputs.compiler import GrammarCompilerBusy
 from .core_messages import (
     AbortRequests,

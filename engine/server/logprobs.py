@@ -6,7 +6,7 @@ single-token decodes (a byte-level token that is part of a character decodes to 
 `bytes` then carries its UTF-8 bytes as OpenAI does for chat).
 
 Per prompt token the engine gives {token_id: Logprob(logprob, rank, decoded_token)}, the
-prompt's own token first (engine/prompt_logprobs.py), None for the first token. `echo`
+prompt's own token first (engine/request/prompt_logprobs.py), None for the first token. `echo`
 writes them ahead of the completion's in the completions shape (the first token's
 `token_logprobs` and `top_logprobs` entries are null, as OpenAI's were); the
 `prompt_logprobs` request field returns them as vLLM does: a list, None first, then
@@ -15,8 +15,8 @@ writes them ahead of the completion's in the completions shape (the first token'
 
 from __future__ import annotations
 
-from ..outputs import CompletionOutput
-from ..prompt_logprobs import PromptLogprobs
+from ..request.outputs import CompletionOutput
+from ..request.prompt_logprobs import PromptLogprobs
 
 
 def _token_text(tokenizer, token_id: int) -> str:

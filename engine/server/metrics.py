@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..config import KV_COLD_DTYPES, MODES, PREEMPTION_MODES
-from ..slo import SloClasses
+from ..request.slo import SloClasses
 from ..stats import StepStats
 from .slo_metrics import SloLogger
 from .snapshot import EngineSnapshot

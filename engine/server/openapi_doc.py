@@ -12,7 +12,7 @@ from typing import Any
 
 from inferd.openapi_doc import document_errors
 
-from ..slo import CLASS_NAME
+from ..request.slo import CLASS_NAME
 from .api_models import CHAT_ROLES, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from .token_routes import document_token_schemas
 

@@ -21,9 +21,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..outputs import CompletionOutput, RequestOutput
-from ..sampling_params import SamplingParams
-from ..slo import CLASS_NAME, RequestSlo, SloClass, SloClasses, best_effort_seats
+from ..request.outputs import CompletionOutput, RequestOutput
+from ..request.sampling_params import SamplingParams
+from ..request.slo import CLASS_NAME, RequestSlo, SloClass, SloClasses, best_effort_seats
 from ..structured_outputs.limits import StructuredOutputsLimits
 from ..structured_outputs.params import StructuredOutputsParams
 from ..structured_outputs.request import check_constraint

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..slo import SloClass, SloClasses
+from ..request.slo import SloClass, SloClasses
 from ..stats import FinishedRequestStats
 from .admission import SHED_DEADLINE, SHED_QUEUE_REQS, SHED_QUEUE_TOKENS, Admission
 

@@ -33,7 +33,7 @@ from .params import StructuredOutputsParams
 if TYPE_CHECKING:
     import xgrammar as xgr
 
-    from ..sequence import Sequence
+    from ..request.sequence import Sequence
     from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

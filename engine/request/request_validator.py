@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..text.tokenizer import Tokenizer
 from .sampling_params import SamplingParams
-from .text.tokenizer import Tokenizer
 
 
 def cdiv(a: int, b: int) -> int:

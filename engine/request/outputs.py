@@ -106,5 +106,5 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then
-    # {token id: Logprob} per prompt token (engine/prompt_logprobs.py), as vLLM's.
+    # {token id: Logprob} per prompt token (engine/request/prompt_logprobs.py), as vLLM's.
     prompt_logprobs: PromptLogprobs | None = None

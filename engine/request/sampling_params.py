@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import check_range
-from .structured_outputs.params import StructuredOutputsParams, check_logit_bias
+from ..config import check_range
+from ..structured_outputs.params import StructuredOutputsParams, check_logit_bias
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """Temperatures below this are greedy, everywhere (vLLM's threshold): dividing by them

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
+from ..text.detokenizer import IncrementalDetokenizer
 from .prompt_logprobs import PromptLogprobs
 from .sampling_params import SamplingParams
 from .slo import RequestSlo
-from .text.detokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(Enum):
@@ -151,7 +151,7 @@ class Request:
     counted_prompt: bool = False
     num_cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-    # Filled by position as prefill chunks score the prompt (engine/prompt_logprobs.py);
+    # Filled by position as prefill chunks score the prompt (engine/request/prompt_logprobs.py);
     # None when params.prompt_logprobs is None.
     prompt_logprobs: PromptLogprobs | None = None
 
