@@ -146,11 +146,16 @@ class Facts:
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
     waiting: float | None = None  # vllm:num_requests_waiting
     prompt_tokens: float | None = None  # mean prompt length of the requests finished lately
+    running: float | None = None  # vllm:num_requests_running
 
     @property
     def kv_bound(self) -> bool:
         """Requests queue because the KV cache is full, not for compute."""
         return (self.kv_usage or 0.0) >= KV_BOUND_USAGE and (self.waiting or 0.0) > 0
+
+    def seats_full(self, max_num_seqs: int) -> bool:
+        """Requests wait because every seat is taken (and the KV cache is not full)."""
+        return (self.waiting or 0.0) > 0 and (self.running or 0.0) >= max_num_seqs and not self.kv_bound
 
 
 KV_BOUND_USAGE = 0.9
@@ -221,24 +226,36 @@ def _raise_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts
 
 
 def _ttft(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
-    """Slow first tokens have two usual causes. Requests queued on a full KV cache: more
-    room (cold KV) lets them in; no batch size helps. Otherwise prompts wait for prefill:
-    bigger prefill chunks finish a queued prompt in fewer steps (verification rolls the
-    step back if the decode-heavy batch made it worse)."""
+    """Slow first tokens have three usual causes. Requests queued on a full KV cache: more
+    room (cold KV) lets them in; no batch size helps. Every seat taken while requests
+    wait: more seats (a GPU decodes 32 rows in about the time of 4: on an H100 the 8B
+    shape at 4 seats kept SM activity at 0.75, so the under-used rule never saw it).
+    Otherwise prompts wait for prefill: bigger prefill chunks finish a queued prompt in
+    fewer steps (verification rolls a step back if it made the target worse)."""
     if facts.kv_bound:
         return _cold_kv(config, pc, facts)
+    if facts.seats_full(int(config["max_num_seqs"])):
+        seats = _seats_for_queue(int(config["max_num_seqs"]), pc, facts)
+        if seats > int(config["max_num_seqs"]):
+            return Plan(
+                "raise_max_num_seqs", "config", {"max_num_seqs": seats}, {"max_num_seqs": config["max_num_seqs"]}
+            )
     return _raise_batched_tokens(config, pc, facts)
+
+
+def _seats_for_queue(seqs: int, pc: PolicyConfig, facts: Facts) -> int:
+    """One fraction more seats, or seats for the requests waiting too where that is more:
+    in one step rather than one fraction per verification window (within max_step)."""
+    seats = pc.max_num_seqs.higher(seqs, pc.step_fraction)
+    if facts.waiting:
+        seats = max(seats, pc.max_num_seqs.toward(seqs, seqs + math.ceil(facts.waiting)))
+    return seats
 
 
 def _raise_batch(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     old = {"max_num_seqs": int(config["max_num_seqs"]), "max_num_batched_tokens": int(config["max_num_batched_tokens"])}
-    seats = pc.max_num_seqs.higher(old["max_num_seqs"], pc.step_fraction)
-    if facts.waiting:
-        # Seats for the requests waiting too, in one step rather than one fraction per
-        # verification window (within max_step)
-        seats = max(seats, pc.max_num_seqs.toward(old["max_num_seqs"], old["max_num_seqs"] + math.ceil(facts.waiting)))
     new = {
-        "max_num_seqs": seats,
+        "max_num_seqs": _seats_for_queue(old["max_num_seqs"], pc, facts),
         "max_num_batched_tokens": pc.max_num_batched_tokens.higher(old["max_num_batched_tokens"], pc.step_fraction),
     }
     changed = {k: v for k, v in new.items() if v != old[k]}

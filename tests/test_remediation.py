@@ -643,13 +643,13 @@ def test_ttft_chunk_sizing_keeps_to_the_step_and_the_maximum():
 
     (plan_ttft,) = DEFAULT_RULES["InferdTTFTSLOBreach"].planners
     pc = PolicyConfig.from_dict({"max_num_batched_tokens": {"minimum": 256, "maximum": 4096, "max_step": 1024}})
-    config = {"max_num_batched_tokens": 256}
+    config = {"max_num_seqs": 16, "max_num_batched_tokens": 256}
     assert plan_ttft(config, pc, Facts(prompt_tokens=3000.0)).new == {"max_num_batched_tokens": 1280}  # max_step
-    assert plan_ttft({"max_num_batched_tokens": 3584}, pc, Facts(prompt_tokens=9000.0)).new == {
+    assert plan_ttft({**config, "max_num_batched_tokens": 3584}, pc, Facts(prompt_tokens=9000.0)).new == {
         "max_num_batched_tokens": 4096
     }
     # prompts shorter than the chunk: the usual fraction, not a step down
-    assert plan_ttft({"max_num_batched_tokens": 1024}, pc, Facts(prompt_tokens=100.0)).new == {
+    assert plan_ttft({**config, "max_num_batched_tokens": 1024}, pc, Facts(prompt_tokens=100.0)).new == {
         "max_num_batched_tokens": 1280
     }
     assert plan_ttft(config, pc, Facts()).new == {"max_num_batched_tokens": 320}  # no answer: one fraction
@@ -805,3 +805,26 @@ def test_the_engine_client_keeps_the_engines_bounds(engine):
     assert client.bounds == {"max_num_seqs": (1, 1024), "max_num_batched_tokens": (16, 1 << 20)}
     assert client.choices["mode"] == ("fast", "fallback")
     client.close()
+
+
+def test_ttft_with_every_seat_taken_and_a_queue_adds_seats_for_the_queue(engine, prom, audit_path, clock):
+    engine.config["max_num_seqs"] = 4
+    prom.series["num_requests_running"] = [4.0]
+    prom.series["num_requests_waiting"] = [30.0]
+    prom.series["kv_cache_usage_perc"] = [0.2]
+    policy = make_policy(engine, prom, audit_path, clock)
+    # 4 + 30 waiting, within the default max_step of 16: the chunk is not what holds them back
+    assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t"))["new"] == {"max_num_seqs": 20}
+
+
+def test_ttft_seats_branch_needs_every_seat_taken_and_room_in_the_kv_cache():
+    from inferd.agent.remediation_rules import DEFAULT_RULES, Facts, PolicyConfig
+
+    (plan_ttft,) = DEFAULT_RULES["InferdTTFTSLOBreach"].planners
+    pc = PolicyConfig()
+    config = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "kv_cold_dtype": "none"}
+    assert plan_ttft(config, pc, Facts(running=8, waiting=3)).new == {"max_num_seqs": 11}
+    assert plan_ttft(config, pc, Facts(running=5, waiting=3)).new == {"max_num_batched_tokens": 2560}  # seats free
+    assert plan_ttft(config, pc, Facts(running=8, waiting=3, kv_usage=0.95)).new == {"kv_cold_dtype": "int8"}
+    at_max = {**config, "max_num_seqs": 512}
+    assert plan_ttft(at_max, pc, Facts(running=512, waiting=3)).new == {"max_num_batched_tokens": 2560}

@@ -76,6 +76,7 @@ class Readings:
         return Facts(
             kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
             waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),
+            running=self.metrics.value(f"sum(vllm:num_requests_running{{{sel}}})"),
             prompt_tokens=self.metrics.value(
                 f"sum(rate(vllm:request_prompt_tokens_sum{{{sel}}}[{self.window}]))"
                 f" / sum(rate(vllm:request_prompt_tokens_count{{{sel}}}[{self.window}]))"
