@@ -39,10 +39,10 @@ from .async_decode import AsyncDecode, InflightStep
 from .async_scheduler import AsyncScheduler
 from .batch_invariant import make_batch_invariant
 from .batch_invariant_graphs import attach_invariant_decode
-from .block_manager import BlockManager
 from .config import EngineConfig, TunableError
 from .fast_path import attach_fast_path
-from .kv_cache import KVCache, KVShape
+from .kv.block_manager import BlockManager
+from .kv.kv_cache import KVCache, KVShape
 from .live_config import LiveConfig
 from .loader import load_model, resolve_dtype
 from .memory.numa_memory import available_host_bytes, device_numa_node

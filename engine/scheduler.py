@@ -34,8 +34,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .block_manager import BlockManager, HostResize
 from .config import EngineConfig
+from .kv.block_manager import BlockManager, HostResize
 from .live_config import LiveConfig
 from .request.sequence import Sequence, SequenceStatus
 from .request.slo import best_effort_seats

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .block_pool import BlockCopy
+from .kv.block_pool import BlockCopy
 from .request.sequence import Sequence
 
 

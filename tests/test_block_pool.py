@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.block_manager import BlockManager
-from inferd.engine.block_pool import BlockPool, block_hash
+from inferd.engine.kv.block_manager import BlockManager
+from inferd.engine.kv.block_pool import BlockPool, block_hash
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
 

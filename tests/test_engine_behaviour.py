@@ -288,7 +288,7 @@ def test_extreme_sampling_values_do_not_fail_the_batch(llm):
 def test_failed_swap_resize_changes_nothing(tiny_model, monkeypatch):
     """A host allocation that fails mid-reconfigure leaves the old host pool and the
     swapped-out sequences' tables in place; every request still finishes as alone."""
-    import inferd.engine.kv_cache as kv_cache
+    import inferd.engine.kv.kv_cache as kv_cache
 
     busy = busy_llm(tiny_model, "swap")
     engine = busy.engine

@@ -688,8 +688,8 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
     from first_cold_page[kind] on. Returns (k, v, cold, decode metadata, padded
     (tables, kinds, slots))."""
     from inferd.engine.attention import AttentionMetadata, write_kv
-    from inferd.engine.block_pool import KIND_CODE
-    from inferd.engine.kv_cache import KVCache
+    from inferd.engine.kv.block_pool import KIND_CODE
+    from inferd.engine.kv.kv_cache import KVCache
 
     cache = KVCache(1, num_pages, 0, bs, kv_heads, hd, torch.float32, torch.device("cpu"), None, tuple(first_cold_page))
     k, v, cold = cache.layer_views(0)
@@ -802,9 +802,9 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dt
     import numpy as np
 
     from inferd.engine.attention import paged_attention
-    from inferd.engine.block_pool import KIND_CODE
     from inferd.engine.fast_path.attention import cold_prefix_decode_attention, triton_paged_attention
     from inferd.engine.fast_path.cold_layout import cold_prefix_layout
+    from inferd.engine.kv.block_pool import KIND_CODE
 
     gen = torch.Generator().manual_seed(splits + hd)
     ctx = [1, 9, 17, 40, 70, 150, 0]
@@ -865,8 +865,8 @@ def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, d
     order, so an entry or a scale used for the wrong tile would show, the output equals
     the portable path's."""
     from inferd.engine.attention import paged_attention
-    from inferd.engine.block_pool import KIND_CODE
     from inferd.engine.fast_path.attention import cold_prefix_decode_attention
+    from inferd.engine.kv.block_pool import KIND_CODE
 
     gen = torch.Generator().manual_seed(7)
     ctx = [40, 100, 300, 0]

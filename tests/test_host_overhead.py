@@ -105,7 +105,7 @@ def test_step_statistics_count_each_token_once(engine):
 )
 def test_token_slots_are_each_positions_block_slot(block_size, start, length, seed):
     """The per-block ranges of token_slots are the per-token formula, across block edges."""
-    from inferd.engine.block_manager import token_slots
+    from inferd.engine.kv.block_manager import token_slots
 
     end = start + length
     table = random.Random(seed).sample(range(1000), -(-end // block_size) or 1)

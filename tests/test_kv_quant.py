@@ -25,9 +25,9 @@ import torch
 from inferd.engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from inferd.engine.attention import AttentionMetadata, paged_attention, write_kv
 from inferd.engine.bench.kv_capacity import capacity_table
-from inferd.engine.block_pool import KIND_CODE
-from inferd.engine.kv_cache import KVCache, KVShape
-from inferd.engine.kv_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from inferd.engine.kv.block_pool import KIND_CODE
+from inferd.engine.kv.kv_cache import KVCache, KVShape
+from inferd.engine.kv.kv_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
 
 @pytest.mark.parametrize("head_dim", [16, 128])
@@ -220,7 +220,7 @@ def test_swap_moves_cold_blocks_compactly(tiny_model):
 def test_per_block_copy_moves_cold_slots_byte_for_byte(kind):
     """The host<->device swap path (one contiguous copy per block, run here between two
     CPU arenas) carries a cold block's codes and scales exactly, whatever the layout."""
-    from inferd.engine.kv_cache import KVCache, _Arena
+    from inferd.engine.kv.kv_cache import KVCache, _Arena
 
     cache = KVCache(2, 8, 0, 4, 2, 16, torch.float32, torch.device("cpu"), None, (kind,))
     cache.device_pool.hot.normal_()

@@ -1,13 +1,13 @@
 """The slow-swap fault: every block a swap copies costs the injected delay, in the same
-step (engine/kv_cache.py KVCache.inject_slow_swap)."""
+step (engine/kv/kv_cache.py KVCache.inject_slow_swap)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inferd.engine.block_pool import HOT
-from inferd.engine.kv_cache import KVCache
+from inferd.engine.kv.block_pool import HOT
+from inferd.engine.kv.kv_cache import KVCache
 
 
 def cache() -> KVCache:
@@ -16,7 +16,7 @@ def cache() -> KVCache:
 
 def test_each_swapped_block_costs_the_injected_delay(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr("inferd.engine.kv_cache.time.sleep", slept.append)
+    monkeypatch.setattr("inferd.engine.kv.kv_cache.time.sleep", slept.append)
     kv = cache()
     out = [((HOT, 0, 0), (HOT, 0, 0)), ((HOT, 1, 0), (HOT, 1, 0))]
     back = [((HOT, 2, 0), (HOT, 3, 0))]

@@ -84,9 +84,9 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     (sequence, KV head) to finish writes the output, reading only partials written in this
     launch (the buffers start as NaN here), and the counters are zero after every launch."""
     from inferd.engine.attention import paged_attention
-    from inferd.engine.block_pool import KIND_CODE
     from inferd.engine.fast_path.attention import cold_prefix as cold_module
     from inferd.engine.fast_path.attention import split_counters
+    from inferd.engine.kv.block_pool import KIND_CODE
     from tests.test_fast_path import _cold_case
 
     _poison_split_buffers(monkeypatch, cold_module)

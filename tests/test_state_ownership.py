@@ -1,6 +1,6 @@
 """Sequence and block state has one writer: the scheduler (engine/scheduler.py and its
 AsyncScheduler, engine/async_scheduler.py), besides the modules that define that state
-(engine/request/sequence.py, engine/block_manager.py) and the scheduler's slot table. Everyone
+(engine/request/sequence.py, engine/kv/block_manager.py) and the scheduler's slot table. Everyone
 else (the engine, AsyncDecode, the output processor, the runners) asks the scheduler.
 
 import-linter cannot say this (it sees imports, not writes), so every module under
@@ -28,7 +28,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "engine"
 OWNERS = {
     "scheduler.py",
     "async_scheduler.py",
-    "block_manager.py",
+    "kv/block_manager.py",
     "request/sequence.py",
     "sampling/slot_table.py",  # the scheduler's slot table: it sets seq.slot for the scheduler
 }

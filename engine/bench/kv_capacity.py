@@ -12,8 +12,8 @@ import argparse
 
 import torch
 
-from inferd.engine.block_manager import BlockManager
-from inferd.engine.kv_cache import KVShape
+from inferd.engine.kv.block_manager import BlockManager
+from inferd.engine.kv.kv_cache import KVShape
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
 

@@ -30,8 +30,8 @@ def build_case(
     dtype: torch.dtype = torch.bfloat16,
 ):
     from inferd.engine.attention import AttentionMetadata
-    from inferd.engine.block_pool import KIND_CODE
-    from inferd.engine.kv_cache import KVCache
+    from inferd.engine.kv.block_pool import KIND_CODE
+    from inferd.engine.kv.kv_cache import KVCache
 
     bs, kvh, hd, heads = 16, 8, 128, 32
     blocks_per_seq = -(-context // bs)
@@ -169,13 +169,13 @@ def main() -> int:
     import triton.testing
 
     from inferd.engine.attention import paged_attention
-    from inferd.engine.block_pool import KIND_CODE
     from inferd.engine.fast_path.attention import (
         choose_num_splits,
         cold_paged_decode_attention,
         cold_prefix_decode_attention,
         paged_decode_attention,
     )
+    from inferd.engine.kv.block_pool import KIND_CODE
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
-from ..block_manager import token_slots
-from ..block_pool import PageAllocator
+from ..kv.block_manager import token_slots
+from ..kv.block_pool import PageAllocator
 from ..memory.device_index import device_index
 from ..scheduler import ScheduledSeq
 from .cold_layout import cold_prefix_layout

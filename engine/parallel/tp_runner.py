@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from ..attention import paged_attention
-from ..block_pool import BlockCopy, BlockLocation
 from ..fast_path import unavailable_reason
-from ..kv_cache import ColdLayer, KVCache
+from ..kv.block_pool import BlockCopy, BlockLocation
+from ..kv.kv_cache import ColdLayer, KVCache
 from ..model_config import ModelConfig
 from ..model_runner import FastPathError, ModelRunner
 from ..runner_output import RunnerOutput

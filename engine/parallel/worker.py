@@ -93,7 +93,7 @@ class Worker:
         import torch.distributed as dist
 
         from ..attention import paged_attention
-        from ..kv_cache import KVCache
+        from ..kv.kv_cache import KVCache
         from .sharded_model import load_sharded_model
         from .sharding import ShardSpec
 

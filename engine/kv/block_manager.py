@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..request.sequence import Sequence
 from .block_pool import HOT, BlockCopy, BlockLocation, BlockPool, HostBlockPool, block_hash
-from .request.sequence import Sequence
 
 
 @dataclass(slots=True)

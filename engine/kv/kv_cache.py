@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..memory.device_index import device_index
+from ..memory.numa_memory import empty_on_node
 from .block_pool import HOT, MAX_SLOTS, BlockCopy, BlockLocation
 from .kv_quant import dequantize_int4, dequantize_int8, int4_group_size, quantize_int4, quantize_int8
-from .memory.device_index import device_index
-from .memory.numa_memory import empty_on_node
 
 log = logging.getLogger(__name__)
 
