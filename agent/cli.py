@@ -16,7 +16,7 @@ import sys
 # name -> (module, one-line help). A command with subcommands names every one of them
 # here (tests/test_cli_help.py checks it against the parser).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "make-model": ("inferd.engine.make_model", "write a random Llama-family checkpoint (HF format)"),
+    "make-model": ("inferd.engine.model.make_model", "write a random Llama-family checkpoint (HF format)"),
     "generate": ("inferd.engine.generate_cmd", "generate text offline with the engine"),
     "serve": ("inferd.engine.server.cli", "run the OpenAI-compatible engine server"),
     "bench": (

@@ -36,9 +36,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionMetadata, write_kv
 from .fast_path.availability import unavailable_reason
-from .model import DecoderLayer, LayerOps, LlamaModel, apply_rope
+from .model.attention import AttentionMetadata, write_kv
+from .model.model import DecoderLayer, LayerOps, LlamaModel, apply_rope
 
 ROW_TILE = {"cpu": 32, "cuda": 256}
 """Rows per fixed-shape tile, per device type: one launch of a tiled step each. On the CPU

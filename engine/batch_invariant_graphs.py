@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .attention import AttentionMetadata, paged_attention
 from .fast_path.cuda_graphs import (
     GRAPH_LADDER,
     DecodeInputs,
@@ -35,12 +34,13 @@ from .fast_path.cuda_graphs import (
     is_pure_decode,
     pinned_rows,
 )
+from .model.attention import AttentionMetadata, paged_attention
 from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
-    from .model import LlamaModel
+    from .model.model import LlamaModel
     from .model_runner import ModelRunner
 
 log = logging.getLogger(__name__)

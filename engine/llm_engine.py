@@ -44,8 +44,8 @@ from .fast_path import attach_fast_path
 from .kv.block_manager import BlockManager
 from .kv.kv_cache import KVCache, KVShape
 from .live_config import LiveConfig
-from .loader import load_model, resolve_dtype
 from .memory.numa_memory import available_host_bytes, device_numa_node
+from .model.loader import load_model, resolve_dtype
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
 from .request.outputs import RequestOutput
@@ -82,7 +82,7 @@ class LLMEngine:
             raise ValueError("EngineConfig.model must name a checkpoint directory")
         self.live_config = LiveConfig(config)  # the configuration's one owner: `config` reads it
         self.device = resolve_device(config.device)
-        from .model_config import ModelConfig
+        from .model.model_config import ModelConfig
 
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)

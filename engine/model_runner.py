@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .attention import AttentionMetadata, paged_attention
 from .fast_path.cold_layout import cold_prefix_layout
 from .fast_path.gpu_sampling import can_sample_greedy_on_device
 from .fastpath_faults import is_launch_bug, is_strict
 from .kv.block_manager import token_slots
 from .kv.block_pool import PageAllocator
 from .kv.kv_cache import KVCache
-from .model import LlamaModel
+from .model.attention import AttentionMetadata, paged_attention
+from .model.model import LlamaModel
 from .request.prompt_logprobs import PromptLogprobRows
 from .request.prompt_logprobs import plan_rows as plan_prompt_rows
 from .request.prompt_logprobs import score as score_prompt_rows

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .model_config import ModelConfig
+    from .model.model_config import ModelConfig
 
 
 @dataclass(slots=True)

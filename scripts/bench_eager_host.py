@@ -36,8 +36,8 @@ from inferd.engine.fast_path import fused_ops
 from inferd.engine.fast_path.attention import triton_paged_attention
 from inferd.engine.fast_path.fast_decoder import FastDecoder
 from inferd.engine.fast_path.warmup import synthetic_metadata
-from inferd.engine.model import LlamaModel
-from inferd.engine.model_config import ModelConfig
+from inferd.engine.model.model import LlamaModel
+from inferd.engine.model.model_config import ModelConfig
 
 LAYERS = 32
 BLOCK_SIZE = 16

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inferd.engine.config import EngineConfig
 from inferd.engine.llm_engine import LLMEngine
-from inferd.engine.make_model import ModelSpec, make_model
+from inferd.engine.model.make_model import ModelSpec, make_model
 from inferd.engine.request.sampling_params import SamplingParams
 
 CASES = {

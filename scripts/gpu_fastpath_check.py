@@ -267,9 +267,9 @@ def check_fused_ops() -> None:
     k = qkv[:, heads * dim : (heads + kvh) * dim].view(tokens, kvh, dim)
     v = qkv[:, (heads + kvh) * dim :].view(tokens, kvh, dim)
     pos = torch.randint(0, 32768, (tokens,), device="cuda", generator=gen)
-    from inferd.engine.make_model import PRESETS
-    from inferd.engine.model import rope_inv_freq
-    from inferd.engine.model_config import ModelConfig
+    from inferd.engine.model.make_model import PRESETS
+    from inferd.engine.model.model import rope_inv_freq
+    from inferd.engine.model.model_config import ModelConfig
 
     cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "head_dim": dim, **PRESETS["llama3-8b-shape"]})
     inv = rope_inv_freq(cfg).cuda()
@@ -578,8 +578,8 @@ def check_mixed_prompts_after_prefix(model_dir, model, slow, vocab, slow_logits,
 def check_cold_kv(model_dir, model, vocab, **_):
     """int8 and int4 cold KV on the fast path (cold graphs, the two-run kernel, prefill
     over cold blocks) against the portable attention over the same cold blocks."""
-    from inferd.engine.attention import paged_attention
     from inferd.engine.bench.gpu_harness import free_dropped_engines, new_engine, prompts
+    from inferd.engine.model.attention import paged_attention
 
     lens = (600, 2000) if DEVICE == "cuda" else (40, 70)
     ps = [prompts(vocab, 1, n, seed=2000 + n)[0] for n in lens]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.make_model import ModelSpec, make_model
+from inferd.engine.model.make_model import ModelSpec, make_model
 
 import interpreter_dot
 from server_fixtures import live_stack_ports

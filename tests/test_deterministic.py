@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from inferd.engine import LLM, EngineConfig, SamplingParams
-from inferd.engine.attention import AttentionMetadata, paged_attention
 from inferd.engine.batch_invariant import ROW_TILE, _token_rows_on_device, invariant_attention, tiled
 from inferd.engine.fast_path.availability import has_triton
+from inferd.engine.model.attention import AttentionMetadata, paged_attention
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True, logprobs=2)

@@ -34,7 +34,7 @@ def test_dummy_weights_keep_greedy_tokens_inside_the_tokenizer(tmp_path):
     """A preset whose LM head is wider than its tokenizer (as llama3-8b-shape's is)."""
     from unittest import mock
 
-    from inferd.engine.make_model import PRESETS
+    from inferd.engine.model.make_model import PRESETS
 
     wide = {**PRESETS["tiny"], "vocab_size": 40000}  # >= 32000: make_model keeps it, as for llama3-8b-shape
     with mock.patch.dict(PRESETS, {"tiny-wide": wide}):

@@ -527,8 +527,8 @@ def test_long_chunks_in_large_packs_match_portable_path(tiny_model):
 def test_mixed_step_attention_matches_portable_path():
     """Decode rows, fresh prompts (causal), chunks after a cached prefix (bottom-right
     mask), two prompts of one shape (one grouped SDPA call), in one step."""
-    from inferd.engine.attention import AttentionMetadata, paged_attention
     from inferd.engine.fast_path.attention import triton_paged_attention
+    from inferd.engine.model.attention import AttentionMetadata, paged_attention
 
     gen = torch.Generator().manual_seed(3)
     bs, kv_heads, heads, dim = 8, 2, 8, 16
@@ -561,9 +561,9 @@ def test_mixed_step_attention_matches_portable_path():
 def test_prefill_step_of_equal_fresh_prompts_matches_portable_path(kv_heads):
     """A step of fresh prompts of one length is one causal group over every token row: flash
     attention's native GQA on the K/V as gathered (no repeated heads), output returned as is."""
-    from inferd.engine.attention import AttentionMetadata, paged_attention
     from inferd.engine.fast_path.attention import triton_paged_attention
     from inferd.engine.fast_path.attention.prefill import plan_step
+    from inferd.engine.model.attention import AttentionMetadata, paged_attention
 
     gen = torch.Generator().manual_seed(kv_heads)
     bs, heads, dim, n = 8, 8, 16, 11
@@ -636,8 +636,8 @@ def test_prefix_cached_and_chunked_prompts_through_fast_attention(tiny_model):
 
 def test_benchmark_cost_model_counts_the_8b_shape_by_hand():
     from inferd.engine.bench.gpu_decode import ModelCost, roofline_seconds
-    from inferd.engine.make_model import PRESETS
-    from inferd.engine.model_config import ModelConfig
+    from inferd.engine.model.make_model import PRESETS
+    from inferd.engine.model.model_config import ModelConfig
 
     cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], **PRESETS["llama3-8b-shape"]})
     cost = ModelCost(cfg)
@@ -687,9 +687,9 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
     older than `window` are quantized, block j of sequence i to kind_of(i, j), into slots
     from first_cold_page[kind] on. Returns (k, v, cold, decode metadata, padded
     (tables, kinds, slots))."""
-    from inferd.engine.attention import AttentionMetadata, write_kv
     from inferd.engine.kv.block_pool import KIND_CODE
     from inferd.engine.kv.kv_cache import KVCache
+    from inferd.engine.model.attention import AttentionMetadata, write_kv
 
     cache = KVCache(1, num_pages, 0, bs, kv_heads, hd, torch.float32, torch.device("cpu"), None, tuple(first_cold_page))
     k, v, cold = cache.layer_views(0)
@@ -741,8 +741,8 @@ def _cold_case(gen, hd, ctx, num_pages, first_cold_page, kind_of, bs=8, kv_heads
 def test_cold_decode_kernel_matches_portable_cold_attention(splits, hd):
     """Hot, int8 and int4 blocks mixed within sequences: the Triton kernel (one pass,
     dequantizing in registers) equals the portable path's dequantize-then-attend."""
-    from inferd.engine.attention import paged_attention
     from inferd.engine.fast_path.attention import cold_paged_decode_attention, triton_paged_attention
+    from inferd.engine.model.attention import paged_attention
 
     gen = torch.Generator().manual_seed(splits)
     ctx = [1, 9, 17, 40, 70]
@@ -801,10 +801,10 @@ def test_cold_prefix_kernel_matches_portable_cold_attention(kind, splits, hd, dt
     fp16 codes), except int4 with two scale groups per head (256), which stays exact."""
     import numpy as np
 
-    from inferd.engine.attention import paged_attention
     from inferd.engine.fast_path.attention import cold_prefix_decode_attention, triton_paged_attention
     from inferd.engine.fast_path.cold_layout import cold_prefix_layout
     from inferd.engine.kv.block_pool import KIND_CODE
+    from inferd.engine.model.attention import paged_attention
 
     gen = torch.Generator().manual_seed(splits + hd)
     ctx = [1, 9, 17, 40, 70, 150, 0]
@@ -864,9 +864,9 @@ def test_cold_prefix_kernel_reads_tables_and_scales_ahead_of_their_tiles(kind, d
     their tile: for cold runs of 1 to 9 tiles per split whose blocks sit in slots out of
     order, so an entry or a scale used for the wrong tile would show, the output equals
     the portable path's."""
-    from inferd.engine.attention import paged_attention
     from inferd.engine.fast_path.attention import cold_prefix_decode_attention
     from inferd.engine.kv.block_pool import KIND_CODE
+    from inferd.engine.model.attention import paged_attention
 
     gen = torch.Generator().manual_seed(7)
     ctx = [40, 100, 300, 0]

@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from inferd.engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from inferd.engine.attention import AttentionMetadata, paged_attention, write_kv
 from inferd.engine.bench.kv_capacity import capacity_table
 from inferd.engine.kv.block_pool import KIND_CODE
 from inferd.engine.kv.kv_cache import KVCache, KVShape
 from inferd.engine.kv.kv_quant import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from inferd.engine.model.attention import AttentionMetadata, paged_attention, write_kv
 
 
 @pytest.mark.parametrize("head_dim", [16, 128])

@@ -1,10 +1,10 @@
-"""engine/progress.py: silent for quick work, a bar on a terminal, plain lines otherwise."""
+"""engine/model/progress.py: silent for quick work, a bar on a terminal, plain lines otherwise."""
 
 from __future__ import annotations
 
 import io
 
-from inferd.engine.progress import Progress, note
+from inferd.engine.model.progress import Progress, note
 
 
 class Terminal(io.StringIO):

@@ -34,7 +34,7 @@ from inferd.agent.scenario.scenarios import SCENARIOS, engine_args_with
 from inferd.agent.scenario.ways import default_values, run_name, sweep_points, with_shift_rate
 from inferd.agent.scenario.workload import plan
 from inferd.engine.config import validate_tunable
-from inferd.engine.make_model import PRESETS
+from inferd.engine.model.make_model import PRESETS
 from inferd.engine.server.cli import engine_config_from_args
 
 ROOT = Path(__file__).resolve().parents[1]

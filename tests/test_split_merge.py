@@ -83,10 +83,10 @@ def test_cold_prefix_kernel_merges_its_splits_in_the_kernel(kind, monkeypatch):
     """The cold-prefix kernel merges as the hot one does: the last split with keys of each
     (sequence, KV head) to finish writes the output, reading only partials written in this
     launch (the buffers start as NaN here), and the counters are zero after every launch."""
-    from inferd.engine.attention import paged_attention
     from inferd.engine.fast_path.attention import cold_prefix as cold_module
     from inferd.engine.fast_path.attention import split_counters
     from inferd.engine.kv.block_pool import KIND_CODE
+    from inferd.engine.model.attention import paged_attention
     from tests.test_fast_path import _cold_case
 
     _poison_split_buffers(monkeypatch, cold_module)
@@ -123,8 +123,8 @@ def test_mixed_cold_kernel_merges_its_splits_in_the_kernel(splits, monkeypatch):
     """The kernel for any mix of hot, int8 and int4 blocks merges its splits as the
     others do (no second launch): only partials written in this launch are read (the
     buffers start as NaN) and the counters are zero after every launch."""
-    from inferd.engine.attention import paged_attention
     from inferd.engine.fast_path.attention import mixed_cold, split_counters
+    from inferd.engine.model.attention import paged_attention
     from tests.test_fast_path import _cold_case
 
     _poison_split_buffers(monkeypatch, mixed_cold)

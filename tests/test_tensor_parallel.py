@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from inferd.engine import LLM, SamplingParams
-from inferd.engine.loader import load_model
-from inferd.engine.model_config import ModelConfig
+from inferd.engine.model.loader import load_model
+from inferd.engine.model.model_config import ModelConfig
 from inferd.engine.parallel import (
     ShardSpec,
     TensorParallelError,

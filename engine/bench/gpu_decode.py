@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model_config import ModelConfig
+from ..model.model_config import ModelConfig
 from ..request.sampling_params import SamplingParams
 from .gpu_harness import (
     build,

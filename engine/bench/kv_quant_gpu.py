@@ -29,9 +29,9 @@ def build_case(
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ):
-    from inferd.engine.attention import AttentionMetadata
     from inferd.engine.kv.block_pool import KIND_CODE
     from inferd.engine.kv.kv_cache import KVCache
+    from inferd.engine.model.attention import AttentionMetadata
 
     bs, kvh, hd, heads = 16, 8, 128, 32
     blocks_per_seq = -(-context // bs)
@@ -168,7 +168,6 @@ def _copy_bandwidth(device: torch.device) -> float:
 def main() -> int:
     import triton.testing
 
-    from inferd.engine.attention import paged_attention
     from inferd.engine.fast_path.attention import (
         choose_num_splits,
         cold_paged_decode_attention,
@@ -176,6 +175,7 @@ def main() -> int:
         paged_decode_attention,
     )
     from inferd.engine.kv.block_pool import KIND_CODE
+    from inferd.engine.model.attention import paged_attention
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

@@ -17,9 +17,9 @@ from unittest import mock
 
 import torch
 
-from .. import make_model as mm
-from ..dummy_weights import random_model_on_device  # noqa: F401  (benchmarks import it from here)
-from ..model import LlamaModel
+from ..model import make_model as mm
+from ..model.dummy_weights import random_model_on_device  # noqa: F401  (benchmarks import it from here)
+from ..model.model import LlamaModel
 
 
 def write_checkpoint_stub(

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     if args.preset and not model:
         import tempfile
 
-        from ..make_model import ModelSpec, make_model
+        from ..model.make_model import ModelSpec, make_model
 
         model = tempfile.mkdtemp(prefix=f"inferd-bench-{args.preset}-")
         make_model(model, ModelSpec(preset=args.preset))

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..llm import LLM
-from ..make_model import ModelSpec, make_model
+from ..model.make_model import ModelSpec, make_model
 from ..request.sampling_params import SamplingParams
 from ..structured_outputs.grammar import StructuredOutputs
 from ..structured_outputs.params import StructuredOutputsParams

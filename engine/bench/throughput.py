@@ -7,7 +7,7 @@ A fixed set of prompts (deterministic, mixed lengths) runs through
 Greedy decoding with a fixed number of new tokens for every request, so each side
 produces exactly the same number of tokens. Prints tokens/s and the ratios; each phase
 says on stderr when it starts and what it measured, the one-at-a-time phase with a
-progress bar (engine/progress.py).
+progress bar (engine/model/progress.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import platform
 import random
 import time
 
-from inferd.engine.progress import Progress, note
+from inferd.engine.model.progress import Progress, note
 
 
 def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:

@@ -43,7 +43,7 @@ def checkpoint(preset: str, dtype: str, model_dir: str | None) -> str:
     """A random make-model checkpoint (written once; --model reuses one)."""
     if model_dir:
         return model_dir
-    from ..make_model import ModelSpec, make_model
+    from ..model.make_model import ModelSpec, make_model
 
     out = Path(tempfile.mkdtemp(prefix=f"inferd-tp-{preset}-"))
     start = time.perf_counter()

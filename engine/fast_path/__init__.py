@@ -52,7 +52,7 @@ def attach_fast_path(
     if reason is not None:
         log.info("fast path unavailable: %s; using the portable path", reason)
         return reason
-    from ..attention import paged_attention
+    from ..model.attention import paged_attention
     from .attention import triton_paged_attention
     from .cuda_graphs import DecodeGraphs
     from .fast_decoder import FastDecoder

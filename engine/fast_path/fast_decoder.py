@@ -1,4 +1,4 @@
-"""The fast path's specialisation of the model's one forward (engine/model.py,
+"""The fast path's specialisation of the model's one forward (engine/model/model.py,
 LlamaModel.run): fused ops, Triton paged attention, fused QKV and gate/up matmuls;
 the decode step shaped for CUDA-graph capture.
 
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import sdpa_kernel
 
-from ..attention import AttentionMetadata
-from ..model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
+from ..model.attention import AttentionMetadata
+from ..model.model import DecoderLayer, FusedProjections, LayerOps, LlamaModel
 from .attention import (
     INT4,
     INT8,

@@ -1,6 +1,6 @@
 """Fused small ops of the decode step, in Triton, with their torch references.
 
-Each kernel reproduces the portable model's rounding steps (engine/model.py, which
+Each kernel reproduces the portable model's rounding steps (engine/model/model.py, which
 follows Hugging Face): values are rounded to the activation dtype exactly where the
 eager code rounds them, so the fast path's tokens stay close to the portable path's.
 
@@ -12,6 +12,7 @@ eager code rounds them, so the fast path's tokens stay close to the portable pat
 The `*_reference` functions are the same maths in torch: the CPU tests' oracle and
 the candidates for `torch.compile` in the benchmark that picks the faster variant.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,19 @@ if has_triton():
     from .pdl import wait_for_previous
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, hidden, eps,
-                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rms_norm_kernel(
+        x_ptr,
+        res_ptr,
+        w_ptr,
+        out_ptr,
+        stride_x,
+        stride_r,
+        stride_o,
+        hidden,
+        eps,
+        HAS_RESIDUAL: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
@@ -74,8 +86,9 @@ if has_triton():
         return (a1 + b1).to(ty), (a2 + b2).to(ty)
 
     @triton.jit
-    def _rotate(x_ptr, base, stride_h, heads, cos, sin, HEADS_PAD: tl.constexpr, HALF: tl.constexpr,
-                HALF_PAD: tl.constexpr):
+    def _rotate(
+        x_ptr, base, stride_h, heads, cos, sin, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr
+    ):
         """Rotate-half RoPE of `heads` rows at x_ptr + base; returns both halves, rounded.
         HALF_PAD: HALF up to a power of two (a head dim of 80 or 96), the padding masked."""
         h = tl.arange(0, HEADS_PAD)
@@ -90,12 +103,33 @@ if has_triton():
         return r1, r2, h, j, mask
 
     @triton.jit
-    def _rope_and_cache_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, inv_freq_ptr, slot_ptr, kc_ptr, vc_ptr,
-                               stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                               stride_cb, stride_ct, stride_ch, num_heads, num_kv_heads,
-                               BLOCK_SIZE: tl.constexpr, Q_HEADS_PER_PROGRAM: tl.constexpr,
-                               KV_HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                               USE_PDL: tl.constexpr):
+    def _rope_and_cache_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        pos_ptr,
+        inv_freq_ptr,
+        slot_ptr,
+        kc_ptr,
+        vc_ptr,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_cb,
+        stride_ct,
+        stride_ch,
+        num_heads,
+        num_kv_heads,
+        BLOCK_SIZE: tl.constexpr,
+        Q_HEADS_PER_PROGRAM: tl.constexpr,
+        KV_HEADS_PAD: tl.constexpr,
+        HALF: tl.constexpr,
+        HALF_PAD: tl.constexpr,
+        USE_PDL: tl.constexpr,
+    ):
         """Program (t, 0): token t's K rotation and K/V cache write; program (t, c > 0):
         rotation of q heads [(c - 1) * Q_HEADS_PER_PROGRAM, c * Q_HEADS_PER_PROGRAM)."""
         wait_for_previous(USE_PDL)
@@ -109,38 +143,55 @@ if has_triton():
         if part > 0:
             first = (part - 1) * Q_HEADS_PER_PROGRAM
             base = t * stride_qt + first * stride_qh
-            q1, q2, h, jj, hmask = _rotate(q_ptr, base, stride_qh, num_heads - first, cos, sin,
-                                           Q_HEADS_PER_PROGRAM, HALF, HALF_PAD)
+            q1, q2, h, jj, hmask = _rotate(
+                q_ptr, base, stride_qh, num_heads - first, cos, sin, Q_HEADS_PER_PROGRAM, HALF, HALF_PAD
+            )
             qptr = q_ptr + base + h[:, None] * stride_qh + jj[None, :]
             tl.store(qptr, q1, mask=hmask)
             tl.store(qptr + HALF, q2, mask=hmask)
         else:
             slot = tl.load(slot_ptr + t)
             if slot >= 0:
-                k1, k2, kh, kj, kmask = _rotate(k_ptr, t * stride_kt, stride_kh, num_kv_heads, cos, sin,
-                                                KV_HEADS_PAD, HALF, HALF_PAD)
+                k1, k2, kh, kj, kmask = _rotate(
+                    k_ptr, t * stride_kt, stride_kh, num_kv_heads, cos, sin, KV_HEADS_PAD, HALF, HALF_PAD
+                )
                 slot = slot.to(tl.int64)
-                cache = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct
-                         + kh[:, None] * stride_ch + kj[None, :])
+                cache = (
+                    (slot // BLOCK_SIZE) * stride_cb
+                    + (slot % BLOCK_SIZE) * stride_ct
+                    + kh[:, None] * stride_ch
+                    + kj[None, :]
+                )
                 tl.store(kc_ptr + cache, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
                 tl.store(kc_ptr + cache + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
                 vsrc = v_ptr + t * stride_vt + kh[:, None] * stride_vh + kj[None, :]
-                tl.store(vc_ptr + cache, tl.load(vsrc, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty),
-                         mask=kmask)
-                tl.store(vc_ptr + cache + HALF, tl.load(vsrc + HALF, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty),
-                         mask=kmask)
+                tl.store(vc_ptr + cache, tl.load(vsrc, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty), mask=kmask)
+                tl.store(
+                    vc_ptr + cache + HALF,
+                    tl.load(vsrc + HALF, mask=kmask, other=0.0).to(vc_ptr.dtype.element_ty),
+                    mask=kmask,
+                )
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(residual + x), residual + x); the sum is written into `residual` in place.
     Without a residual the input itself is the new residual."""
     rows, hidden = x.shape
     out = torch.empty_like(x)
     _add_rms_norm_kernel[(rows,)](
-        x, residual if residual is not None else x, weight, out,
-        x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=next_power_of_2(hidden),
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        hidden,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=next_power_of_2(hidden),
     )
     return out, residual if residual is not None else x
 
@@ -150,14 +201,20 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     inter = width // 2
     out = torch.empty(rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_and_mul_kernel[(rows, cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
-                                                            BLOCK=block)
+    _silu_and_mul_kernel[(rows, cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block)
     return out
 
 
-def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                   inv_freq: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   slots: torch.Tensor) -> None:
+def rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
     """q: [T, H, D], k/v: [T, KVH, D] (views are fine); caches [blocks, block_size, KVH, D]."""
     tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -166,11 +223,30 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     per_program = min(Q_HEADS_PER_PROGRAM, next_power_of_2(heads))
     # One program per (token, part): at batch 1 a single program per token was latency-bound.
     _rope_and_cache_kernel[(tokens, 1 + cdiv(heads, per_program))](
-        q, k, v, positions, inv_freq, slots, k_cache, v_cache,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), heads, kv_heads,
-        BLOCK_SIZE=k_cache.shape[1], Q_HEADS_PER_PROGRAM=per_program,
-        KV_HEADS_PAD=next_power_of_2(kv_heads), HALF=head_dim // 2, HALF_PAD=next_power_of_2(head_dim // 2),
+        q,
+        k,
+        v,
+        positions,
+        inv_freq,
+        slots,
+        k_cache,
+        v_cache,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        heads,
+        kv_heads,
+        BLOCK_SIZE=k_cache.shape[1],
+        Q_HEADS_PER_PROGRAM=per_program,
+        KV_HEADS_PAD=next_power_of_2(kv_heads),
+        HALF=head_dim // 2,
+        HALF_PAD=next_power_of_2(head_dim // 2),
         **pdl_launch(q.device),
     )
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import AttentionMetadata
+from ..model.attention import AttentionMetadata
 from .cuda_graphs import PAD_SLOT
 
 # (query length, context length) per sequence of each warm-up step

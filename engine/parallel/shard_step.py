@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..attention import AttentionMetadata
+from ..model.attention import AttentionMetadata
 from .sharded_model import ShardedLlamaModel
 
 

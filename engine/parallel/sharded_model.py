@@ -1,4 +1,4 @@
-"""The Llama-family model of engine/model.py, one rank's shard of it.
+"""The Llama-family model of engine/model/model.py, one rank's shard of it.
 
 Built from the per-rank config (sharding.local_config), so every module already has
 one rank's shapes and parameter names match the checkpoint's; three modules are
@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import DecoderLayer, LlamaModel, rope_inv_freq
-from ..model_config import ModelConfig
+from ..model.model import DecoderLayer, LlamaModel, rope_inv_freq
+from ..model.model_config import ModelConfig
 from .sharding import ShardSpec, local_config, read_shards
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..loader import safetensors_files
-from ..model_config import ModelConfig
+from ..model.loader import safetensors_files
+from ..model.model_config import ModelConfig
 
 # (pattern, split dimension); names absent here are replicated.
 SPLIT_RULES: tuple[tuple[re.Pattern, int], ...] = (

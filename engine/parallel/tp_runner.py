@@ -36,11 +36,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..attention import paged_attention
 from ..fast_path import unavailable_reason
 from ..kv.block_pool import BlockCopy, BlockLocation
 from ..kv.kv_cache import ColdLayer, KVCache
-from ..model_config import ModelConfig
+from ..model.attention import paged_attention
+from ..model.model_config import ModelConfig
 from ..model_runner import FastPathError, ModelRunner
 from ..runner_output import RunnerOutput
 from .shard_step import meta_to, run_shard

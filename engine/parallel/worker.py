@@ -92,8 +92,8 @@ class Worker:
         import torch
         import torch.distributed as dist
 
-        from ..attention import paged_attention
         from ..kv.kv_cache import KVCache
+        from ..model.attention import paged_attention
         from .sharded_model import load_sharded_model
         from .sharding import ShardSpec
 
@@ -191,8 +191,8 @@ class Worker:
 
 def fast_attention_for(device, dtype):
     """Triton paged attention where this device runs it, else the portable path."""
-    from ..attention import paged_attention
     from ..fast_path import unavailable_reason
+    from ..model.attention import paged_attention
 
     if unavailable_reason(device, dtype) is not None:
         return paged_attention

@@ -65,7 +65,7 @@ def ensure_default_model(path: Path) -> Path:
     a temporary sibling and renamed, so a crash never leaves a half-written model."""
     if (path / "config.json").is_file():
         return path
-    from ..make_model import ModelSpec, make_model
+    from ..model.make_model import ModelSpec, make_model
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=path.parent))

@@ -31,7 +31,7 @@ import zmq
 import zmq.asyncio
 
 from ..config import EngineConfig, TunableError
-from ..model_config import ModelConfig
+from ..model.model_config import ModelConfig
 from ..request.outputs import CompletionOutput, RequestOutput
 from ..request.prompt_logprobs import PromptLogprobs
 from ..request.request_validator import RequestValidator

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import AttentionMetadata, paged_attention
+from ...model.attention import AttentionMetadata, paged_attention
 from .chunk_rows import (
     LARGE_PACK_QUERIES,
     chunk_num_splits,

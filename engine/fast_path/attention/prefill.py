@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from ...attention import AttentionMetadata
 from ...memory.device_index import device_index
+from ...model.attention import AttentionMetadata
 
 # Not cuDNN's attention: it builds an execution plan for every new (sequences, query,
 # context) shape, and a prefill group's shape depends on how the step's budget fell; the

@@ -4,7 +4,7 @@ The output is a Hugging Face checkpoint directory (config.json, safetensors,
 tokenizer.json with a byte-level BPE trained here on a small embedded text,
 tokenizer_config.json with a chat template), so the engine, transformers and the
 tests all run anywhere without a download. `--chat-template-family` picks the chat
-template and its special tokens (engine/chat_templates.py): the default Llama 3 header
+template and its special tokens (engine/model/chat_templates.py): the default Llama 3 header
 format, or Llama 3.1, Hermes (Qwen 2.5) or Mistral with their tool-calling markup.
 
 Initialisation: the usual std=0.02 makes a small random model repeat one token, and
