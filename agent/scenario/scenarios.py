@@ -152,6 +152,9 @@ TTFT_POLICY = {
     "restore_after_s": 600,
 }
 
+# Too few seats for the load, room everywhere else (the CPU default KV pool, 256 MiB): the
+# queue waits for a seat, which the TTFT rule sees (every seat taken, requests waiting).
+TINY_FEW_SEATS = ("--max-num-seqs=2", "--served-model-name=tiny", "--log-level=WARNING")
 # Steady load whose engine has fault injection on: a fast-path failure is injected as the
 # "shift" phase starts, with nothing else changing.
 TINY_FAULTABLE = ("--max-num-seqs=16", "--served-model-name=tiny", "--enable-fault-injection", "--log-level=WARNING")
@@ -218,6 +221,16 @@ SCENARIOS: dict[str, Scenario] = {
             TINY_SHORT_CHUNKS,
             TTFT_POLICY,
             {"max_num_batched_tokens": (256, 512, 1024, 2048)},
+        ),
+        shifted(
+            "few_seats",
+            "steady load, then 10 req/s of short prompts with 120-token replies on an engine capped at 2 seats "
+            "(2 seats serve about 6 req/s; the tiny model decodes 16 rows in about the time of 2, as a GPU "
+            "does), then back to steady",
+            Phase("shift", 1500, rate=10.0, prompt_len=(8, 16), max_tokens=120),
+            TINY_FEW_SEATS,
+            TINY_POLICY,
+            {"max_num_seqs": (2, 4, 8, 16)},
         ),
         shifted(
             "fastpath_fault",
