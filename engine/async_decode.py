@@ -8,7 +8,7 @@ are the first step's tokens on the device, so nothing waits for the host. The ho
 then processes the first step's tokens while the GPU runs the second.
 
 A continuation is launched only when the scheduler would have scheduled exactly that
-batch, and the scheduler says so: AsyncScheduler.schedule_ahead (engine/async_scheduler.py)
+batch, and the scheduler says so: AsyncScheduler.schedule_ahead (engine/scheduling/async_scheduler.py)
 plans it, blocks included, or declines. A row's token is
 chosen on the device right after the step (Sampler.draw_ahead: bias, min_tokens ban and
 penalties from the slot's device state, whose counts take each drawn token there), so it
@@ -43,17 +43,17 @@ from .fast_path.cuda_graphs import is_pure_decode
 from .memory.device_index import device_index
 from .sampling.greedy import can_launch_ahead, plain_greedy
 from .sampling.logprobs import LogprobLayout
-from .scheduler_output import ScheduledSeq
+from .scheduling.scheduler_output import ScheduledSeq
 from .stats import StepStats, kv_tokens_read
 from .token_readback import PendingTokens, TokenReadback
 
 if TYPE_CHECKING:
     import torch
 
-    from .async_scheduler import AsyncScheduler
     from .live_config import LiveConfig
     from .runner_protocol import ModelRunnerProtocol
     from .sampler import Sampler
+    from .scheduling.async_scheduler import AsyncScheduler
     from .stats import EngineCounters
 
 

@@ -35,7 +35,7 @@ from .fast_path.cuda_graphs import (
     pinned_rows,
 )
 from .model.attention import AttentionMetadata, paged_attention
-from .scheduler import ScheduledSeq
+from .scheduling.scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE

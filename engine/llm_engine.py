@@ -17,7 +17,7 @@ structured outputs waits in StructuredOutputs (engine/structured_outputs/grammar
 until its grammar is compiled; its rows' token masks then go to the sampler with the
 logits.
 
-The scheduler (an AsyncScheduler: engine/async_scheduler.py) owns the sequences' and the
+The scheduler (an AsyncScheduler: engine/scheduling/async_scheduler.py) owns the sequences' and the
 KV blocks' state: the engine asks it to schedule, to advance a batch that ran, to take
 the sampled tokens, to plan a step launched ahead and to finish a sequence, and only
 reads its block manager. The configuration has one owner too, `live_config`
@@ -36,7 +36,6 @@ from typing import Any
 import torch
 
 from .async_decode import AsyncDecode, InflightStep
-from .async_scheduler import AsyncScheduler
 from .batch_invariant import make_batch_invariant
 from .batch_invariant_graphs import attach_invariant_decode
 from .config import EngineConfig, TunableError
@@ -57,11 +56,12 @@ from .request.slo import RequestSlo
 from .runner_protocol import ModelRunnerProtocol
 from .sampler import NonFiniteLogits, Sampler
 from .sampler import warm_up as warm_up_sampler
-from .scheduler_output import ScheduledSeq
+from .scheduling.async_scheduler import AsyncScheduler
+from .scheduling.scheduler_output import ScheduledSeq
+from .scheduling.ttft_predictor import TtftPredictor
 from .stats import EngineCounters, KVSnapshot, StepStats, decode_weight_bytes, kv_tokens_read
 from .structured_outputs.grammar import StructuredOutputs
 from .text.tokenizer import Tokenizer
-from .ttft_predictor import TtftPredictor
 
 log = logging.getLogger(__name__)
 

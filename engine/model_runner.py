@@ -40,7 +40,7 @@ from .request.prompt_logprobs import PromptLogprobRows
 from .request.prompt_logprobs import plan_rows as plan_prompt_rows
 from .request.prompt_logprobs import score as score_prompt_rows
 from .runner_output import RunnerOutput
-from .scheduler import ScheduledSeq
+from .scheduling.scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
     from .batch_invariant_graphs import InvariantDecodeGraphs

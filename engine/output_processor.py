@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .request.outputs import CompletionOutput, RequestOutput
 from .request.sequence import Request, Sequence, SequenceStatus
-from .scheduler import Scheduler
+from .scheduling.scheduler import Scheduler
 from .stats import EngineCounters, FinishedRequestStats, StepStats
 from .text.tokenizer import Tokenizer
 

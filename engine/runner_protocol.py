@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .fast_path.cuda_graphs import DecodeGraphs
     from .runner_output import RunnerOutput
     from .sampling.logprobs import LogprobLayout
-    from .scheduler_output import ScheduledSeq
+    from .scheduling.scheduler_output import ScheduledSeq
     from .token_readback import PendingTokens, TokenReadback
 
 

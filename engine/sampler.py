@@ -45,7 +45,7 @@ def _apply_mask(logits: torch.Tensor, mask: TokenMask) -> None:
 
 class Sampler:
     """The engine's sampler: its per-slot parameters and the key of its unseeded draws.
-    Rows are identified by slot (engine/sampling/slot_table.py; the scheduler assigns
+    Rows are identified by slot (engine/scheduling/slot_table.py; the scheduler assigns
     them to running sequences)."""
 
     def __init__(self, device: torch.device, vocab: int, eos_token_ids: list[int], seed: int = 0):

@@ -17,7 +17,7 @@ from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
 from inferd.engine.sampler import Sampler, sample
 from inferd.engine.sampling import filters, noise
-from inferd.engine.sampling.slot_table import SlotTable
+from inferd.engine.scheduling.slot_table import SlotTable
 
 VOCAB = 64
 NUM_DRAWS = 12000

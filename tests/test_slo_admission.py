@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from inferd.engine.request.slo import SloClass, SloClasses
+from inferd.engine.scheduling.ttft_predictor import TtftPredictor
 from inferd.engine.server.admission import Admission, AdmissionConfig
 from inferd.engine.server.errors import ApiError
-from inferd.engine.ttft_predictor import TtftPredictor
 
 from server_fixtures import MODEL_NAME, running_server
 

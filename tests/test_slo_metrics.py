@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from inferd.engine.request.slo import SloClass, SloClasses
+from inferd.engine.scheduling.ttft_predictor import TtftPredictor
 from inferd.engine.server.admission import Admission, AdmissionConfig
 from inferd.engine.server.errors import ApiError
 from inferd.engine.server.slo_metrics import AdmissionCollector, SloLogger
 from inferd.engine.stats import FinishedRequestStats
-from inferd.engine.ttft_predictor import TtftPredictor
 
 from server_fixtures import MODEL_NAME, metric_value, running_server, scrape
 

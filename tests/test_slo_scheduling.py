@@ -11,8 +11,8 @@ import pytest
 
 from inferd.engine import EngineConfig, LLMEngine, SamplingParams
 from inferd.engine.request.slo import RequestSlo
+from inferd.engine.scheduling.ttft_predictor import TtftPredictor
 from inferd.engine.stats import FinishedRequestStats, StepStats
-from inferd.engine.ttft_predictor import TtftPredictor
 
 
 def slo(ttft: float | None, tpot: float | None = None, name: str = "interactive") -> RequestSlo:

@@ -1,5 +1,5 @@
-"""Sequence and block state has one writer: the scheduler (engine/scheduler.py and its
-AsyncScheduler, engine/async_scheduler.py), besides the modules that define that state
+"""Sequence and block state has one writer: the scheduler (engine/scheduling/scheduler.py and its
+AsyncScheduler, engine/scheduling/async_scheduler.py), besides the modules that define that state
 (engine/request/sequence.py, engine/kv/block_manager.py) and the scheduler's slot table. Everyone
 else (the engine, AsyncDecode, the output processor, the runners) asks the scheduler.
 
@@ -26,11 +26,11 @@ import pytest
 ENGINE = Path(__file__).resolve().parents[1] / "engine"
 
 OWNERS = {
-    "scheduler.py",
-    "async_scheduler.py",
+    "scheduling/scheduler.py",
+    "scheduling/async_scheduler.py",
     "kv/block_manager.py",
     "request/sequence.py",
-    "sampling/slot_table.py",  # the scheduler's slot table: it sets seq.slot for the scheduler
+    "scheduling/slot_table.py",  # the scheduler's slot table: it sets seq.slot for the scheduler
 }
 EXEMPT = {
     # simulates admission on a BlockManager of its own: no engine, no scheduler, no sequence it shares

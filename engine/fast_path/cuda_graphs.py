@@ -41,7 +41,7 @@ import torch
 from ..kv.block_manager import token_slots
 from ..kv.block_pool import PageAllocator
 from ..memory.device_index import device_index
-from ..scheduler import ScheduledSeq
+from ..scheduling.scheduler import ScheduledSeq
 from .cold_layout import cold_prefix_layout
 
 if TYPE_CHECKING:

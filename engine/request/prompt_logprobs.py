@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ..scheduler import ScheduledSeq
+    from ..scheduling.scheduler import ScheduledSeq
 
 # Rows reduced at once: bounds the float32 log-softmax copy a long chunk would make.
 ROWS_PER_SLICE = 512

@@ -1,6 +1,6 @@
 """Per-request sampling parameters in persistent per-slot tensors on the device.
 
-A sequence's row is its slot (slot_table.py). The row is filled when a new occupant is
+A sequence's row is its slot (scheduling/slot_table.py). The row is filled when a new occupant is
 first seen (its admission to the sampler), from a pinned host mirror in one copy of the
 whole table; a step then gathers the rows of its batch by slot index on the device: no
 parameter tensor is rebuilt from Python lists per step. The per-step inputs are the

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from ..config import check_range
 from ..request.slo import SloClass
-from ..ttft_predictor import TtftPredictor
+from ..scheduling.ttft_predictor import TtftPredictor
 from .errors import ApiError
 
 SHED_DEADLINE, SHED_QUEUE_REQS, SHED_QUEUE_TOKENS = "deadline", "max_num_queued_reqs", "max_num_queued_tokens"

@@ -37,8 +37,8 @@ from ..request.prompt_logprobs import PromptLogprobs
 from ..request.request_validator import RequestValidator
 from ..request.sampling_params import SamplingParams
 from ..request.slo import DEFAULT_CLASS, RequestSlo
+from ..scheduling.ttft_predictor import TtftPredictor
 from ..text.tokenizer import Tokenizer
-from ..ttft_predictor import TtftPredictor
 from .core_dirs import make_core_dir, remove_stale_core_dirs
 from .core_messages import (
     AbortRequests,

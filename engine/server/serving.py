@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse, Response
 from ..request.outputs import CompletionOutput, RequestOutput
 from ..request.sampling_params import SamplingParams
 from ..request.slo import CLASS_NAME, RequestSlo, SloClass, SloClasses, best_effort_seats
+from ..scheduling.ttft_predictor import TtftPredictor
 from ..structured_outputs.limits import StructuredOutputsLimits
 from ..structured_outputs.params import StructuredOutputsParams
 from ..structured_outputs.request import check_constraint
-from ..ttft_predictor import TtftPredictor
 from .admission import Admission, AdmissionConfig
 from .api_models import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from .chat import ChatTemplateError, render_chat, template_messages

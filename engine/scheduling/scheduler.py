@@ -13,7 +13,7 @@ Each step gets a token budget (`max_num_batched_tokens`) and a sequence budget
    then admission stops behind it, so large requests are not starved by small ones.
 
 The order (priorities, aging, SLO tiers: deadline requests first, best effort keeping its
-share of the seats) is engine/request_order.py's. Running sequences keep that order when
+share of the seats) is engine/scheduling/request_order.py's. Running sequences keep that order when
 blocks run out, so a running deadline sequence is never preempted for a best-effort one.
 When every seat is taken and a deadline request waits, the least urgent best-effort running sequence is preempted
 (recompute) so that it is admitted in that step, as long as best effort keeps its share:
@@ -24,7 +24,7 @@ The scheduler owns the state of its sequences and of its BlockManager: nothing e
 writes either. Besides `schedule`, it is told what happened to a step: `advance` (the
 batch ran: its tokens are computed), `update_from_output` (the sampled tokens), `finish`
 (a sequence stopped or was aborted: its blocks are freed). AsyncScheduler
-(engine/async_scheduler.py) adds the decode step launched ahead of the host. The
+(engine/scheduling/async_scheduler.py) adds the decode step launched ahead of the host. The
 configuration is read from its owner (engine/live_config.py) at each use: a run-time
 change of the budgets or the preemption mode applies from the next step.
 """
@@ -34,14 +34,14 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .config import EngineConfig
-from .kv.block_manager import BlockManager, HostResize
-from .live_config import LiveConfig
-from .request.sequence import Sequence, SequenceStatus
-from .request.slo import best_effort_seats
+from ..config import EngineConfig
+from ..kv.block_manager import BlockManager, HostResize
+from ..live_config import LiveConfig
+from ..request.sequence import Sequence, SequenceStatus
+from ..request.slo import best_effort_seats
 from .request_order import admission_order, has_deadline, order
-from .sampling.slot_table import SlotTable
 from .scheduler_output import ScheduledSeq, SchedulerOutput
+from .slot_table import SlotTable
 from .ttft_predictor import TtftPredictor
 
 # ScheduledSeq and SchedulerOutput live in scheduler_output.py; the runners and the fast path import them from here.

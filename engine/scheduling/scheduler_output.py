@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .kv.block_pool import BlockCopy
-from .request.sequence import Sequence
+from ..kv.block_pool import BlockCopy
+from ..request.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ The same class runs in the engine core (the scheduler's slack) and in the API se
 
 from __future__ import annotations
 
-from .stats import StepStats
+from ..stats import StepStats
 
 DEFAULT_ALPHA = 0.2  # weight of the newest step: about the last ten steps count
 

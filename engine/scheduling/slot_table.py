@@ -1,5 +1,5 @@
 """Stable slot ids for running sequences: the row of a sequence in the sampler's
-per-slot tables (slot_params.py) for as long as it runs.
+per-slot tables (sampling/slot_params.py) for as long as it runs.
 
 The scheduler owns the table: a sequence takes a slot when it starts running (admitted
 or swapped in) and gives it back when it stops (preempted, finished or aborted). Free

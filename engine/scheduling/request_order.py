@@ -12,7 +12,7 @@ SLO classes (engine/request/slo.py) split the queue in two tiers: requests with 
 come before best-effort ones, whatever their priorities. Within the deadline tier the
 order is effective priority, then least slack (the deadline less the predicted time to
 compute what is left of the prompt, at the engine's measured prefill rate:
-engine/ttft_predictor.py); within the best-effort tier, effective priority then arrival.
+engine/scheduling/ttft_predictor.py); within the best-effort tier, effective priority then arrival.
 Aging works within a tier and never lifts a best-effort request past a deadline one: under
 sustained overload every best-effort request would age past every newer deadline request
 and the order would become first-come-first-served, so interactive requests would miss.
@@ -24,7 +24,7 @@ deadline request never takes a seat that would leave best effort with fewer.
 
 from __future__ import annotations
 
-from .request.sequence import Sequence
+from ..request.sequence import Sequence
 from .ttft_predictor import TtftPredictor
 
 

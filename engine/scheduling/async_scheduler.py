@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .request.sequence import Sequence, SequenceStatus
-from .sampling.greedy import can_launch_ahead
+from ..request.sequence import Sequence, SequenceStatus
+from ..sampling.greedy import can_launch_ahead
 from .scheduler import Scheduler
 from .scheduler_output import ScheduledSeq
 
