@@ -16,7 +16,7 @@ feeds the next step as a greedy one does; a seeded row's noise and a min_tokens 
 keyed by its output position counting the tokens still in flight, so it draws what the
 synchronous engine draws. The logprobs a row asks for are computed there
 too, from the same raw logits, and come back with the tokens in the same copy
-(token_readback.py). A sequence that turns out to
+(sampling/token_readback.py). A sequence that turns out to
 finish (a stop token) had one extra token computed: its row is dropped, and the K/V
 it wrote lies past the sequence's end, in a block that is freed with it; any later
 use of that block comes after it in stream order. A sequence that will finish by
@@ -43,16 +43,16 @@ from .fast_path.cuda_graphs import is_pure_decode
 from .memory.device_index import device_index
 from .sampling.greedy import can_launch_ahead, plain_greedy
 from .sampling.logprobs import LogprobLayout
+from .sampling.token_readback import PendingTokens, TokenReadback
 from .scheduling.scheduler_output import ScheduledSeq
 from .stats import StepStats, kv_tokens_read
-from .token_readback import PendingTokens, TokenReadback
 
 if TYPE_CHECKING:
     import torch
 
     from .live_config import LiveConfig
     from .runner_protocol import ModelRunnerProtocol
-    from .sampler import Sampler
+    from .sampling.sampler import Sampler
     from .scheduling.async_scheduler import AsyncScheduler
     from .stats import EngineCounters
 

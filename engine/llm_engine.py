@@ -54,8 +54,8 @@ from .request.sampling_params import SamplingParams
 from .request.sequence import Request, Sequence, SequenceStatus
 from .request.slo import RequestSlo
 from .runner_protocol import ModelRunnerProtocol
-from .sampler import NonFiniteLogits, Sampler
-from .sampler import warm_up as warm_up_sampler
+from .sampling.sampler import NonFiniteLogits, Sampler
+from .sampling.sampler import warm_up as warm_up_sampler
 from .scheduling.async_scheduler import AsyncScheduler
 from .scheduling.scheduler_output import ScheduledSeq
 from .scheduling.ttft_predictor import TtftPredictor

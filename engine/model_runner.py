@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .batch_invariant_graphs import InvariantDecodeGraphs
     from .fast_path.cuda_graphs import DecodeGraphs
     from .sampling.logprobs import LogprobLayout
-    from .token_readback import PendingTokens, TokenReadback
+    from .sampling.token_readback import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
 

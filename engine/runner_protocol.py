@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from .fast_path.cuda_graphs import DecodeGraphs
     from .runner_output import RunnerOutput
     from .sampling.logprobs import LogprobLayout
+    from .sampling.token_readback import PendingTokens, TokenReadback
     from .scheduling.scheduler_output import ScheduledSeq
-    from .token_readback import PendingTokens, TokenReadback
 
 
 @runtime_checkable

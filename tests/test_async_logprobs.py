@@ -1,5 +1,5 @@
 """Logprobs of decode steps launched ahead of the host (engine/sampling/logprobs.py,
-engine/token_readback.py): the packed block round-trips through both readers (the
+engine/sampling/token_readback.py): the packed block round-trips through both readers (the
 synchronous sampler's one transfer and a launched step's non-blocking copy), a launched
 step packs what the synchronous sampler returns, and rows asking for logprobs may
 launch ahead while plain greedy still means "no logprobs". On CPU, no kernels.
@@ -15,11 +15,11 @@ import torch
 
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
-from inferd.engine.sampler import NonFiniteLogits, Sampler, _logprob_tensors, _read
 from inferd.engine.sampling.greedy import can_launch_ahead, plain_greedy
 from inferd.engine.sampling.logprobs import LogprobLayout
+from inferd.engine.sampling.sampler import NonFiniteLogits, Sampler, _logprob_tensors, _read
+from inferd.engine.sampling.token_readback import TokenReadback
 from inferd.engine.structured_outputs.params import StructuredOutputsParams
-from inferd.engine.token_readback import TokenReadback
 
 VOCAB = 64
 EOS = [2]

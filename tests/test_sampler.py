@@ -16,8 +16,8 @@ import torch
 
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
-from inferd.engine.sampler import GREEDY_BELOW_TEMPERATURE, Sampler, sample
 from inferd.engine.sampling import noise
+from inferd.engine.sampling.sampler import GREEDY_BELOW_TEMPERATURE, Sampler, sample
 
 VOCAB = 97
 EOS = [3]
@@ -254,7 +254,7 @@ def test_unseeded_rows_follow_the_reference_distribution(spec):
 def test_sampler_warm_up_takes_every_branch(monkeypatch):
     """The start-up warm-up (run on CUDA, where kernels load on first launch) goes through
     the filters, penalties, bias, EOS ban, draw and logprobs."""
-    import inferd.engine.sampler as sampler
+    import inferd.engine.sampling.sampler as sampler
     from inferd.engine.sampling import draw, filters
 
     taken = []

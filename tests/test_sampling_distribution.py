@@ -15,8 +15,8 @@ from scipy.stats import chisquare
 
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
-from inferd.engine.sampler import Sampler, sample
 from inferd.engine.sampling import filters, noise
+from inferd.engine.sampling.sampler import Sampler, sample
 from inferd.engine.scheduling.slot_table import SlotTable
 
 VOCAB = 64

@@ -13,7 +13,7 @@ import torch
 
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
-from inferd.engine.sampler import Sampler
+from inferd.engine.sampling.sampler import Sampler
 
 pytestmark = [
     pytest.mark.gpu,

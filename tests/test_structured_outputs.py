@@ -30,8 +30,8 @@ import torch
 
 from inferd.engine import LLM, SamplingParams
 from inferd.engine.request.sequence import Sequence
-from inferd.engine.sampler import sample
 from inferd.engine.sampling.greedy import plain_greedy
+from inferd.engine.sampling.sampler import sample
 from inferd.engine.structured_outputs.compiler import GrammarCompiler
 from inferd.engine.structured_outputs.grammar import StructuredOutputs, TokenMask, build_grammar
 from inferd.engine.structured_outputs.params import StructuredOutputsParams, check_logit_bias

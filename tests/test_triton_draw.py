@@ -10,9 +10,9 @@ import torch
 
 from inferd.engine.request.sampling_params import SamplingParams
 from inferd.engine.request.sequence import Sequence
-from inferd.engine.sampler import sample
 from inferd.engine.sampling import filters, noise, triton_draw
 from inferd.engine.sampling.draw import draw_reference
+from inferd.engine.sampling.sampler import sample
 from inferd.engine.sampling.slot_params import as_int64
 from inferd.engine.sampling.triton_draw import CHUNK, FAN, draw_tokens, passes_for, top_p_threshold, uniform_bits
 

@@ -2,7 +2,7 @@
 the chosen token ids (B integers), not of the [B, vocab] logits.
 
 Only when every sequence is plain greedy (engine/sampling/greedy.py); otherwise the
-caller runs the sampler (engine/sampler.py), on the device too.
+caller runs the sampler (engine/sampling/sampler.py), on the device too.
 """
 
 from __future__ import annotations

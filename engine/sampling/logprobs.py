@@ -8,8 +8,8 @@ once, k the largest N asked for.
 They ride in the int64 answer that carries the step's tokens, after them: the float64
 values bit for bit (a dtype view, no conversion), then the top ids. The layout is known
 on the host before the step runs, from the rows' parameters alone. Two readers share
-it: the synchronous sampler (engine/sampler.py, one blocking transfer) and a step
-launched ahead of the host (engine/token_readback.py, one non-blocking copy).
+it: the synchronous sampler (engine/sampling/sampler.py, one blocking transfer) and a step
+launched ahead of the host (engine/sampling/token_readback.py, one non-blocking copy).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling.logprobs import LogprobLayout
+from .logprobs import LogprobLayout
 
 
 class TokenReadback:

@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from .request.sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
-from .request.sequence import Sequence
-from .sampling.draw import draw, noise_streams
-from .sampling.greedy import plain_greedy
-from .sampling.logprobs import LogprobLayout
-from .sampling.penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
-from .sampling.slot_params import SamplingSlots, SlotBatch, as_int64
-from .structured_outputs.grammar import TokenMask
+from ..request.sampling_params import GREEDY_BELOW_TEMPERATURE, SamplingParams
+from ..request.sequence import Sequence
+from ..structured_outputs.grammar import TokenMask
+from .draw import draw, noise_streams
+from .greedy import plain_greedy
+from .logprobs import LogprobLayout
+from .penalties import add_logit_bias, apply_penalties, ban_until_min_tokens
+from .slot_params import SamplingSlots, SlotBatch, as_int64
 from .token_readback import unpack_answer
 
 __all__ = ["GREEDY_BELOW_TEMPERATURE", "NonFiniteLogits", "Sampler", "sample", "warm_up"]
