@@ -308,7 +308,11 @@ DEFAULT_RULES: dict[str, Rule] = {
     r.alert: r
     for r in (
         Rule("InferdKVCacheThrashing", "lower_max_num_seqs", "config", (_lower_seqs, _cold_kv), _FAULTS),
-        Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _TTFT, uses_facts=True),
+        # Capacity steps stay (restore=False): their alert resolves because the step worked,
+        # while the load that needed it is usually still there. In the few_seats scenario
+        # 2 seats came back 10 minutes (scaled) after the alert resolved, mid-shift, and
+        # the breach was back within seconds.
+        Rule("InferdTTFTSLOBreach", "ttft", "config", (_ttft,), _TTFT, uses_facts=True, restore=False),
         Rule(
             "InferdGPUUnderutilizedWithQueue",
             "raise_batch",
@@ -318,6 +322,7 @@ DEFAULT_RULES: dict[str, Rule] = {
             better="higher",
             uses_facts=True,
             labels_name_engine=False,
+            restore=False,
         ),
         Rule(
             "InferdNUMARemoteMemoryHigh",

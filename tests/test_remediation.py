@@ -195,15 +195,16 @@ def test_no_repeat_while_verifying_and_skipped_alerts_wait_for_their_turn(engine
         {"max_num_seqs": 36},
     ]
     # A deferred alert that resolves is dropped; once resolved for restore_after_s, the
-    # values the episodes changed go back (the second thrash episode kept the first's original).
+    # values the thrash episodes changed go back (the second kept the first's original);
+    # the TTFT rule's capacity step stays (its rule does not restore)
     assert policy.handle(firing(fingerprint="a3"))["result"] == "skipped_verifying"
     policy.handle(firing(fingerprint="a3", status="resolved"))
     clock.advance(100)
     policy.tick()
     clock.advance(1000)
     policy.tick()
-    assert [c["body"] for c in engine.changes][3:] == [{"max_num_batched_tokens": 2048}, {"max_num_seqs": 64}]
-    assert policy.in_force == {}
+    assert [c["body"] for c in engine.changes][3:] == [{"max_num_seqs": 64}]
+    assert policy.in_force == {"max_num_batched_tokens": 2560}
 
 
 def test_verification_that_sees_the_metric_worsen_rolls_back(engine, prom, audit_path, clock):
