@@ -15,7 +15,7 @@ from inferd.engine.server.app import ServerSettings
 from inferd.engine.server.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
 from inferd.engine.server.cli import add_arguments, default_model_dir, engine_config_from_args, ensure_default_model
 from inferd.engine.server.metrics import build_1_2_5_buckets
-from inferd.engine.server.serving import streamable_text
+from inferd.engine.server.stream_chunks import streamable_text
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,8 @@ def test_long_text_prompts_are_tokenized_off_the_event_loop():
     import asyncio
     import threading
 
-    from inferd.engine.server.serving import TOKENIZE_IN_THREAD_CHARS, OpenAIServing
+    from inferd.engine.server.prompt_encoding import TOKENIZE_IN_THREAD_CHARS
+    from inferd.engine.server.serving import OpenAIServing
 
     threads = {}
 

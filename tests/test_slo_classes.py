@@ -14,7 +14,8 @@ from inferd.engine.request.slo import RequestSlo, SloClass, SloClasses, load_slo
 from inferd.engine.server.api_models import CompletionRequest
 from inferd.engine.server.cli import add_arguments, slo_classes_from_args
 from inferd.engine.server.errors import ApiError
-from inferd.engine.server.serving import OpenAIServing, _Prompt
+from inferd.engine.server.job import Prompt
+from inferd.engine.server.serving import OpenAIServing
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -150,10 +151,10 @@ def test_priority_field_wins_over_the_class_priority():
     s = serving()
     interactive = s.slo_classes.get("interactive")
     params = CompletionRequest(prompt="x").sampling_params(4, None)
-    job = s._job(CompletionRequest(prompt="x"), interactive, [_Prompt("x", [1])], params, chat=False)
+    job = s._job(CompletionRequest(prompt="x"), interactive, [Prompt("x", [1])], params, chat=False)
     assert job.priority == -3
-    job = s._job(CompletionRequest(prompt="x", priority=0), interactive, [_Prompt("x", [1])], params, chat=False)
+    job = s._job(CompletionRequest(prompt="x", priority=0), interactive, [Prompt("x", [1])], params, chat=False)
     assert job.priority == 0  # sent explicitly, even the default value
     plain = OpenAIServing(_Engine(), "m")  # type: ignore[arg-type]
-    job = plain._job(CompletionRequest(prompt="x"), plain.slo_classes.get(None), [_Prompt("x", [1])], params, False)
+    job = plain._job(CompletionRequest(prompt="x"), plain.slo_classes.get(None), [Prompt("x", [1])], params, False)
     assert job.priority == 0
