@@ -65,7 +65,7 @@ def test_components_use_the_files_compose_mounts(tmp_path):
 def test_a_user_who_may_not_write_etc_gets_the_webhook_token_in_the_run_directory(tmp_path, monkeypatch):
     if not (shutil.which("prometheus") and shutil.which("prometheus-alertmanager")):
         pytest.skip("prometheus / prometheus-alertmanager not installed (Debian packages)")
-    monkeypatch.setattr(stack, "_usable", lambda path: False)  # as for a user who cannot create /etc/inferd
+    monkeypatch.setattr(stack.tokens, "_usable", lambda path: False)  # as for a user who cannot create /etc/inferd
     wanted, _ = stack.components(stack.StackConfig(run_dir=tmp_path))
     by_name = {c.name: c for c in wanted}
     assert f"--config.file={tmp_path / 'alertmanager.yml'}" in by_name["alertmanager"].argv
