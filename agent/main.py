@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"remediation: {exc}") from None
             state.extra["remediation"] = kube.node.remediation
             state.collectors.add(kube.collector)
-            routers = [make_webhook_router(kube.node.remediation, args.webhook_token_file)]
+            routers = [make_webhook_router(state, kube.node.remediation, args.webhook_token_file)]
         else:
             try:
                 routers = load_extra_routers(state, log=log.warning)

@@ -2,7 +2,9 @@
 
 `make_router(state)` is the hook agent.server mounts: it builds the remediation
 policy from the agent's arguments (`add_arguments` adds them), registers its metrics
-and starts its clock. `make_webhook_router(policy, token_file)` is the router itself.
+and starts its clock. `make_webhook_router(state, policy, token_file)` puts the policy
+and the token on the agent's state and returns the routes, which read them from there
+(`request.app.state.agent`), as agent.server's routes read theirs.
 The webhook takes Alertmanager's version-4 payload only with the bearer token from
 `token_file` (re-read when the file changes; compared in constant time; the `Bearer`
 scheme in any case, RFC 7235): 401 for a missing or wrong token, 413 for a body over
@@ -21,8 +23,9 @@ import json
 import logging
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
@@ -30,6 +33,9 @@ from starlette.concurrency import run_in_threadpool
 
 from inferd.agent.audit import AuditLog, AuditLogConfig, AuditWriteError
 from inferd.agent.remediation import Alert, PolicyConfig, RemediationPolicy
+
+if TYPE_CHECKING:
+    from inferd.agent.server import AgentState
 
 log = logging.getLogger(__name__)
 
@@ -226,68 +232,90 @@ class AlertHandler(Protocol):
     def handle(self, alert: Alert) -> dict[str, Any]: ...
 
 
-def make_webhook_router(policy: AlertHandler, token_file: str | os.PathLike | None) -> APIRouter:
-    token = TokenFile(token_file)
-    router = APIRouter()
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """What the routes read from the app's state (`agent.extra["webhook"]`): the policy
+    the alerts go to and the token a call must carry."""
 
-    @router.post("/v1/alerts", **_ALERTS_DOC)
-    async def receive_alerts(request: Request):
-        if not token.matches(request.headers.get("authorization")):
-            log.warning(
-                "webhook call from %s with a missing or wrong token; refused",
-                request.client.host if request.client else "?",
-            )
-            return JSONResponse(
-                {"error": "missing or wrong bearer token"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
-            )
-        raw = await _read_body(request, MAX_BODY_BYTES)
-        if raw is None:
-            return JSONResponse(
-                {"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413, headers={"Connection": "close"}
-            )
+    policy: AlertHandler
+    token: TokenFile
+
+
+def _webhook(request: Request) -> Webhook:
+    return request.app.state.agent.extra["webhook"]
+
+
+# The routes read the app's `agent` (an AgentState) as agent.server's do; make_webhook_router
+# puts the Webhook there.
+router = APIRouter()
+
+
+@router.post("/v1/alerts", **_ALERTS_DOC)
+async def receive_alerts(request: Request):
+    webhook = _webhook(request)
+    if not webhook.token.matches(request.headers.get("authorization")):
+        log.warning(
+            "webhook call from %s with a missing or wrong token; refused",
+            request.client.host if request.client else "?",
+        )
+        return JSONResponse(
+            {"error": "missing or wrong bearer token"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+    raw = await _read_body(request, MAX_BODY_BYTES)
+    if raw is None:
+        return JSONResponse(
+            {"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413, headers={"Connection": "close"}
+        )
+    try:
+        alerts = parse_notification(json.loads(raw))
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: nested too deep.
+    except (ValueError, PayloadError, RecursionError) as exc:
+        return JSONResponse({"error": f"malformed Alertmanager payload: {exc}"}, status_code=400)
+    results = []
+    for index, alert in enumerate(alerts):
         try:
-            alerts = parse_notification(json.loads(raw))
-        # JSONDecodeError and UnicodeDecodeError are ValueErrors; RecursionError: nested too deep.
-        except (ValueError, PayloadError, RecursionError) as exc:
-            return JSONResponse({"error": f"malformed Alertmanager payload: {exc}"}, status_code=400)
-        results = []
-        for index, alert in enumerate(alerts):
-            try:
-                results.append(await run_in_threadpool(policy.handle, alert))
-            except AuditWriteError as exc:
-                log.error("alert %s not handled: %s", alert.name, exc)
-                before = " (the ones before it were)" if index else ""
-                return JSONResponse(
-                    {"error": f"{exc}; alerts[{index}] and any after it were not handled{before}"},
-                    status_code=503,
-                    headers={"Retry-After": str(AUDIT_RETRY_AFTER_S)},
-                )
-        return JSONResponse({"results": results})
+            results.append(await run_in_threadpool(webhook.policy.handle, alert))
+        except AuditWriteError as exc:
+            log.error("alert %s not handled: %s", alert.name, exc)
+            before = " (the ones before it were)" if index else ""
+            return JSONResponse(
+                {"error": f"{exc}; alerts[{index}] and any after it were not handled{before}"},
+                status_code=503,
+                headers={"Retry-After": str(AUDIT_RETRY_AFTER_S)},
+            )
+    return JSONResponse({"results": results})
 
-    @router.get(
-        "/v1/actions",
-        responses={
-            200: {
-                "description": "the audit log's last records (kept in memory)",
-                "content": {"application/json": {"schema": _ACTIONS}},
-            },
-            422: {"description": "limit is not an integer in [0, 100000]"},
-            503: {"description": "the audit log cannot be read"},
+
+@router.get(
+    "/v1/actions",
+    responses={
+        200: {
+            "description": "the audit log's last records (kept in memory)",
+            "content": {"application/json": {"schema": _ACTIONS}},
         },
-    )
-    def list_actions(limit: int = Query(200, ge=0, le=100_000)):
-        """The audit log, oldest first (the last `limit` records kept in memory; 0 for all of them)."""
-        try:
-            records = policy.audit.tail(limit)
-        except OSError as exc:
-            raise HTTPException(status_code=503, detail=f"audit log unreadable: {exc}") from exc
-        return {
-            "records": records,
-            "verifying": policy.verifying,
-            "dry_run": policy.config.dry_run,
-            "unreadable_lines": policy.audit.unreadable_lines,
-        }
+        422: {"description": "limit is not an integer in [0, 100000]"},
+        503: {"description": "the audit log cannot be read"},
+    },
+)
+def list_actions(request: Request, limit: int = Query(200, ge=0, le=100_000)):
+    """The audit log, oldest first (the last `limit` records kept in memory; 0 for all of them)."""
+    policy = _webhook(request).policy
+    try:
+        records = policy.audit.tail(limit)
+    except OSError as exc:
+        raise HTTPException(status_code=503, detail=f"audit log unreadable: {exc}") from exc
+    return {
+        "records": records,
+        "verifying": policy.verifying,
+        "dry_run": policy.config.dry_run,
+        "unreadable_lines": policy.audit.unreadable_lines,
+    }
 
+
+def make_webhook_router(state: AgentState, policy: AlertHandler, token_file: str | os.PathLike | None) -> APIRouter:
+    """The webhook's routes, with `policy` and the token in `token_file` put on `state` for
+    them; the token file is read now, so a missing one fails at start-up."""
+    state.extra["webhook"] = Webhook(policy, TokenFile(token_file))
     return router
 
 
@@ -378,7 +406,7 @@ def build_policy(args: argparse.Namespace, engine_url: str | None, supervisor=No
     return RemediationPolicy(engine, audit, config, PrometheusClient(args.prometheus_url), host=host)
 
 
-def make_router(state: Any) -> APIRouter:
+def make_router(state: AgentState) -> APIRouter:
     """The hook agent.server mounts: the policy from the agent's arguments, and its clock.
     Its metrics are the `remediation` collector's (agent.collectors.remediation), built
     from `state.extra["remediation"]` once this has run."""
@@ -390,4 +418,4 @@ def make_router(state: Any) -> APIRouter:
     if token_file is None:
         log.warning("no --webhook-token-file: /v1/alerts refuses every call")
     log.info("remediation: audit log %s%s", policy.audit.path, " (dry run)" if policy.config.dry_run else "")
-    return make_webhook_router(policy, token_file)
+    return make_webhook_router(state, policy, token_file)

@@ -221,7 +221,8 @@ def agent(tmp_path):
     def start(**audit_settings) -> TestClient:
         audit = AuditLog(audit_path, clock, AuditLogConfig(**audit_settings))
         policy = RemediationPolicy(EngineClient(engine.url, ADMIN_TOKEN), audit, PolicyConfig(), clock=clock)
-        app = create_app(AgentState.with_collectors([]), [make_webhook_router(policy, token_file)])
+        state = AgentState.with_collectors([])
+        app = create_app(state, [make_webhook_router(state, policy, token_file)])
         return TestClient(app)
 
     yield engine, start, audit_path

@@ -103,10 +103,8 @@ def cluster(tmp_path):
         )
         assembly = build(args)
         built.append(assembly)
-        app = create_app(
-            AgentState.with_collectors([assembly.collector]),
-            [make_webhook_router(assembly.node.remediation, tmp_path / "webhook-token")],
-        )
+        state = AgentState.with_collectors([assembly.collector])
+        app = create_app(state, [make_webhook_router(state, assembly.node.remediation, tmp_path / "webhook-token")])
         return assembly.node, TestClient(app)
 
     yield api, engines, agent

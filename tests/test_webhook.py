@@ -38,7 +38,8 @@ def setup(tmp_path):
             clock=clock,
         )
         # The agent's app, as agent.main builds it: its error handlers are part of what is tested.
-        app = create_app(AgentState.with_collectors([]), [make_webhook_router(policy, token_file)])
+        state = AgentState.with_collectors([])
+        app = create_app(state, [make_webhook_router(state, policy, token_file)])
         return TestClient(app), policy
 
     yield engine, make_client, token_file, audit_path
@@ -364,7 +365,7 @@ def test_missing_token_file_fails_at_start(tmp_path, setup):
     _, _, _, audit_path = setup
     policy = RemediationPolicy(None, AuditLog(audit_path))
     with pytest.raises(FileNotFoundError):
-        make_webhook_router(policy, tmp_path / "nope")
+        make_webhook_router(AgentState.with_collectors([]), policy, tmp_path / "nope")
 
 
 def test_parse_notification_reads_every_alert():
