@@ -96,9 +96,9 @@ class EngineConfig:
     """fast (custom kernels where available) or fallback (portable torch path only)."""
     async_scheduling: bool = True
     """On the fast path, launch each greedy decode step before the host has read the previous
-    step's tokens, so the host's output work overlaps the GPU (engine/async_decode.py)."""
+    step's tokens, so the host's output work overlaps the GPU (engine/runner/async_decode.py)."""
     deterministic: bool = False
-    """Batch-invariant forward (engine/batch_invariant.py): a request's greedy and seeded
+    """Batch-invariant forward (engine/runner/batch_invariant.py): a request's greedy and seeded
     outputs are bitwise the same alone and in any batch, at a cost in speed (no fast path)."""
     tensor_parallel_size: int = 1
     """GPUs one model is split across [1, 8] (engine/parallel): cuda:N.. of `device`, one worker

@@ -35,9 +35,6 @@ from typing import Any
 
 import torch
 
-from .async_decode import AsyncDecode, InflightStep
-from .batch_invariant import make_batch_invariant
-from .batch_invariant_graphs import attach_invariant_decode
 from .config import EngineConfig, TunableError
 from .fast_path import attach_fast_path
 from .kv.block_manager import BlockManager
@@ -45,7 +42,6 @@ from .kv.kv_cache import KVCache, KVShape
 from .live_config import LiveConfig
 from .memory.numa_memory import available_host_bytes, device_numa_node
 from .model.loader import load_model, resolve_dtype
-from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
 from .request.outputs import RequestOutput
 from .request.prompt_logprobs import record as record_prompt_logprobs
@@ -53,7 +49,11 @@ from .request.request_validator import RequestLimits, RequestValidator
 from .request.sampling_params import SamplingParams
 from .request.sequence import Request, Sequence, SequenceStatus
 from .request.slo import RequestSlo
-from .runner_protocol import ModelRunnerProtocol
+from .runner.async_decode import AsyncDecode, InflightStep
+from .runner.batch_invariant import make_batch_invariant
+from .runner.batch_invariant_graphs import attach_invariant_decode
+from .runner.model_runner import ModelRunner
+from .runner.runner_protocol import ModelRunnerProtocol
 from .sampling.sampler import NonFiniteLogits, Sampler
 from .sampling.sampler import warm_up as warm_up_sampler
 from .scheduling.async_scheduler import AsyncScheduler

@@ -528,7 +528,7 @@ def check_mixed_prompts_after_prefix(model_dir, model, slow, vocab, slow_logits,
     (INFERD_FASTPATH_STRICT: a bug in our launch code raises and fails this section instead
     of running portable), never leaving it; each against the portable path on its prompt."""
     from inferd.engine.bench.gpu_harness import new_engine, prompts
-    from inferd.engine.fastpath_faults import STRICT_ENV
+    from inferd.engine.runner.fastpath_faults import STRICT_ENV
 
     cuda = DEVICE == "cuda"
     engine = new_engine(

@@ -81,7 +81,7 @@ def tiny_model(model_factory) -> str:
 @pytest.fixture
 def strict_fast_path(monkeypatch):
     """Fast-path exceptions propagate instead of sending the step to the portable path
-    (engine/fastpath_faults.py): a bug in our launch code fails the test that meets it."""
-    from inferd.engine.fastpath_faults import STRICT_ENV
+    (engine/runner/fastpath_faults.py): a bug in our launch code fails the test that meets it."""
+    from inferd.engine.runner.fastpath_faults import STRICT_ENV
 
     monkeypatch.setenv(STRICT_ENV, "1")

@@ -1,4 +1,4 @@
-"""Async scheduling (engine/async_decode.py): decode steps launched before the host has
+"""Async scheduling (engine/runner/async_decode.py): decode steps launched before the host has
 read the previous step's tokens give exactly the tokens of synchronous steps, through
 stops mid-batch, length limits, arrivals, aborts, cold KV and a non-finite step.
 

@@ -1,4 +1,4 @@
-"""Deterministic mode's decode graphs (engine/batch_invariant_graphs.py): padded decode
+"""Deterministic mode's decode graphs (engine/runner/batch_invariant_graphs.py): padded decode
 steps, run here eagerly on the CPU (CUDA graphs need a GPU; the GPU run is
 scripts/gpu_fastpath_check.py's and the deterministic benchmark's), give every request
 bitwise the tokens, logprobs and K/V of the plain deterministic engine."""
@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from inferd.engine import LLM, SamplingParams
-from inferd.engine.batch_invariant_graphs import InvariantDecodeGraphs, attach_invariant_decode, copies_of_first_row
 from inferd.engine.fast_path.cuda_graphs import DecodeInputs
+from inferd.engine.runner.batch_invariant_graphs import (
+    InvariantDecodeGraphs,
+    attach_invariant_decode,
+    copies_of_first_row,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=12, ignore_eos=True, logprobs=2)

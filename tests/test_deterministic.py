@@ -1,4 +1,4 @@
-"""Deterministic mode (engine/batch_invariant.py): a request's outputs alone and inside a
+"""Deterministic mode (engine/runner/batch_invariant.py): a request's outputs alone and inside a
 busy batch, with chunked prefill and prefix-cache hits, are bitwise the same."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from inferd.engine import LLM, EngineConfig, SamplingParams
-from inferd.engine.batch_invariant import ROW_TILE, _token_rows_on_device, invariant_attention, tiled
 from inferd.engine.fast_path.availability import has_triton
 from inferd.engine.model.attention import AttentionMetadata, paged_attention
+from inferd.engine.runner.batch_invariant import ROW_TILE, _token_rows_on_device, invariant_attention, tiled
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True, logprobs=2)
@@ -77,7 +77,7 @@ def test_fused_invariant_steps_alone_and_in_a_busy_batch(tiny_model):
     """The GPU's steps (fused row kernels, split invariant matmul) under Triton's
     interpreter: bitwise the same alone and in the busy batch, and the torch steps'
     outputs to rounding."""
-    from inferd.engine.batch_invariant_fused import FusedInvariantOps
+    from inferd.engine.runner.batch_invariant_fused import FusedInvariantOps
 
     alone, busy = alone_and_busy(tiny_model, "float32", True, FusedInvariantOps, requests=3, noise_count=4)
     assert busy == alone

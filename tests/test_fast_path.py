@@ -19,8 +19,8 @@ from inferd.engine.fast_path import GRAPH_LADDER, attach_fast_path, graph_batch_
 from inferd.engine.fast_path.cuda_graphs import PAD_SLOT, DecodeGraphs, DecodeInputs, is_pure_decode
 from inferd.engine.fast_path.gpu_sampling import can_sample_greedy_on_device
 from inferd.engine.fast_path.greedy_head import greedy_with_flag_reference
-from inferd.engine.runner_output import RunnerOutput
-from inferd.engine.runner_protocol import ModelRunnerProtocol
+from inferd.engine.runner.runner_output import RunnerOutput
+from inferd.engine.runner.runner_protocol import ModelRunnerProtocol
 
 from attention_reference import reference_attention
 
@@ -183,7 +183,7 @@ def test_greedy_decode_reads_tokens_and_finiteness_in_one_transfer(tiny_model, m
     """On the fast decode path a plain-greedy step's tokens come back together with the
     non-finite check (one host synchronisation); a non-finite step still falls back and
     every request gets the portable path's tokens."""
-    import inferd.engine.model_runner as model_runner
+    import inferd.engine.runner.model_runner as model_runner
 
     def greedy_anywhere(logits, seqs):  # the real check also demands CUDA logits
         return all(s.params.is_greedy and s.params.logprobs is None for s in seqs)

@@ -27,8 +27,8 @@ from inferd.engine.fast_path import has_triton
 from inferd.engine.fast_path.cuda_graphs import DecodeGraphs, is_pure_decode
 from inferd.engine.fast_path.greedy_head import greedy_with_flag_reference
 from inferd.engine.fast_path.launch_shape import next_power_of_2
-from inferd.engine.fastpath_faults import is_launch_bug
-from inferd.engine.model_runner import FastPathError
+from inferd.engine.runner.fastpath_faults import is_launch_bug
+from inferd.engine.runner.model_runner import FastPathError
 
 from attention_reference import reference_attention
 

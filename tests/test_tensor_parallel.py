@@ -28,7 +28,7 @@ from inferd.engine.parallel import (
     split_dim,
 )
 from inferd.engine.parallel.sharding import read_shards
-from inferd.engine.runner_protocol import ModelRunnerProtocol
+from inferd.engine.runner.runner_protocol import ModelRunnerProtocol
 
 HANG_GUARD_S = 120  # a hung engine fails the test instead of the whole run
 

@@ -15,7 +15,7 @@ from .availability import has_triton, unavailable_reason
 from .cuda_graphs import GRAPH_LADDER, graph_batch_size, is_pure_decode
 
 if TYPE_CHECKING:
-    from ..model_runner import ModelRunner
+    from ..runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 

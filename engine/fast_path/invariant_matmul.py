@@ -1,5 +1,5 @@
 """A matrix product whose every output row is computed the same way whatever the number
-of rows: deterministic mode's projections on the GPU (engine/batch_invariant.py).
+of rows: deterministic mode's projections on the GPU (engine/runner/batch_invariant.py).
 
 cuBLAS picks its kernel, tile shape and split-K from the whole problem's shape, so one
 row of x @ W.T can round differently in a batch of 1 and in a batch of 200. Here one
@@ -60,10 +60,25 @@ if has_triton():
     import triton.language as tl
 
     @triton.jit
-    def _invariant_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k_per_split,
-                                 stride_xm, stride_wn, stride_om, stride_os,
-                                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _invariant_matmul_kernel(
+        x_ptr,
+        w_ptr,
+        bias_ptr,
+        out_ptr,
+        M,
+        N,
+        K,
+        k_per_split,
+        stride_xm,
+        stride_wn,
+        stride_om,
+        stride_os,
+        HAS_BIAS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
         """Program (m, n, s): the tile's sum over K part s. Unsplit (SPLIT False) it adds
         the bias and stores in out's dtype; split, it stores the fp32 partial at
         out_ptr + s * stride_os for _sum_parts_kernel."""
@@ -82,10 +97,16 @@ if has_triton():
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
             k = k0 + ks
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :],
-                        mask=(rows[:, None] < M) & (k[None, :] < k_end), other=0.0)
-            w = tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None],
-                        mask=(cols[None, :] < N) & (k[:, None] < k_end), other=0.0)
+            x = tl.load(
+                x_ptr + rows[:, None] * stride_xm + k[None, :],
+                mask=(rows[:, None] < M) & (k[None, :] < k_end),
+                other=0.0,
+            )
+            w = tl.load(
+                w_ptr + cols[None, :] * stride_wn + k[:, None],
+                mask=(cols[None, :] < N) & (k[:, None] < k_end),
+                other=0.0,
+            )
             acc = tl.dot(x, w, acc)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
         if SPLIT:
@@ -93,12 +114,21 @@ if has_triton():
         else:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _sum_parts_kernel(part_ptr, bias_ptr, out_ptr, N, stride_ps, stride_pm, stride_om,
-                          PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    def _sum_parts_kernel(
+        part_ptr,
+        bias_ptr,
+        out_ptr,
+        N,
+        stride_ps,
+        stride_pm,
+        stride_om,
+        PARTS: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         """Row m's outputs: the K parts' fp32 sums added in part order, then the bias."""
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -142,17 +172,55 @@ def invariant_linear(
     bias_arg = bias if bias is not None else x
     if split_k == 1:
         _invariant_matmul_kernel[grid](
-            x, weight, bias_arg, out, m, n, k, k_per_split, x.stride(0), weight.stride(0), out.stride(0), 0,
-            HAS_BIAS=bias is not None, SPLIT=False, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+            x,
+            weight,
+            bias_arg,
+            out,
+            m,
+            n,
+            k,
+            k_per_split,
+            x.stride(0),
+            weight.stride(0),
+            out.stride(0),
+            0,
+            HAS_BIAS=bias is not None,
+            SPLIT=False,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=block_n,
+            BLOCK_K=BLOCK_K,
         )
         return out
     parts = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     _invariant_matmul_kernel[grid](
-        x, weight, bias_arg, parts, m, n, k, k_per_split, x.stride(0), weight.stride(0), parts.stride(1),
-        parts.stride(0), HAS_BIAS=False, SPLIT=True, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+        x,
+        weight,
+        bias_arg,
+        parts,
+        m,
+        n,
+        k,
+        k_per_split,
+        x.stride(0),
+        weight.stride(0),
+        parts.stride(1),
+        parts.stride(0),
+        HAS_BIAS=False,
+        SPLIT=True,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n,
+        BLOCK_K=BLOCK_K,
     )
     _sum_parts_kernel[(m, cdiv(n, REDUCE_BLOCK))](
-        parts, bias_arg, out, n, parts.stride(0), parts.stride(1), out.stride(0),
-        PARTS=split_k, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK,
+        parts,
+        bias_arg,
+        out,
+        n,
+        parts.stride(0),
+        parts.stride(1),
+        out.stride(0),
+        PARTS=split_k,
+        HAS_BIAS=bias is not None,
+        BLOCK=REDUCE_BLOCK,
     )
     return out

@@ -177,7 +177,7 @@ class LlamaModel(nn.Module):
     """Weights are named as in Hugging Face checkpoints (model.layers.N..., lm_head)."""
 
     _fused_projections: list[FusedProjections]  # set only once the fast path fuses the model
-    # What forward() runs unless told otherwise; deterministic mode (batch_invariant.py)
+    # What forward() runs unless told otherwise; deterministic mode (runner/batch_invariant.py)
     # replaces all three with its batch-invariant steps.
     step_ops: type[LayerOps] = LayerOps
     attention_override: Callable[..., torch.Tensor] | None = None

@@ -41,8 +41,8 @@ from ..kv.block_pool import BlockCopy, BlockLocation
 from ..kv.kv_cache import ColdLayer, KVCache
 from ..model.attention import paged_attention
 from ..model.model_config import ModelConfig
-from ..model_runner import FastPathError, ModelRunner
-from ..runner_output import RunnerOutput
+from ..runner.model_runner import FastPathError, ModelRunner
+from ..runner.runner_output import RunnerOutput
 from .shard_step import meta_to, run_shard
 from .sharded_model import ShardedLlamaModel, load_sharded_model
 from .sharding import ShardSpec, check_divisible

@@ -5,7 +5,7 @@ A row is greedy when its temperature is below GREEDY_BELOW_TEMPERATURE
 (SamplingParams.is_greedy). It is *plain* greedy when, besides, its token is the argmax of
 the raw logits: nothing is added to them (penalties, logit bias, a grammar mask, a
 min_tokens ban) and no logprobs are asked for. Only plain greedy rows may skip the sampler.
-Every row without a grammar may launch ahead (async_decode.py): its token needs the logits
+Every row without a grammar may launch ahead (runner/async_decode.py): its token needs the logits
 and its slot's device state only (parameters, bias, penalty counts; sampling/slot_params.py),
 and its logprobs are the raw logits' (sampling/logprobs.py), computed beside it.
 """

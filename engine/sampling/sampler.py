@@ -80,7 +80,7 @@ class Sampler:
     def draw_ahead(self, logits: torch.Tensor, seqs: list[Sequence], pending: int) -> torch.Tensor:
         """[B] int64 tokens on the device, then the logprobs of the rows asking for them
         (sampling/logprobs.py, LogprobLayout.of the rows' `logprobs`), read nothing: for a
-        step launched ahead of the host (engine/async_decode.py), whose rows need no grammar
+        step launched ahead of the host (engine/runner/async_decode.py), whose rows need no grammar
         (sampling/greedy.py can_launch_ahead), with `pending` tokens not appended yet."""
         raw = logits.float()
         batch = self.slots.gather(seqs, [_slot_of(s) for s in seqs], pending)

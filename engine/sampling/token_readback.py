@@ -1,6 +1,6 @@
 """A decode step's tokens on their way from the device to the host.
 
-A decode step launched ahead of the host (engine/async_decode.py) leaves its answer on
+A decode step launched ahead of the host (engine/runner/async_decode.py) leaves its answer on
 the device, packed in one int64 tensor: the finiteness flag and the greedy tokens from
 the step's graph (fast_path/greedy_head.py), or the sampler's tokens in their place
 (Sampler.draw_ahead), followed by the logprobs of the rows asking for them

@@ -1,7 +1,7 @@
 """The scheduler's part in async scheduling (vLLM V1's AsyncScheduler, in small).
 
 With a decode step launched and its tokens still on the device, AsyncDecode
-(engine/async_decode.py) launches the step after it, fed by those tokens, only when
+(engine/runner/async_decode.py) launches the step after it, fed by those tokens, only when
 `schedule` would have chosen exactly that batch: nothing waiting or swapped out, every
 running sequence in the step, no row with a grammar (its allowed tokens follow the host's
 matcher), the token budget and a free block for each row's next position. Then

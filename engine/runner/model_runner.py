@@ -1,18 +1,18 @@
 """Runs the model on one scheduled batch: inputs, attention metadata, forward, logits.
 
 In: the scheduler's batch (ScheduledSeq: a sequence and how many of its tokens to
-compute now). Out: a RunnerOutput (engine/runner_output.py), all the engine reads of
+compute now). Out: a RunnerOutput (engine/runner/runner_output.py), all the engine reads of
 the step: the logits of the rows that sample and, on the fast decode path, the greedy
 tokens already read back with the finiteness check, or that check still on the
 device for the sampler. `launch_greedy_decode` is the form that does not wait: its
-tokens come back later as PendingTokens (async scheduling, engine/async_decode.py).
-What the engine uses of a runner is ModelRunnerProtocol (engine/runner_protocol.py).
+tokens come back later as PendingTokens (async scheduling, engine/runner/async_decode.py).
+What the engine uses of a runner is ModelRunnerProtocol (engine/runner/runner_protocol.py).
 
 Fast and fallback paths: the fast path is whatever accelerated attention the device
 offers (Triton kernels on CUDA, see engine/fast_path); the fallback is the portable
 torch path. The mode is the engine's configuration's, read at each step through
 `current_mode` (its owner's reader: engine/live_config.py). A fault on the
-fast path (a non-finite logit, an injected failure, a CUDA error: engine/fastpath_faults.py)
+fast path (a non-finite logit, an injected failure, a CUDA error: engine/runner/fastpath_faults.py)
 is reported to the engine (`on_fastpath_failure`), which counts the reason and switches to
 the fallback until the mode is set back. A bug in our own launch code (a ValueError from a
 kernel's argument checks, say) is reported to `on_fastpath_bug` instead and does not switch:
@@ -28,25 +28,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .fast_path.cold_layout import cold_prefix_layout
-from .fast_path.gpu_sampling import can_sample_greedy_on_device
+from ..fast_path.cold_layout import cold_prefix_layout
+from ..fast_path.gpu_sampling import can_sample_greedy_on_device
+from ..kv.block_manager import token_slots
+from ..kv.block_pool import PageAllocator
+from ..kv.kv_cache import KVCache
+from ..model.attention import AttentionMetadata, paged_attention
+from ..model.model import LlamaModel
+from ..request.prompt_logprobs import PromptLogprobRows
+from ..request.prompt_logprobs import plan_rows as plan_prompt_rows
+from ..request.prompt_logprobs import score as score_prompt_rows
+from ..scheduling.scheduler import ScheduledSeq
 from .fastpath_faults import is_launch_bug, is_strict
-from .kv.block_manager import token_slots
-from .kv.block_pool import PageAllocator
-from .kv.kv_cache import KVCache
-from .model.attention import AttentionMetadata, paged_attention
-from .model.model import LlamaModel
-from .request.prompt_logprobs import PromptLogprobRows
-from .request.prompt_logprobs import plan_rows as plan_prompt_rows
-from .request.prompt_logprobs import score as score_prompt_rows
 from .runner_output import RunnerOutput
-from .scheduling.scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
+    from ..fast_path.cuda_graphs import DecodeGraphs
+    from ..sampling.logprobs import LogprobLayout
+    from ..sampling.token_readback import PendingTokens, TokenReadback
     from .batch_invariant_graphs import InvariantDecodeGraphs
-    from .fast_path.cuda_graphs import DecodeGraphs
-    from .sampling.logprobs import LogprobLayout
-    from .sampling.token_readback import PendingTokens, TokenReadback
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ModelRunner:
         # DecodeGraphs: fused decode step in CUDA graphs); set by attach_fast_path on
         # CUDA, else None.
         self.fast_decode: DecodeGraphs | None = None
-        # Deterministic mode's decode steps in CUDA graphs (engine/batch_invariant_graphs.py);
+        # Deterministic mode's decode steps in CUDA graphs (engine/runner/batch_invariant_graphs.py);
         # set by attach_invariant_decode on CUDA, else None.
         self.invariant_decode: InvariantDecodeGraphs | None = None
         self.refresh_kv_views()
@@ -242,7 +242,7 @@ class ModelRunner:
         logprobs: LogprobLayout | None = None,
     ) -> PendingTokens | None:
         """Start a greedy decode step on the decode graphs and return its tokens, still
-        on their way to the host (async scheduling, engine/async_decode.py). `fed_ids`:
+        on their way to the host (async scheduling, engine/runner/async_decode.py). `fed_ids`:
         the rows' input tokens on the device, when the host has not read them yet. `draw`:
         the rows' tokens from the step's logits, on the device, when some row samples or
         asks for logprobs (else the graph's greedy tokens), followed by the logprobs that
@@ -293,7 +293,7 @@ class ModelRunner:
         """A fast-path step raised `exc`; the caller reruns the step on the portable path.
         A fault switches the engine to the fallback; a bug in our launch code is logged
         with its traceback and counted, and the next step tries the fast path again
-        (engine/fastpath_faults.py). Strict (tests): anything but a FastPathError propagates."""
+        (engine/runner/fastpath_faults.py). Strict (tests): anything but a FastPathError propagates."""
         if is_strict() and not isinstance(exc, FastPathError):
             raise exc
         if is_launch_bug(exc):

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from .fast_path.cuda_graphs import DecodeGraphs
+    from ..fast_path.cuda_graphs import DecodeGraphs
+    from ..sampling.logprobs import LogprobLayout
+    from ..sampling.token_readback import PendingTokens, TokenReadback
+    from ..scheduling.scheduler_output import ScheduledSeq
     from .runner_output import RunnerOutput
-    from .sampling.logprobs import LogprobLayout
-    from .sampling.token_readback import PendingTokens, TokenReadback
-    from .scheduling.scheduler_output import ScheduledSeq
 
 
 @runtime_checkable
@@ -30,7 +30,7 @@ class ModelRunnerProtocol(Protocol):
     # non-finite logit, an injected failure); the engine counts it and switches its mode.
     on_fastpath_failure: Callable[[str], None]
     # Called with the exception's type name when a step met a bug in the fast path's own
-    # launch code (engine/fastpath_faults.py): that step ran portable, the mode stays.
+    # launch code (engine/runner/fastpath_faults.py): that step ran portable, the mode stays.
     on_fastpath_bug: Callable[[str], None]
 
     @property

@@ -1,4 +1,4 @@
-"""Deterministic mode's steps on a GPU the fast path runs on (engine/batch_invariant.py).
+"""Deterministic mode's steps on a GPU the fast path runs on (engine/runner/batch_invariant.py).
 
 The torch steps of BatchInvariantOps keep a row's result independent of the batch by
 running every norm and elementwise step over fixed tiles of 256 rows, the last padded:
@@ -17,8 +17,8 @@ within one device they are bitwise the same alone and in any batch.
 
 from __future__ import annotations
 
-from .fast_path.fast_decoder import FusedOps
-from .fast_path.invariant_matmul import invariant_linear
+from ..fast_path.fast_decoder import FusedOps
+from ..fast_path.invariant_matmul import invariant_linear
 
 
 class FusedInvariantOps(FusedOps):

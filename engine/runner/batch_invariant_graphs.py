@@ -1,4 +1,4 @@
-"""CUDA graphs for deterministic mode's decode steps (engine/batch_invariant.py).
+"""CUDA graphs for deterministic mode's decode steps (engine/runner/batch_invariant.py).
 
 Run eagerly, a batch-invariant decode step is about a thousand launches of small
 kernels and torch ops a token, and the host, not the GPU, sets its pace. Captured once
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .fast_path.cuda_graphs import (
+from ..fast_path.cuda_graphs import (
     GRAPH_LADDER,
     DecodeInputs,
     capture_graph,
@@ -34,13 +34,13 @@ from .fast_path.cuda_graphs import (
     is_pure_decode,
     pinned_rows,
 )
-from .model.attention import AttentionMetadata, paged_attention
-from .scheduling.scheduler import ScheduledSeq
+from ..model.attention import AttentionMetadata, paged_attention
+from ..scheduling.scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
-    from .model.model import LlamaModel
+    from ..model.model import LlamaModel
     from .model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def attach_invariant_decode(runner: ModelRunner, max_model_len: int) -> str:
     """Give a deterministic-mode runner its decode graphs where the device runs them
     (capturing every size now); returns what the runner runs, for the engine's
     `fast_path_unavailable` (the fused fast path never runs in this mode)."""
-    from .fast_path.availability import unavailable_reason
+    from ..fast_path.availability import unavailable_reason
 
     reason = unavailable_reason(runner.device, runner.kv_cache.dtype)
     if reason is not None:

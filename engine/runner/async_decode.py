@@ -39,22 +39,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .fast_path.cuda_graphs import is_pure_decode
-from .memory.device_index import device_index
-from .sampling.greedy import can_launch_ahead, plain_greedy
-from .sampling.logprobs import LogprobLayout
-from .sampling.token_readback import PendingTokens, TokenReadback
-from .scheduling.scheduler_output import ScheduledSeq
-from .stats import StepStats, kv_tokens_read
+from ..fast_path.cuda_graphs import is_pure_decode
+from ..memory.device_index import device_index
+from ..sampling.greedy import can_launch_ahead, plain_greedy
+from ..sampling.logprobs import LogprobLayout
+from ..sampling.token_readback import PendingTokens, TokenReadback
+from ..scheduling.scheduler_output import ScheduledSeq
+from ..stats import StepStats, kv_tokens_read
 
 if TYPE_CHECKING:
     import torch
 
-    from .live_config import LiveConfig
+    from ..live_config import LiveConfig
+    from ..sampling.sampler import Sampler
+    from ..scheduling.async_scheduler import AsyncScheduler
+    from ..stats import EngineCounters
     from .runner_protocol import ModelRunnerProtocol
-    from .sampling.sampler import Sampler
-    from .scheduling.async_scheduler import AsyncScheduler
-    from .stats import EngineCounters
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .request.prompt_logprobs import PromptLogprobsChunk
+    from ..request.prompt_logprobs import PromptLogprobsChunk
 
 
 @dataclass(frozen=True, slots=True)

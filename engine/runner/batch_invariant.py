@@ -36,9 +36,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .fast_path.availability import unavailable_reason
-from .model.attention import AttentionMetadata, write_kv
-from .model.model import DecoderLayer, LayerOps, LlamaModel, apply_rope
+from ..fast_path.availability import unavailable_reason
+from ..model.attention import AttentionMetadata, write_kv
+from ..model.model import DecoderLayer, LayerOps, LlamaModel, apply_rope
 
 ROW_TILE = {"cpu": 32, "cuda": 256}
 """Rows per fixed-shape tile, per device type: one launch of a tiled step each. On the CPU
@@ -92,7 +92,7 @@ def _token_rows_on_device(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     # imported here: importing the package defines (and on the CPU cannot build) the kernels
-    from .fast_path.attention import paged_decode_attention
+    from ..fast_path.attention import paged_decode_attention
 
     tables, context = _token_rows(meta, q.device)
     return paged_decode_attention(q.contiguous(), k_cache, v_cache, tables, context, scale, DEVICE_SPLITS)
@@ -170,7 +170,7 @@ def invariant_projection(
     over fixed row tiles."""
     if unavailable_reason(device, dtype) is None:
         # imported here: importing the module defines (and on the CPU cannot build) the kernel
-        from .fast_path.invariant_matmul import invariant_linear
+        from ..fast_path.invariant_matmul import invariant_linear
 
         return lambda layer, x: invariant_linear(x, layer.weight, layer.bias)
     tile = ROW_TILE[device.type]
