@@ -9,6 +9,9 @@ import json
 import sys
 from pathlib import Path
 
+from .llm import LLM
+from .request.sampling_params import SamplingParams
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompt texts")
@@ -38,8 +41,6 @@ def run(args) -> int:
     problem = model_dir_problem(args.model)
     if problem:
         return fail(f"--model {problem}")
-    from inferd.engine import LLM, SamplingParams
-
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
         llm = LLM(args.model)

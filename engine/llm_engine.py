@@ -42,7 +42,9 @@ from .kv.kv_cache import KVCache, KVShape
 from .live_config import LiveConfig
 from .memory.numa_memory import available_host_bytes, device_numa_node
 from .model.loader import load_model, resolve_dtype
+from .model.model_config import ModelConfig
 from .output_processor import OutputProcessor
+from .parallel import TPRunner
 from .request.outputs import RequestOutput
 from .request.prompt_logprobs import record as record_prompt_logprobs
 from .request.request_validator import RequestLimits, RequestValidator
@@ -82,8 +84,6 @@ class LLMEngine:
             raise ValueError("EngineConfig.model must name a checkpoint directory")
         self.live_config = LiveConfig(config)  # the configuration's one owner: `config` reads it
         self.device = resolve_device(config.device)
-        from .model.model_config import ModelConfig
-
         self.model_config = ModelConfig.from_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, self.model_config, self.device)
         self.tokenizer = Tokenizer(config.model, list(self.model_config.eos_token_ids))
@@ -114,8 +114,6 @@ class LLMEngine:
         )
         self._clamp_max_model_len()
         if tp > 1:  # rank 0 of a tensor-parallel group: its kv_cache sends swaps/quantizations to every rank
-            from .parallel import TPRunner
-
             tp_runner = TPRunner(
                 config.model,
                 mc,

@@ -25,6 +25,7 @@ import torch
 from ..fast_path.attention import (
     choose_num_splits,
     chunk_num_splits,
+    chunk_rows,
     paged_chunk_attention,
     paged_decode_attention,
     rows_per_pack,
@@ -250,8 +251,6 @@ def main(argv: list[str] | None = None) -> None:
                     prefetch=prefetch,
                 )
     if "chunk" in kinds:
-        from ..fast_path.attention import chunk_rows
-
         for row in compiled_variants(chunk_rows._chunk_split_kernel):
             record(**row)
     (args.out / "attention_sweep.json").write_text(json.dumps(results, indent=1))

@@ -44,7 +44,9 @@ from pathlib import Path
 from ..config import EngineConfig
 from .burst_client import BurstResult, completion_body, send_burst
 from .burst_figures import PhaseFigures, offline_figures, print_table, server_figures
+from .burst_offline import run_offline
 from .burst_sampling import SamplingMix, greedy_params
+from .random_model import write_checkpoint_stub
 from .serve import start_server, stop_server
 
 log = logging.getLogger(__name__)
@@ -287,8 +289,6 @@ def preset_checkpoint(out_dir: str, preset: str, options: dict) -> str:
     """make_model's directory for `preset` without its weights: both sides draw the same
     random ones on their device (load_format=dummy, one seed), so nothing is written or
     read for llama3-8b-shape's 16 GB."""
-    from .random_model import write_checkpoint_stub
-
     return str(write_checkpoint_stub(out_dir, preset=preset, dtype=_checkpoint_dtype(options, _device(options))))
 
 
@@ -345,8 +345,6 @@ def run(args: argparse.Namespace) -> int:
         warmup = make_prompts(vocab, cfg.warmup_requests, cfg.prompt_len, cfg.prompt_seed + 1_000_003)
         phases: list[PhaseFigures] = []
         if model_dir and not args.skip_offline:
-            from .burst_offline import run_offline
-
             sampled_burst = (
                 (for_phase(base, 3, vocab), mix.request_params(cfg.num_requests)) if mix.is_sampled else None
             )

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..llm import LLM
+from ..request.sampling_params import SamplingParams
 from .burst_sampling import greedy_params
 
 
@@ -32,8 +34,6 @@ def run_offline(
     """Warm up, then the greedy burst and, with `sampled` (its prompts and per-request
     sampling fields), the sampled one on the same engine; the engine is freed (GPU memory
     included) on return, so a server started next can have the memory."""
-    from .. import LLM, SamplingParams
-
     llm = LLM(model_dir, **engine_options)
     try:
         if warmup_prompts:
@@ -51,8 +51,6 @@ def run_offline(
 
 
 def offline_burst(engine, prompts: list[list[int]], output_len: int, sampling: list[dict]) -> OfflineResult:
-    from .. import SamplingParams
-
     n = len(prompts)
     first_token, first_text, num_tokens = [float("nan")] * n, [float("nan")] * n, [0] * n
     index: dict[str, int] = {}

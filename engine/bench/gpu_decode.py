@@ -31,8 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fast_path.cuda_graphs import DecodeInputs
 from ..model.model_config import ModelConfig
 from ..request.sampling_params import SamplingParams
+from .deterministic import compare_modes, measure, mode_name
 from .gpu_harness import (
     build,
     environment,
@@ -45,6 +47,8 @@ from .gpu_harness import (
     sync,
     time_cuda,
 )
+from .phase_timer import PhaseTimer
+from .random_model import hf_model_sharing_weights
 
 
 # --- the two numbers ---------------------------------------------------------------------
@@ -185,8 +189,6 @@ def bench_engine_decode(engine, batch_prompts, max_tokens: int) -> dict:
 
 def _load_rows(engine, size: int, context: int):
     """Fill the decode graphs' static inputs with `size` rows at `context` over random blocks."""
-    from ..fast_path.cuda_graphs import DecodeInputs
-
     graphs = engine.runner.fast_decode
     bs = engine.config.block_size
     nblocks = -(-context // bs)
@@ -348,8 +350,6 @@ def profile_prefix(
     the model step including its wait for the GPU and the token readback."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .phase_timer import PhaseTimer
-
     prefix = prompts(vocab, 1, prefix_len, seed=21)[0]
     tails = prompts(vocab, 1 + timed + profiled, new_tokens, seed=22)
     time_to_first_token(engine, prefix + tails[0])  # cold: caches the prefix
@@ -448,8 +448,6 @@ def bench_deterministic(model_dir, model, probes: int = 8, burst: int = 128, max
     probes alone and inside a burst, identical or not, and each mode's speed. Switches
     `model` to the batch-invariant steps for good: run it last."""
     from types import SimpleNamespace
-
-    from .deterministic import compare_modes, measure
 
     vocab = model.config.vocab_size
     args = SimpleNamespace(kv_gib=24, max_tokens=max_tokens)
@@ -672,8 +670,6 @@ def run_all(
 
     section("fallback", fallback)
     torch.cuda.empty_cache()
-    from .random_model import hf_model_sharing_weights
-
     hf = hf_model_sharing_weights(model_dir, model)
 
     def hf_eager():
@@ -747,8 +743,6 @@ def print_table(res: dict) -> None:
                 n = key.removeprefix("new").removesuffix("_eager_ms")
                 rows = sweep[f"new{n}_graph_rows_ms"]
                 print(f"  warm, {n:>3} new tokens: graph rows {rows:6.1f} ms, eager {sweep[key]:6.1f} ms")
-    from .deterministic import mode_name
-
     det = res.get("deterministic", {})
     for m in det.get("modes", []):
         name = mode_name(m)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
+from ..fast_path.cuda_graphs import DecodeGraphs
 from ..request.sampling_params import SamplingParams
+from .random_model import make_engine, random_model_on_device, write_checkpoint_stub
 
 
 # --- ceilings ------------------------------------------------------------------------------
@@ -93,8 +95,6 @@ def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda", 
     """(checkpoint dir, model on `device`) for the preset, weights drawn on the device;
     `spec`: more ModelSpec fields (arch, tie_word_embeddings, overrides). device="cpu" (a
     tiny preset, float32) is the dry run of the scripts' Python code."""
-    from .random_model import random_model_on_device, write_checkpoint_stub
-
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     model_dir = tempfile.mkdtemp(prefix="inferd-bench-")
     write_checkpoint_stub(model_dir, preset=preset, dtype=dtype, **spec)
@@ -103,8 +103,6 @@ def build(preset: str = "llama3-8b-shape", seed: int = 0, device: str = "cuda", 
 
 
 def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **config):
-    from .random_model import make_engine
-
     device = model.embed_tokens.weight.device
     defaults = dict(
         dtype=str(model.embed_tokens.weight.dtype).removeprefix("torch."),
@@ -118,8 +116,7 @@ def new_engine(model_dir, model, mode: str = "fast", kv_gib: float = 24, **confi
     )
     engine = make_engine(model_dir, model, **{**defaults, **config})
     if device.type == "cpu":  # dry run: the fused decode without graphs (Triton's interpreter)
-        from ..fast_path.cuda_graphs import DecodeGraphs
-        from ..fast_path.fast_decoder import FastDecoder
+        from ..fast_path.fast_decoder import FastDecoder  # Triton kernels, under the interpreter set up first
 
         engine.runner.fast_decode = DecodeGraphs(
             FastDecoder(model, engine.runner.kv_layers),
@@ -183,7 +180,7 @@ def run_requests(engine, batch_prompts, max_tokens: int) -> dict:
 def load_measured_configs(path: str | Path) -> int:
     """Put a sweep's best launch shapes (rows_sweep.py's best_configs.json) into
     triton_rows.MEASURED_CONFIGS, as if measured in code; returns how many."""
-    from ..fast_path.triton_rows import MEASURED_CONFIGS, RowsConfig
+    from ..fast_path.triton_rows import MEASURED_CONFIGS, RowsConfig  # Triton kernels
 
     rows = json.loads(Path(path).read_text())
     for r in rows:

@@ -12,10 +12,10 @@ import argparse
 
 import torch
 
-from inferd.engine.kv.block_manager import BlockManager
-from inferd.engine.kv.kv_cache import KVShape
-from inferd.engine.request.sampling_params import SamplingParams
-from inferd.engine.request.sequence import Sequence
+from ..kv.block_manager import BlockManager
+from ..kv.kv_cache import KVShape
+from ..request.sampling_params import SamplingParams
+from ..request.sequence import Sequence
 
 
 def sequences_that_fit(

@@ -20,11 +20,10 @@ import time
 import torch
 
 from ..request.sampling_params import SamplingParams
+from .gpu_harness import build, free_dropped_engines, new_engine, prompts, sync
 
 
 def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
-    from .gpu_harness import sync
-
     n = len(batch_prompts)
     # Long enough that no request ends before the measured steps; aborted after them.
     params = SamplingParams(
@@ -70,8 +69,6 @@ def run_kind(engine, batch_prompts: list[list[int]], decode_steps: int) -> dict:
 
 
 def main() -> int:
-    from .gpu_harness import build, free_dropped_engines, new_engine, prompts
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--context", type=int, default=32768)

@@ -17,7 +17,10 @@ import time
 
 import torch
 
-from inferd.engine.fast_path.availability import has_triton
+from ..fast_path.availability import has_triton
+from ..kv.block_pool import KIND_CODE
+from ..kv.kv_cache import KVCache
+from ..model.attention import AttentionMetadata, paged_attention
 
 
 def build_case(
@@ -29,10 +32,6 @@ def build_case(
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ):
-    from inferd.engine.kv.block_pool import KIND_CODE
-    from inferd.engine.kv.kv_cache import KVCache
-    from inferd.engine.model.attention import AttentionMetadata
-
     bs, kvh, hd, heads = 16, 8, 128, 32
     blocks_per_seq = -(-context // bs)
     cold_kinds = () if kind == "none" else (kind,)
@@ -81,7 +80,7 @@ if has_triton():
     import triton
     import triton.language as tl
 
-    from inferd.engine.fast_path.attention.cold_prefix import cold_entries
+    from ..fast_path.attention.cold_prefix import cold_entries
 
     @triton.jit
     def _stream_kernel(
@@ -166,16 +165,15 @@ def _copy_bandwidth(device: torch.device) -> float:
 
 
 def main() -> int:
+    # Triton and its kernels: this module imports without them (has_triton above)
     import triton.testing
 
-    from inferd.engine.fast_path.attention import (
+    from ..fast_path.attention import (
         choose_num_splits,
         cold_paged_decode_attention,
         cold_prefix_decode_attention,
         paged_decode_attention,
     )
-    from inferd.engine.kv.block_pool import KIND_CODE
-    from inferd.engine.model.attention import paged_attention
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)

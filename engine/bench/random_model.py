@@ -17,6 +17,8 @@ from unittest import mock
 
 import torch
 
+from ..config import EngineConfig
+from ..llm_engine import LLMEngine
 from ..model import make_model as mm
 from ..model.dummy_weights import random_model_on_device  # noqa: F401  (benchmarks import it from here)
 from ..model.model import LlamaModel
@@ -42,9 +44,6 @@ def engine_loads(model: LlamaModel):
 
 
 def make_engine(model_dir: str | Path, model: LlamaModel, **config):
-    from ..config import EngineConfig
-    from ..llm_engine import LLMEngine
-
     with engine_loads(model):
         return LLMEngine(EngineConfig.from_dict({"model": str(model_dir), **config}))
 

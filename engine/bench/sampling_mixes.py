@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from ..llm import LLM
+from ..request.sampling_params import SamplingParams
 from .burst import for_phase, make_prompts, preset_checkpoint
 from .burst_offline import offline_burst
 from .burst_sampling import SamplingMix, greedy_params
@@ -57,8 +59,6 @@ every_kind: list[dict] = [
 
 
 def run(args: argparse.Namespace) -> dict:
-    from .. import LLM, SamplingParams
-
     options = {"load_format": "dummy", "max_num_seqs": args.num_requests, "max_num_batched_tokens": 8192}
     if args.device:
         options["device"] = args.device
@@ -123,8 +123,6 @@ STEADY_WARM_STEPS, STEADY_TIMED_STEPS = 20, 100
 def _steady_step_ms(engine, prompt: list[int], sampling: dict) -> float:
     """Mean wall time of a batch-1 decode step, timed over STEADY_TIMED_STEPS engine steps
     after STEADY_WARM_STEPS (the prefill and the first decode steps are not in it)."""
-    from .. import SamplingParams
-
     request_id = f"steady-{len(prompt)}-{sorted(sampling.items())}"
     max_tokens = STEADY_WARM_STEPS + STEADY_TIMED_STEPS + 8
     engine.add_request(request_id, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling))

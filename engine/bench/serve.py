@@ -36,6 +36,7 @@ import httpx
 
 from inferd.knee import find_knee
 
+from ..model.make_model import ModelSpec, make_model
 from .arrivals import TraceEntry, read_trace
 from .datasets import WORDS, read_sharegpt
 from .goodput import percentile
@@ -203,8 +204,6 @@ def run(args: argparse.Namespace) -> int:
     model = args.model
     if args.preset and not model:
         import tempfile
-
-        from ..model.make_model import ModelSpec, make_model
 
         model = tempfile.mkdtemp(prefix=f"inferd-bench-{args.preset}-")
         make_model(model, ModelSpec(preset=args.preset))

@@ -17,7 +17,9 @@ import platform
 import random
 import time
 
-from inferd.engine.model.progress import Progress, note
+from ..llm import LLM
+from ..model.progress import Progress, note
+from ..request.sampling_params import SamplingParams
 
 
 def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
@@ -26,8 +28,6 @@ def make_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
 
 
 def bench_engine(model_dir: str, prompts, max_tokens: int, **config) -> float:
-    from inferd.engine import LLM, SamplingParams
-
     note(f"[1/3] engine: loading {model_dir}, then {len(prompts)} prompts x {max_tokens} tokens at once")
     llm = LLM(model_dir, **config)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from ..config import EngineConfig
+from ..llm_engine import LLMEngine
+from ..model.make_model import ModelSpec, make_model
 from ..request.sampling_params import SamplingParams
 
 
@@ -43,8 +46,6 @@ def checkpoint(preset: str, dtype: str, model_dir: str | None) -> str:
     """A random make-model checkpoint (written once; --model reuses one)."""
     if model_dir:
         return model_dir
-    from ..model.make_model import ModelSpec, make_model
-
     out = Path(tempfile.mkdtemp(prefix=f"inferd-tp-{preset}-"))
     start = time.perf_counter()
     make_model(out, ModelSpec(preset=preset, dtype=dtype, shard_bytes=2 << 30))
@@ -53,9 +54,6 @@ def checkpoint(preset: str, dtype: str, model_dir: str | None) -> str:
 
 
 def new_engine(model_dir: str, tp: int, args, graphs: bool = True):
-    from ..config import EngineConfig
-    from ..llm_engine import LLMEngine
-
     engine = LLMEngine(
         EngineConfig(
             model=model_dir,

@@ -11,8 +11,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..model.attention import paged_attention
 from .availability import has_triton, unavailable_reason
-from .cuda_graphs import GRAPH_LADDER, graph_batch_size, is_pure_decode
+from .cuda_graphs import GRAPH_LADDER, DecodeGraphs, graph_batch_size, is_pure_decode
+from .warmup import warm_prefill_kernels
 
 if TYPE_CHECKING:
     from ..runner.model_runner import ModelRunner
@@ -52,9 +54,8 @@ def attach_fast_path(
     if reason is not None:
         log.info("fast path unavailable: %s; using the portable path", reason)
         return reason
-    from ..model.attention import paged_attention
+    # imported here: these modules define Triton kernels, and this package imports without Triton
     from .attention import triton_paged_attention
-    from .cuda_graphs import DecodeGraphs
     from .fast_decoder import FastDecoder
 
     runner.fast_attention = triton_paged_attention
@@ -79,8 +80,6 @@ def attach_fast_path(
         )
         start = time.perf_counter()
         try:
-            from .warmup import warm_prefill_kernels
-
             warm_prefill_kernels(
                 decoder, triton_paged_attention, runner.block_size, runner.device, max_step_tokens, max_model_len
             )

@@ -282,7 +282,7 @@ class DecodeGraphs:
     def num_splits(self, size: int, rows_per_pack: int = 1) -> int:
         """Splits of a graph of `size` rows: for the decode kernel's rows, or with packs of
         `rows_per_pack` rows (a chunk graph) for the chunk-row kernel's packs."""
-        from .attention import choose_num_splits, chunk_num_splits
+        from .attention import choose_num_splits, chunk_num_splits  # Triton kernels: loaded on first use
 
         if rows_per_pack > 1:
             return chunk_num_splits(size // rows_per_pack, self.decoder.num_kv_heads, self.max_model_len)

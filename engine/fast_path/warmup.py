@@ -70,7 +70,7 @@ def warm_decode_splits(decoder, device: torch.device) -> None:
     256 x 512-token run after start spent 1.7 s more in its prefill phase than the runs
     after it; this saved 0.4 s of that, excluding cuDNN's attention the rest:
     attention/prefill.py.)"""
-    from .attention import MAX_SPLITS, cold_paged_decode_attention, paged_decode_attention
+    from .attention import MAX_SPLITS, cold_paged_decode_attention, paged_decode_attention  # Triton kernels
 
     k_cache, v_cache, cold = decoder.kv_layers[0]
     q = torch.zeros(1, decoder.num_heads, decoder.head_dim, dtype=k_cache.dtype, device=device)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from .dummy_weights import confine_head_to_tokenizer, random_model_on_device
 from .model import LlamaModel, rope_inv_freq
 from .model_config import ModelConfig
 from .progress import Progress
@@ -49,8 +50,6 @@ def load_model(
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist")
     if load_format == "dummy":
-        from .dummy_weights import confine_head_to_tokenizer, random_model_on_device
-
         return confine_head_to_tokenizer(random_model_on_device(model_dir, dtype, device, seed=seed), model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .chat_templates import CHAT_FAMILIES
+from .progress import Progress
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(
@@ -157,8 +158,6 @@ def hf_config(spec: ModelSpec, tokenizer_vocab: int, bos_id: int, eos_ids: list[
 def random_weights(config: dict, seed: int, dtype_name: str) -> dict:
     import torch
 
-    from .progress import Progress
-
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(seed)
     h, inter, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
@@ -203,8 +202,6 @@ def random_weights(config: dict, seed: int, dtype_name: str) -> dict:
 
 def save_weights(weights: dict, out: Path, shard_bytes: int) -> None:
     from safetensors.torch import save_file
-
-    from .progress import Progress
 
     meta = {"format": "pt"}
     if shard_bytes <= 0:

@@ -24,6 +24,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from ..fast_path import unavailable_reason
+from ..kv.kv_cache import KVCache
+from ..memory import numa_memory
+from ..model.attention import paged_attention
+from .shard_step import meta_to, run_shard
+from .sharded_model import load_sharded_model
+from .sharding import ShardSpec
+
 # NVLink multicast (NVLS) stays off on every rank; set before NCCL can read them.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
@@ -64,25 +72,21 @@ class WorkerSpec:
 
 
 def node_cpus(node: int, sysfs_root: str = "/sys") -> set[int]:
-    from ..memory.numa_memory import parse_cpulist
-
-    return set(parse_cpulist(Path(sysfs_root, f"devices/system/node/node{node}/cpulist").read_text()))
+    return set(numa_memory.parse_cpulist(Path(sysfs_root, f"devices/system/node/node{node}/cpulist").read_text()))
 
 
 def bind_to_device_node(device, sysfs_root: str = "/sys") -> int | None:
     """Run this process on the CPUs of `device`'s NUMA node and prefer its memory.
     CPU devices keep the inherited binding (the agent's placement). Returns the node
     the host KV pool should use."""
-    from ..memory.numa_memory import MPOL_PREFERRED, _set_mempolicy, device_numa_node
-
-    node = device_numa_node(device, sysfs_root)
+    node = numa_memory.device_numa_node(device, sysfs_root)
     if device.type != "cuda" or node is None:
         return node
     try:
         os.sched_setaffinity(0, node_cpus(node, sysfs_root))
     except (OSError, ValueError) as exc:  # a cpuset may forbid the node's CPUs
         log.warning("could not bind to the CPUs of NUMA node %d: %s", node, exc)
-    if not _set_mempolicy(MPOL_PREFERRED, node):
+    if not numa_memory._set_mempolicy(numa_memory.MPOL_PREFERRED, node):
         log.warning("could not set a memory policy for NUMA node %d", node)
     return node
 
@@ -91,11 +95,6 @@ class Worker:
     def __init__(self, spec: WorkerSpec, conn):
         import torch
         import torch.distributed as dist
-
-        from ..kv.kv_cache import KVCache
-        from ..model.attention import paged_attention
-        from .sharded_model import load_sharded_model
-        from .sharding import ShardSpec
 
         self.spec, self.conn = spec, conn
         torch.set_num_threads(spec.num_threads)
@@ -165,8 +164,6 @@ class Worker:
     def handle(self, op: str, args: tuple) -> None:
         import torch
 
-        from .shard_step import meta_to, run_shard
-
         if op == "step":
             input_ids, meta, sample_rows, attention = args
             fn = self.fast_attention if attention == "fast" else self.portable_attention
@@ -191,12 +188,9 @@ class Worker:
 
 def fast_attention_for(device, dtype):
     """Triton paged attention where this device runs it, else the portable path."""
-    from ..fast_path import unavailable_reason
-    from ..model.attention import paged_attention
-
     if unavailable_reason(device, dtype) is not None:
         return paged_attention
-    from ..fast_path.attention import triton_paged_attention
+    from ..fast_path.attention import triton_paged_attention  # Triton kernels: only where they run
 
     return triton_paged_attention
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..fast_path.availability import unavailable_reason
 from ..fast_path.cuda_graphs import (
     GRAPH_LADDER,
     DecodeInputs,
@@ -190,8 +191,6 @@ def attach_invariant_decode(runner: ModelRunner, max_model_len: int) -> str:
     """Give a deterministic-mode runner its decode graphs where the device runs them
     (capturing every size now); returns what the runner runs, for the engine's
     `fast_path_unavailable` (the fused fast path never runs in this mode)."""
-    from ..fast_path.availability import unavailable_reason
-
     reason = unavailable_reason(runner.device, runner.kv_cache.dtype)
     if reason is not None:
         return "deterministic mode: the batch-invariant portable steps"

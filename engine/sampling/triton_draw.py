@@ -65,7 +65,7 @@ def top_p_threshold(
     seeded request's top-p set, and so its tokens, would depend on the rows beside it.
     `fan`, `block`, `warps`: the kernels' shape (powers of two); `passes`: for tests (the
     default pins the pattern: passes_for(fan))."""
-    from . import draw_kernels
+    from . import draw_kernels  # Triton: importing it defines the kernels
 
     if probs.dtype != torch.float32:
         raise ValueError(f"probs must be float32, got {probs.dtype}")
@@ -120,7 +120,7 @@ def draw_tokens(
     the logits (NaN as -inf) for a greedy row (`is_greedy` [B], nonzero) and for a row with a
     NaN or +inf logit or no finite logit at or above its floor. `logits` [B, V] float32 or
     bfloat16; `temperature`, `floors` [B] float32."""
-    from . import draw_kernels
+    from . import draw_kernels  # Triton: importing it defines the kernels
 
     logits = _rows(logits)
     rows, vocab = logits.shape
@@ -160,7 +160,7 @@ def draw_tokens(
 def count_at_least(values: torch.Tensor, floors: torch.Tensor) -> torch.Tensor:
     """[B] int64: per row, how many of `values` [B, V] float32 are >= its floor [B]; one read
     of the row (the torch form writes a [B, V] mask first, six times the time)."""
-    from . import draw_kernels
+    from . import draw_kernels  # Triton: importing it defines the kernels
 
     values = _rows(values)
     rows, vocab = values.shape
@@ -182,7 +182,7 @@ def noise_streams(
     """[B] int64: draw.noise_streams in one launch (the torch form is some forty small
     kernels, each a launch the host pays for). Inputs [B] int64; `draw_base` the int64
     added to the unseeded rows' slots."""
-    from . import draw_kernels
+    from . import draw_kernels  # Triton: importing it defines the kernels
 
     rows = slots.shape[0]
     out = torch.empty(rows, dtype=torch.int64, device=slots.device)
@@ -204,7 +204,7 @@ def noise_streams(
 def uniform_bits(streams: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B, vocab] int32: the kernels' integer noise, the top UNIFORM_BITS bits of the hash
     (noise.uniform's before its conversion to float): for tests."""
-    from . import draw_kernels
+    from . import draw_kernels  # Triton: importing it defines the kernels
 
     out = torch.empty(streams.shape[0], vocab, dtype=torch.int32, device=streams.device)
     draw_kernels.bits_kernel[(streams.shape[0], -(-vocab // DRAW_BLOCK))](

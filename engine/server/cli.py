@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..config import EngineConfig
+from ..model.make_model import ModelSpec, make_model
 from ..request.slo import SloClass, SloClasses, load_slo_classes_file
 from .admission import AdmissionConfig
 from .http_limits import (
@@ -65,8 +66,6 @@ def ensure_default_model(path: Path) -> Path:
     a temporary sibling and renamed, so a crash never leaves a half-written model."""
     if (path / "config.json").is_file():
         return path
-    from ..model.make_model import ModelSpec, make_model
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=path.parent))
     try:
@@ -297,6 +296,7 @@ def make_server(app, drain, log_level: str = "info", limits: HttpLimits | None =
 
 
 def run(args: argparse.Namespace) -> int:
+    # the HTTP stack (fastapi, uvicorn, prometheus_client, pyzmq) loads when a server starts
     import prometheus_client
 
     from .admin import load_admin_token
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
             admission=admission_from_args(args),
         )
         if args.otlp_endpoint:
-            from .tracing import otlp_traces_url
+            from .tracing import otlp_traces_url  # OpenTelemetry's SDK, only with --otlp-endpoint
 
             otlp_traces_url(args.otlp_endpoint)  # a bad URL fails here, not in the engine core
         client = EngineCoreClient(

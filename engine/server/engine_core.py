@@ -31,6 +31,7 @@ from typing import Any
 import zmq
 
 from ..config import EngineConfig
+from ..llm_engine import LLMEngine
 from ..request.outputs import RequestOutput
 from ..structured_outputs.compiler import GrammarCompilerBusy
 from .core_messages import (
@@ -102,7 +103,7 @@ def run_engine_core(options: CoreOptions) -> None:
         _set_torch_threads(options)
         engine = (options.engine_factory or _default_engine)(options.config)
         if options.otlp_endpoint:
-            from .tracing import RequestTracer, make_tracer
+            from .tracing import RequestTracer, make_tracer  # OpenTelemetry's SDK, only when tracing
 
             otel_tracer, provider = make_tracer(options.otlp_endpoint)
             tracer = RequestTracer(otel_tracer)
@@ -155,8 +156,6 @@ def _set_torch_threads(options: CoreOptions) -> None:
 
 
 def _default_engine(config: EngineConfig):
-    from ..llm_engine import LLMEngine
-
     return LLMEngine(config)
 
 
