@@ -29,14 +29,14 @@ def test_import_contracts_are_kept():
     assert "0 broken" in result.stdout
 
 
-def test_a_forbidden_import_breaks_a_contract(tmp_path):
-    """The check can fail: the same contracts over a copy where the engine imports the agent."""
+def contracts_over_copy(tmp_path: Path, module: str, source: str) -> subprocess.CompletedProcess:
+    """lint-imports over a copy of the packages with `module` (a path under inferd/) added."""
     for package in PACKAGES:
         shutil.copytree(ROOT / package, tmp_path / "inferd" / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "inferd" / "__init__.py", tmp_path / "inferd" / "__init__.py")
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
-    (tmp_path / "inferd" / "engine" / "leak.py").write_text("from inferd.agent import supervisor  # noqa: F401\n")
-    result = subprocess.run(
+    (tmp_path / "inferd" / module).write_text(source)
+    return subprocess.run(
         [lint_imports(), "--no-cache"],
         cwd=tmp_path,
         capture_output=True,
@@ -44,8 +44,22 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path):
         timeout=300,
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
+
+
+def test_a_forbidden_import_breaks_a_contract(tmp_path):
+    """The check can fail: the same contracts over a copy where the engine imports the agent."""
+    result = contracts_over_copy(tmp_path, "engine/leak.py", "from inferd.agent import supervisor  # noqa: F401\n")
     assert result.returncode != 0
     assert "The engine never imports the agent" in result.stdout and "BROKEN" in result.stdout
+
+
+def test_an_upward_import_in_the_engine_breaks_its_layers(tmp_path):
+    """The KV cache importing the runner (a folder above it) is refused twice: as a cycle
+    between the engine's folders and as an import against the layers' direction."""
+    result = contracts_over_copy(tmp_path, "engine/kv/leak.py", "from ..runner import model_runner  # noqa: F401\n")
+    assert result.returncode != 0
+    assert "inferd.engine.kv is not allowed to import inferd.engine.runner" in result.stdout
+    assert "- .kv -> .runner" in result.stdout
 
 
 def top_level_imports(source: str) -> list[str]:
