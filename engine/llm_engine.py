@@ -17,10 +17,9 @@ structured outputs waits in StructuredOutputs (engine/structured_outputs/grammar
 until its grammar is compiled; its rows' token masks then go to the sampler with the
 logits.
 
-The scheduler (an AsyncScheduler: engine/scheduling/async_scheduler.py) owns the sequences' and the
-KV blocks' state: the engine asks it to schedule, to advance a batch that ran, to take
-the sampled tokens, to plan a step launched ahead and to finish a sequence, and only
-reads its block manager. The configuration has one owner too, `live_config`
+The scheduler (engine/scheduling/async_scheduler.py) owns sequence and KV block state: the
+engine asks it to schedule, advance a batch that ran, take the sampled tokens, plan a step
+launched ahead and finish a sequence, and only reads its block manager. The configuration has one owner too, `live_config`
 (engine/live_config.py): the scheduler, AsyncDecode and the runner (its mode) read it
 there; reconfigure and a fast-path failure (the runner's `on_fastpath_failure`, where the
 engine switches to fallback) change it there.

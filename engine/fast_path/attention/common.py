@@ -25,7 +25,7 @@ from ..launch_shape import next_power_of_2
 TILE_TOKENS = 64  # keys per inner iteration (several KV blocks)
 MAX_SPLITS = 64
 TARGET_PROGRAMS = 2 * 132  # two waves' worth on an H200's 132 SMs
-INT8, INT4 = 1, 2  # cold kind codes, as in engine.block_pool.KIND_CODE
+INT8, INT4 = 1, 2  # cold kind codes, as in engine/kv/block_pool.py KIND_CODE
 # Float32 elements of partial outputs the merging program holds at once: 16 splits of a
 # GQA-4 group at head dim 128, as the decode kernel always had. A fixed 16 splits a round
 # held 16 x 16 x 128 for the chunk rows' 16-query packs: on the H200 that kernel took 255
