@@ -147,6 +147,7 @@ class Facts:
     waiting: float | None = None  # vllm:num_requests_waiting
     prompt_tokens: float | None = None  # mean prompt length of the requests finished lately
     running: float | None = None  # vllm:num_requests_running
+    preemptions_per_s: float | None = None  # rate of vllm:num_preemptions_total
 
     @property
     def kv_bound(self) -> bool:
@@ -154,8 +155,15 @@ class Facts:
         return (self.kv_usage or 0.0) >= KV_BOUND_USAGE and (self.waiting or 0.0) > 0
 
     def seats_full(self, max_num_seqs: int) -> bool:
-        """Requests wait because every seat is taken (and the KV cache is not full)."""
-        return (self.waiting or 0.0) > 0 and (self.running or 0.0) >= max_num_seqs and not self.kv_bound
+        """Requests wait because every seat is taken, and the KV cache has room: not full and
+        nothing preempted lately (a thrashing pool dips below full between preemptions, and
+        more seats would make it thrash harder)."""
+        return (
+            (self.waiting or 0.0) > 0
+            and (self.running or 0.0) >= max_num_seqs
+            and not self.kv_bound
+            and not (self.preemptions_per_s or 0.0) > 0
+        )
 
 
 KV_BOUND_USAGE = 0.9

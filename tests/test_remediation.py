@@ -827,5 +827,9 @@ def test_ttft_seats_branch_needs_every_seat_taken_and_room_in_the_kv_cache():
     assert plan_ttft(config, pc, Facts(running=8, waiting=3)).new == {"max_num_seqs": 11}
     assert plan_ttft(config, pc, Facts(running=5, waiting=3)).new == {"max_num_batched_tokens": 2560}  # seats free
     assert plan_ttft(config, pc, Facts(running=8, waiting=3, kv_usage=0.95)).new == {"kv_cold_dtype": "int8"}
+    # a thrashing pool between two preemptions: not more seats
+    assert plan_ttft(config, pc, Facts(running=8, waiting=3, kv_usage=0.6, preemptions_per_s=2.0)).new == {
+        "max_num_batched_tokens": 2560
+    }
     at_max = {**config, "max_num_seqs": 512}
     assert plan_ttft(at_max, pc, Facts(running=512, waiting=3)).new == {"max_num_batched_tokens": 2560}

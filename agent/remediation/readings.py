@@ -77,6 +77,7 @@ class Readings:
             kv_usage=self.metrics.value(f"max(vllm:kv_cache_usage_perc{{{sel}}})"),
             waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),
             running=self.metrics.value(f"sum(vllm:num_requests_running{{{sel}}})"),
+            preemptions_per_s=self.metrics.value(f"sum(rate(vllm:num_preemptions_total{{{sel}}}[{self.window}]))"),
             prompt_tokens=self.metrics.value(
                 f"sum(rate(vllm:request_prompt_tokens_sum{{{sel}}}[{self.window}]))"
                 f" / sum(rate(vllm:request_prompt_tokens_count{{{sel}}}[{self.window}]))"
