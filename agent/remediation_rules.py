@@ -148,6 +148,12 @@ class Facts:
     prompt_tokens: float | None = None  # mean prompt length of the requests finished lately
     running: float | None = None  # vllm:num_requests_running
     preemptions_per_s: float | None = None  # rate of vllm:num_preemptions_total
+    swap_time_share: float | None = None  # rate of inferd_kv_swap_seconds_total: share of wall time in swaps
+
+    @property
+    def swap_bound(self) -> bool:
+        """Steps stall on KV swap copies (InferdKVSwapBound's condition)."""
+        return (self.swap_time_share or 0.0) > SWAP_BOUND_SHARE
 
     @property
     def kv_bound(self) -> bool:
@@ -167,6 +173,8 @@ class Facts:
 
 
 KV_BOUND_USAGE = 0.9
+SWAP_BOUND_SHARE = 0.1
+"""alerts/params.yml kv_swap_time_share: above it the engine is swap-bound."""
 PREFILL_CHUNK_QUANTUM = 256
 """A prefill chunk sized from prompt lengths is rounded up to a multiple of this."""
 
@@ -234,12 +242,18 @@ def _raise_batched_tokens(config: dict[str, Any], pc: PolicyConfig, facts: Facts
 
 
 def _ttft(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
-    """Slow first tokens have three usual causes. Requests queued on a full KV cache: more
+    """Slow first tokens have four usual causes. Steps stalled on KV swap copies (a slow host
+    link): preempt by recompute, as InferdKVSwapBound would, which often fires later, and
+    whose step would otherwise wait behind this rule's (only one config change is verified
+    at a time; in the swap_storm scenario a cold-KV step went first, was rolled back, and
+    the recompute came 30 s scaled later). Requests queued on a full KV cache: more
     room (cold KV) lets them in; no batch size helps. Every seat taken while requests
     wait: more seats (a GPU decodes 32 rows in about the time of 4: on an H100 the 8B
     shape at 4 seats kept SM activity at 0.75, so the under-used rule never saw it).
     Otherwise prompts wait for prefill: bigger prefill chunks finish a queued prompt in
     fewer steps (verification rolls a step back if it made the target worse)."""
+    if facts.swap_bound and config.get("preemption_mode") != "recompute":
+        return _recompute(config, pc, facts)
     if facts.kv_bound:
         return _cold_kv(config, pc, facts)
     if facts.seats_full(int(config["max_num_seqs"])):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from inferd.agent.audit import AuditLog
@@ -816,6 +818,29 @@ def test_ttft_with_every_seat_taken_and_a_queue_adds_seats_for_the_queue(engine,
     policy = make_policy(engine, prom, audit_path, clock)
     # 4 + 30 waiting, within the default max_step of 16: the chunk is not what holds them back
     assert policy.handle(firing("InferdTTFTSLOBreach", fingerprint="t"))["new"] == {"max_num_seqs": 20}
+
+
+def test_ttft_on_a_swap_bound_engine_preempts_by_recompute_first():
+    from inferd.agent.remediation_rules import DEFAULT_RULES, Facts, PolicyConfig
+
+    (plan_ttft,) = DEFAULT_RULES["InferdTTFTSLOBreach"].planners
+    pc = PolicyConfig()
+    config = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "kv_cold_dtype": "none", "preemption_mode": "swap"}
+    full_and_swapping = Facts(running=8, waiting=3, kv_usage=0.95, swap_time_share=0.3)
+    assert plan_ttft(config, pc, full_and_swapping).new == {"preemption_mode": "recompute"}  # not cold KV
+    # a healthy link swapping a little: the KV-bound step as before
+    assert plan_ttft(config, pc, Facts(running=8, waiting=3, kv_usage=0.95, swap_time_share=0.05)).new == {
+        "kv_cold_dtype": "int8"
+    }
+    recomputing = {**config, "preemption_mode": "recompute"}
+    assert plan_ttft(recomputing, pc, full_and_swapping).new == {"kv_cold_dtype": "int8"}
+
+
+def test_the_swap_bound_share_is_the_alerts_threshold():
+    from inferd.agent.remediation_rules import SWAP_BOUND_SHARE
+
+    params = yaml.safe_load((Path(__file__).parents[1] / "alerts" / "params.yml").read_text())
+    assert params["thresholds"]["kv_swap_time_share"] == SWAP_BOUND_SHARE
 
 
 def test_ttft_seats_branch_needs_every_seat_taken_and_room_in_the_kv_cache():

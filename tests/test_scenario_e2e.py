@@ -131,20 +131,16 @@ def test_a_hung_engine_comes_back_with_the_agent_and_stays_hung_without(model, t
     assert not check(broken, "vs_default").passed, check(broken, "vs_default")
 
 
-@pytest.mark.xfail(
-    reason="known regression: under load InferdTTFTSLOBreach can fire first; its cold-KV step is verified worse "
-    "and rolled back while the recompute waits (skipped_verifying), and the run misses its target",
-    strict=False,
-)
 def test_a_swap_storm_with_the_agent_ends_on_recompute_within_its_target(model, tmp_path):
     """swap_storm: slow swaps from the shift on. The default (max_num_seqs 16, swap) holds 8%
-    in time (BENCHMARKS.md, Closed loop); the agent must see InferdKVSwapBound, switch to
-    recompute, keep it, and hold the scenario's own attainment target over the whole run."""
+    in time (BENCHMARKS.md, Closed loop); the agent must see the engine swap-bound (through
+    InferdKVSwapBound, or InferdTTFTSLOBreach when that fires first), switch to recompute,
+    keep it, and hold the scenario's own attainment target over the whole run."""
     scenario = SCENARIOS["swap_storm"]
     result = run_with_agent("swap_storm", tmp_path, model)
     s = result["summary"]
     assert [f["kind"] for f in result["faults"]] == ["slow_swap"] and result["faults"][0]["status"] == 200
-    assert "InferdKVSwapBound" in s["alerts_fired"], s
+    assert {"InferdKVSwapBound", "InferdTTFTSLOBreach"} & set(s["alerts_fired"]), s
     applied = [e for r in result["records"] for e in r["actions"] if e["event"] == "applied"]
     assert {"preemption_mode": "recompute"} in [e["new"] for e in applied], applied
     assert result["records"][-1]["tunables"]["preemption_mode"] == "recompute"  # not restored
@@ -153,7 +149,7 @@ def test_a_swap_storm_with_the_agent_ends_on_recompute_within_its_target(model, 
 
 
 def test_too_few_seats_with_the_agent_gets_seats_for_the_queue_and_keeps_them(model, tmp_path):
-    """few_seats: 2 seats under 10 req/s. The default holds 33% in time (BENCHMARKS.md, Closed
+    """few_seats: 2 seats under 10 req/s of 240-token replies. The default holds 33% in time (BENCHMARKS.md, Closed
     loop); the TTFT rule must see every seat taken with a queue, add seats (not prefill
     chunks), keep them after its alert resolves, and hold the scenario's own target."""
     scenario = SCENARIOS["few_seats"]

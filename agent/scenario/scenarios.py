@@ -123,9 +123,12 @@ TINY_SMALL_POOL = (
 )
 # The remediation settings of tests/test_e2e_remediation.py at production intervals
 # (x 1/30: cooldown 20 s, verification 6 s), one step 16 -> 4, but the agent's default
-# restore_after_s (x 1/30: 20 s), so a lowered value outlasts a short lull in the faults.
+# restore_after_s (x 1/30: 20 s), so a lowered value outlasts a short lull in the faults,
+# and the agent's default floor of 4 seats: with a floor of 1 the swap storm's thrash rule
+# took a second step 4 -> 1 after the recompute, and the backlog of the one verification
+# window it held (6 s scaled) breached TTFT for 20 s more (attainment 69%).
 TINY_POLICY = {
-    "max_num_seqs": {"minimum": 1, "maximum": 64, "max_step": 12},
+    "max_num_seqs": {"minimum": 4, "maximum": 64, "max_step": 12},
     "step_fraction": 0.75,
     "cooldown_s": 600,
     "verify_window_s": 180,
@@ -224,10 +227,10 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         shifted(
             "few_seats",
-            "steady load, then 10 req/s of short prompts with 120-token replies on an engine capped at 2 seats "
-            "(2 seats serve about 6 req/s; the tiny model decodes 16 rows in about the time of 2, as a GPU "
+            "steady load, then 10 req/s of short prompts with 240-token replies on an engine capped at 2 seats "
+            "(2 seats serve about 5 req/s; the tiny model decodes 16 rows in about the time of 2, as a GPU "
             "does), then back to steady",
-            Phase("shift", 1500, rate=10.0, prompt_len=(8, 16), max_tokens=120),
+            Phase("shift", 1500, rate=10.0, prompt_len=(8, 16), max_tokens=240),
             TINY_FEW_SEATS,
             TINY_POLICY,
             {"max_num_seqs": (2, 4, 8, 16)},
