@@ -78,9 +78,7 @@ class Readings:
             waiting=self.metrics.value(f"sum(vllm:num_requests_waiting{{{sel}}})"),
             running=self.metrics.value(f"sum(vllm:num_requests_running{{{sel}}})"),
             preemptions_per_s=self.metrics.value(f"sum(rate(vllm:num_preemptions_total{{{sel}}}[{self.window}]))"),
-            swap_time_share=self.metrics.value(
-                f"sum(rate(inferd_kv_swap_seconds_total{{{sel}}}[{self.window}]))"
-            ),
+            swap_time_share=self.metrics.value(f"sum(rate(inferd_kv_swap_seconds_total{{{sel}}}[{self.window}]))"),
             prompt_tokens=self.metrics.value(
                 f"sum(rate(vllm:request_prompt_tokens_sum{{{sel}}}[{self.window}]))"
                 f" / sum(rate(vllm:request_prompt_tokens_count{{{sel}}}[{self.window}]))"
