@@ -45,19 +45,7 @@ async def _engine_outputs(
     engine: EngineCoreClient, job: Job, on_first_token: Callable[[], None]
 ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     if len(job.prompts) == 1:
-        p = job.prompts[0]
-        gen = engine.generate(
-            job.request_id,
-            p.text,
-            p.token_ids,
-            job.params,
-            job.priority,
-            job.trace_headers,
-            final_only=not job.stream,
-            slo=job.slo,
-            predicted_ttft_s=job.predicted_ttft_s,
-            on_first_token=on_first_token,
-        )
+        gen = _generate(engine, job, job.request_id, job.prompts[0], on_first_token)
         try:
             async for out in gen:
                 yield 0, out
@@ -68,18 +56,7 @@ async def _engine_outputs(
     remaining = len(job.prompts)
 
     async def pump(i: int, p: Prompt) -> None:
-        gen = engine.generate(
-            f"{job.request_id}-{i}",
-            p.text,
-            p.token_ids,
-            job.params,
-            job.priority,
-            job.trace_headers,
-            final_only=not job.stream,
-            slo=job.slo,
-            predicted_ttft_s=job.predicted_ttft_s,
-            on_first_token=on_first_token,
-        )
+        gen = _generate(engine, job, f"{job.request_id}-{i}", p, on_first_token)
         try:
             async for out in gen:
                 await merged.put((i, out))
@@ -103,3 +80,21 @@ async def _engine_outputs(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _generate(
+    engine: EngineCoreClient, job: Job, request_id: str, prompt: Prompt, on_first_token: Callable[[], None]
+) -> AsyncGenerator[RequestOutput, None]:
+    """One prompt of the job as one engine request."""
+    return engine.generate(
+        request_id,
+        prompt.text,
+        prompt.token_ids,
+        job.params,
+        job.priority,
+        job.trace_headers,
+        final_only=not job.stream,
+        slo=job.slo,
+        predicted_ttft_s=job.predicted_ttft_s,
+        on_first_token=on_first_token,
+    )
