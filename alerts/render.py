@@ -25,7 +25,13 @@ ALERTS_DIR = Path(__file__).resolve().parent
 TEMPLATES = {"rules.yml": "rules.yml.j2", "alertmanager.yml": "alertmanager.yml.j2"}
 SECTIONS = ("selectors", "thresholds", "durations", "alertmanager")
 # Alertmanager keys that are durations (the rest of that section are strings).
-ALERTMANAGER_DURATIONS = ("group_wait", "group_interval", "repeat_interval", "default_repeat_interval")
+ALERTMANAGER_DURATIONS = (
+    "group_wait",
+    "agent_group_wait",
+    "group_interval",
+    "repeat_interval",
+    "default_repeat_interval",
+)
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")

@@ -13,7 +13,7 @@ The fast path (Triton kernels, CUDA graphs) plugs in behind the same
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,28 @@ class AttentionMetadata:
     # (fast_path/cold_layout.py): per row the run's length, and the kind's code.
     cold_prefix_blocks: torch.Tensor | None = None
     cold_prefix_kind: int = 0
+    # The portable path's attention mask, built by the first layer and reused by the others
+    # (it depends on the batch's layout only): per layer it was an eighth of a host-bound
+    # step (scripts/bench_fallback_host.py).
+    _mask: tuple[torch.Tensor | None, bool] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens)
+
+    def sdpa_mask(self, device: torch.device) -> tuple[torch.Tensor | None, bool]:
+        """(attn_mask, is_causal) for this step's SDPA calls. One sequence needs no mask
+        when its queries are its whole context (a fresh prompt: causal) or one token that
+        sees all of it (decode), within any sliding window; SDPA then takes its fused
+        kernels (flash attention on a GPU), as transformers does."""
+        if self._mask is None:
+            ctx, qlen = self.max_context_len, self.max_query_len
+            within_window = self.sliding_window is None or ctx <= self.sliding_window
+            if self.num_seqs == 1 and within_window and qlen in (1, ctx):
+                self._mask = (None, qlen > 1)
+            else:
+                self._mask = (build_mask(self, device), False)
+        return self._mask
 
 
 def write_kv(
@@ -136,9 +154,11 @@ def paged_attention(
     k = k.transpose(1, 2).to(q.dtype)
     v = v.transpose(1, 2).to(q.dtype)
     qp = _padded_queries(q, meta)
-    mask = build_mask(meta, q.device)
+    mask, causal = meta.sdpa_mask(q.device)
     # enable_gqa lets each K/V head serve its group of query heads without a copy.
-    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
+    out = F.scaled_dot_product_attention(
+        qp, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=kv_heads != heads
+    )
     return _unpad(out, meta)
 
 
