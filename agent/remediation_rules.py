@@ -246,7 +246,7 @@ def _ttft(config: dict[str, Any], pc: PolicyConfig, facts: Facts) -> Plan | str:
     link): preempt by recompute, as InferdKVSwapBound would, which often fires later, and
     whose step would otherwise wait behind this rule's (only one config change is verified
     at a time; in the swap_storm scenario a cold-KV step went first, was rolled back, and
-    the recompute came 30 s scaled later). Requests queued on a full KV cache: more
+    the recompute came 6 s scaled, 3 minutes, later). Requests queued on a full KV cache: more
     room (cold KV) lets them in; no batch size helps. Every seat taken while requests
     wait: more seats (a GPU decodes 32 rows in about the time of 4: on an H100 the 8B
     shape at 4 seats kept SM activity at 0.75, so the under-used rule never saw it).
