@@ -20,7 +20,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import transformers
 
-from inferd.engine.bench.gpu_harness import run_requests
+from inferd.engine.bench.gpu_decode import bench_engine_decode, bench_hf
 from inferd.engine.bench.random_model import hf_model_sharing_weights, make_engine
 from inferd.engine.model import make_model as mm
 from inferd.engine.model.loader import load_model
@@ -36,27 +35,6 @@ from inferd.engine.model.loader import load_model
 LAYERS = 32
 PROMPT_LEN = 32
 NEW_TOKENS = 64
-
-
-def engine_tok_s(engine, prompts: list[list[int]]) -> tuple[float, list]:
-    r = run_requests(engine, prompts, NEW_TOKENS)
-    return r["output_tokens"] / r["seconds"], r["tokens"]
-
-
-def hf_tok_s(hf, prompts: list[list[int]]) -> tuple[float, list]:
-    ids = torch.tensor(prompts)
-    with torch.inference_mode():
-        start = time.perf_counter()
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        elapsed = time.perf_counter() - start
-    return len(prompts) * NEW_TOKENS / elapsed, out[:, ids.shape[1] :].tolist()
 
 
 def main() -> int:
@@ -77,19 +55,15 @@ def main() -> int:
         cases = {"b1": prompts[:1], "b32": prompts[1:]}
         results: dict = {}
         for case, batch in cases.items():
-            engine_tok_s(engine, batch)  # warm-up
-            hf_tok_s(hf, batch)
-            ours, theirs = [], []
-            for _ in range(args.repeats):
-                tok_s, ours_tokens = engine_tok_s(engine, batch)
-                ours.append(tok_s)
-                tok_s, hf_tokens = hf_tok_s(hf, batch)
-                theirs.append(tok_s)
+            bench_engine_decode(engine, batch, NEW_TOKENS)  # warm-up (bench_hf warms itself)
+            ours = [bench_engine_decode(engine, batch, NEW_TOKENS) for _ in range(args.repeats)]
+            theirs = bench_hf(hf, batch, NEW_TOKENS, repeats=args.repeats)
+            ours_tokens, hf_tokens = ours[-1]["tokens"], theirs["tokens"]
             same = sum(a == b for a, b in zip(ours_tokens, hf_tokens))
             results[case] = {
-                "fallback_tok_s": statistics.median(ours),
-                "hf_eager_tok_s": statistics.median(theirs),
-                "ratio": statistics.median(ours) / statistics.median(theirs),
+                "fallback_tok_s": statistics.median(r["tok_s"] for r in ours),
+                "hf_eager_tok_s": theirs["tok_s"],
+                "ratio": statistics.median(r["tok_s"] for r in ours) / theirs["tok_s"],
                 "identical_outputs": f"{same}/{len(batch)}",
             }
             r = results[case]
